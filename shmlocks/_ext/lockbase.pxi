@@ -1,0 +1,399 @@
+# lockbase.pxi -- the one internal interface every kind implements, and the Python API
+# built once on top of it (SPEC.md "Using a lock").
+#
+# A kind subclasses _Lock and provides, all `noexcept nogil` so they run with or without
+# the GIL:
+#   _fast(me)          uncontended attempt. R_ACQ, or R_PENDING (enqueued, _wait goes on),
+#                      or R_BUSY (nothing changed). Must return R_BUSY without side effects
+#                      when `me` is already engaged on this lock (holding or queued).
+#   _try(me)           non-blocking attempt that leaves no trace: R_ACQ or R_BUSY.
+#   _wait(me, rc, w)   the slow path, after _fast returned rc (R_PENDING or R_BUSY), under
+#                      the wait policy w: R_ACQ / R_ACQ_DIED / R_TIMEOUT / R_SIGNAL, leaving
+#                      the lock fully usable for others whatever the outcome.
+#   _unlock(me)        release by the holder `me` (holder field already cleared).
+#   _is_locked(), _waiters()   snapshots for locked() and inspect.
+# The base class owns everything the kinds share: argument checks, participant lookup,
+# holder identity (ctl.holder, DeadlockError, NotOwnerError), owner_died/mark_consistent/
+# not-recoverable, pickling, close.
+
+cimport cython
+from cpython.exc cimport PyErr_Occurred
+from cpython.float cimport PyFloat_AsDouble
+
+cdef enum:
+    R_TIMEOUT = 0
+    R_ACQ = 1
+    R_ACQ_DIED = 2
+    R_PENDING = 3
+    R_BUSY = 4
+    R_SIGNAL = -1
+    R_NOTREC = -2
+    R_CORRUPT = -3
+
+cdef object _NEG1 = -1
+cdef double _FOREVER_S = 1e9          # timeouts beyond ~31 years mean "wait forever"
+
+
+cdef int _raise_pending() except -1:
+    return -1                          # the exception PyErr_CheckSignals set propagates
+
+
+cdef _raise_code(_Lock lk, int rc):
+    if rc == R_NOTREC:
+        raise LockNotRecoverableError(
+            f"lock {lk._name!r} was released without mark_consistent() after its owner died; "
+            "it is permanently unusable")
+    raise CorruptRegionError(f"lock {lk._name!r}: shared state is corrupt (code {rc})")
+
+
+cdef void _init_body(shm_body* b, uint32_t code) noexcept nogil:
+    b.ctl.kind = code
+    if code == SHM_KIND_CLH:
+        _clh_init(b)
+    elif code == SHM_KIND_ROBUST or code == SHM_KIND_PI:
+        _pmutex_init(b, code == SHM_KIND_PI)
+    b.ctl.magic = SHM_BODY_MAGIC
+
+
+@cython.final
+cdef class _Sentinel:
+    pass
+
+
+cdef class _Lock:
+    """Base of every lock kind; not instantiated directly."""
+    cdef Region _region
+    cdef rmap_t* rm
+    cdef shm_body b
+    cdef bint _closed
+    cdef bint _standalone
+    cdef str _name
+    cdef uint32_t _code
+
+    kind_name = None
+
+    def __init__(self, name=None, *, max_participants=64, mode=0o600, persist=False):
+        if type(self) is _Lock:
+            raise TypeError("_Lock is abstract: use one of shmlocks.KINDS")
+        region = Region.create(name, max_locks=1, max_participants=max_participants,
+                               mode=mode, persist=persist)
+        try:
+            i = region._create_entry("lock", _kind_code(type(self)))
+        except BaseException:
+            region.close()
+            raise
+        self._bind(region, i, region.name)
+        self._standalone = True
+
+    @classmethod
+    def create(cls, name=None, *, max_participants=64, mode=0o600, persist=False):
+        """Create a region holding just this lock. ``name=None`` generates a unique name."""
+        return cls(name, max_participants=max_participants, mode=mode, persist=persist)
+
+    @classmethod
+    def open(cls, name):
+        """Attach to an existing lock (the first lock of region ``name``) from any process."""
+        cdef _Lock lk
+        region = Region.open(name)
+        try:
+            names = region.lock_names()
+            if not names:
+                raise FileNotFoundError(f"region {region.name!r} holds no lock")
+            lk = region.open_lock(names[0])
+            if cls is not _Lock and type(lk) is not cls:
+                raise LockKindError(f"{region.name!r} holds a {lk.kind!r} lock, "
+                                    f"not a {cls.kind_name!r} one ({cls.__name__})")
+        except BaseException:
+            region.close()
+            raise
+        lk._standalone = True
+        lk._name = region.name
+        return lk
+
+    cdef _bind(self, Region region, uint32_t i, name):
+        cdef rmap_t* rm = region.rm
+        cdef shm_body b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
+        cdef uint32_t code = _kind_code(type(self))
+        if b.ctl.magic != SHM_BODY_MAGIC or b.ctl.kind != code:
+            raise CorruptRegionError(f"region {region.name!r}: lock {name!r} body does not "
+                                     "match its directory entry")
+        self._region = region
+        self.rm = rm
+        self.b = b
+        self._code = code
+        self._name = name
+        self._closed = False
+
+    # -- participant lookup: a TLS list scan on the fast path, registration once ----------
+
+    cdef inline reg_t* _me(self) except NULL:
+        cdef reg_t* r
+        if self._closed or self.rm.closed:
+            raise ValueError(f"lock {self._name!r} is closed")
+        r = reg_lookup(self.rm)
+        if r == NULL:
+            r = reg_register(self.rm)
+        return r
+
+    # -- the internal interface (overridden by each kind) ---------------------------------
+
+    cdef int _fast(self, uint32_t me) noexcept nogil:
+        return R_BUSY
+
+    cdef int _try(self, uint32_t me) noexcept nogil:
+        return R_BUSY
+
+    cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
+        return R_TIMEOUT
+
+    cdef int _unlock(self, uint32_t me) noexcept nogil:
+        return 0
+
+    cdef bint _is_locked(self) noexcept nogil:
+        return ld32_rlx(&self.b.ctl.holder) != 0
+
+    cdef int _waiters(self) noexcept nogil:
+        """Live participants that published that they wait for this lock (a snapshot)."""
+        cdef uint32_t i
+        cdef int n = 0
+        for i in range(self.rm.P):
+            if (ld32_acq(&self.rm.part[i].op_lock) == self.b.index + 1
+                    and participant_state(self.rm, i) == 1):
+                n += 1
+        return n
+
+    cdef int _consistent(self) noexcept nogil:
+        return 0
+
+    # -- acquire ------------------------------------------------------------------------
+
+    cdef inline object _got(self, reg_t* r, int rc):
+        st32_rlx(&self.b.ctl.holder, r.slot + 1)
+        r.held += 1
+        if rc == R_ACQ and ld32_rlx(&self.b.ctl.flags) == 0:
+            return True
+        return self._got_flags(r, rc)
+
+    cdef object _got_flags(self, reg_t* r, int rc):
+        cdef uint32_t f
+        if rc == R_ACQ_DIED:
+            for32(&self.b.ctl.flags, SHM_F_OWNER_DIED)
+        f = ld32_acq(&self.b.ctl.flags)
+        if f & SHM_F_NOTRECOVERABLE:
+            st32_rlx(&self.b.ctl.holder, 0)
+            r.held -= 1
+            self._unlock(r.slot)
+            _raise_code(self, R_NOTREC)
+        return True
+
+    def acquire(self, blocking=True, timeout=-1):
+        """acquire(blocking=True, timeout=-1) -> bool
+
+        Like ``threading.Lock.acquire``: ``timeout`` in seconds, ``-1`` or ``None`` waits
+        forever; returns False on timeout. Raises DeadlockError if the calling thread
+        already holds the lock, LockNotRecoverableError if the lock was released
+        inconsistent after an owner death. Blocking releases the GIL and runs signal
+        handlers (Ctrl-C raises KeyboardInterrupt out of it)."""
+        cdef reg_t* r = self._me()
+        cdef int rc
+        if blocking is True and (timeout is _NEG1 or timeout is None):
+            rc = self._fast(r.slot)
+            if rc == R_ACQ:
+                return self._got(r, rc)
+            return self._acquire_slow(r, rc, -1)
+        return self._acquire_args(r, blocking, timeout)
+
+    cdef object _acquire_args(self, reg_t* r, blocking, timeout):
+        cdef double t
+        cdef int rc
+        cdef int64_t deadline
+        if timeout is None:
+            t = -1.0
+        else:
+            if isinstance(timeout, (str, bytes)):
+                raise TypeError(f"timeout must be a number, not {type(timeout).__name__}")
+            t = PyFloat_AsDouble(timeout)          # TypeError for non-numbers
+            if t != t:
+                raise ValueError("timeout must not be NaN")
+        if not blocking:
+            if t != -1.0:
+                raise ValueError("can't specify a timeout for a non-blocking call")
+            rc = self._try(r.slot)
+            if rc == R_ACQ or rc == R_ACQ_DIED:
+                return self._got(r, rc)
+            if rc < 0:
+                _raise_code(self, rc)
+            if ld32_rlx(&self.b.ctl.holder) == r.slot + 1:
+                self._raise_deadlock()
+            return False
+        if t < 0 and t != -1.0:
+            raise ValueError("timeout value must be a non-negative number or -1")
+        if t == -1.0 or t >= _FOREVER_S:
+            deadline = -1
+        else:
+            deadline = shm_now_ns() + <int64_t>(t * 1e9)
+        rc = self._fast(r.slot)
+        if rc == R_ACQ:
+            return self._got(r, rc)
+        return self._acquire_slow(r, rc, deadline)
+
+    cdef _raise_deadlock(self):
+        raise DeadlockError(f"this thread already holds {self.kind_name} lock {self._name!r} "
+                            "(shmlocks locks are not reentrant)")
+
+    cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline):
+        cdef wait_t w
+        cdef uint32_t me = r.slot
+        if rc < 0:
+            _raise_code(self, rc)
+        if rc == R_ACQ_DIED:
+            return self._got(r, rc)
+        if ld32_rlx(&self.b.ctl.holder) == me + 1:
+            self._raise_deadlock()
+        wait_init(&w, deadline)
+        st32_rel(&self.rm.part[me].op_lock, self.b.index + 1)    # "me waits for this lock"
+        with nogil:
+            rc = self._wait(me, rc, &w)
+        st32_rel(&self.rm.part[me].op_lock, 0)
+        if rc == R_ACQ or rc == R_ACQ_DIED:
+            if PyErr_Occurred() != NULL:
+                # granted while a signal handler raised: hand the lock back, then raise
+                self._unlock(me)
+                return _raise_pending()
+            return self._got(r, rc)
+        if rc == R_TIMEOUT:
+            return False
+        if rc == R_SIGNAL:
+            return _raise_pending()
+        _raise_code(self, rc)
+
+    # -- release ------------------------------------------------------------------------
+
+    cdef inline int _release(self) except -1:
+        cdef reg_t* r
+        cdef int rc
+        if self._closed or self.rm.closed:
+            raise ValueError(f"lock {self._name!r} is closed")
+        r = reg_lookup(self.rm)
+        if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.slot + 1:
+            raise NotOwnerError(f"release of {self.kind_name} lock {self._name!r} by a "
+                                "thread that does not hold it")
+        if ld32_rlx(&self.b.ctl.flags) & SHM_F_OWNER_DIED:
+            # released inconsistent: unusable from now on, in every process
+            for32(&self.b.ctl.flags, SHM_F_NOTRECOVERABLE)
+        st32_rlx(&self.b.ctl.holder, 0)
+        r.held -= 1
+        rc = self._unlock(r.slot)
+        if rc < 0:
+            _raise_code(self, rc)
+        return 0
+
+    def release(self):
+        """Release the lock. NotOwnerError if the calling thread does not hold it."""
+        self._release()
+
+    def __enter__(self):
+        cdef reg_t* r = self._me()
+        cdef int rc = self._fast(r.slot)
+        if rc == R_ACQ:
+            self._got(r, rc)
+        else:
+            self._acquire_slow(r, rc, -1)
+        return self
+
+    def __exit__(self, t, v, tb):
+        self._release()
+        return False
+
+    # -- state ----------------------------------------------------------------------------
+
+    def locked(self):
+        """True if some thread holds the lock (a snapshot)."""
+        self._check()
+        return bool(self._is_locked())
+
+    cdef int _check(self) except -1:
+        if self._closed or self.rm.closed:
+            raise ValueError(f"lock {self._name!r} is closed")
+        return 0
+
+    @property
+    def owner(self):
+        """(pid, native thread id) of the holder, or None: a snapshot."""
+        cdef uint32_t h
+        self._check()
+        h = ld32_acq(&self.b.ctl.holder)
+        if h == 0 or h > self.rm.P:
+            return None
+        return (ld32_rlx(&self.rm.part[h - 1].pid), ld32_rlx(&self.rm.part[h - 1].tid))
+
+    @property
+    def kind(self):
+        return self.kind_name
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def region(self):
+        return self._region
+
+    @property
+    def owner_died(self):
+        """True while the current hold follows the death of a holder: repair the data,
+        then call mark_consistent()."""
+        self._check()
+        return bool(ld32_acq(&self.b.ctl.flags) & SHM_F_OWNER_DIED)
+
+    def mark_consistent(self):
+        """Declare the protected data repaired after an owner death (holder only)."""
+        cdef reg_t* r
+        self._check()
+        r = reg_lookup(self.rm)
+        if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.slot + 1:
+            raise NotOwnerError("mark_consistent() by a thread that does not hold the lock")
+        if ld32_acq(&self.b.ctl.flags) & SHM_F_OWNER_DIED:
+            self._consistent()
+            fand32(&self.b.ctl.flags, ~(<uint32_t>SHM_F_OWNER_DIED))
+
+    def close(self):
+        """Detach this object; a lock made by create()/open() also closes its region."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._standalone:
+            self._region.close()
+
+    def unlink(self):
+        """Remove the region's name now; mapped views go on working."""
+        self._region.unlink()
+
+    def __reduce__(self):
+        self._check()
+        if self._standalone:
+            return (_open_standalone, (type(self), self._region.name))
+        return (_open_in_region, (self._region.name, self._name))
+
+    def __repr__(self):
+        st = "closed" if (self._closed or self.rm.closed) else (
+            "locked" if self._is_locked() else "unlocked")
+        return f"<shmlocks.{type(self).__name__} {self._name!r} {st}>"
+
+    def _describe(self):
+        self._check()
+        f = ld32_acq(&self.b.ctl.flags)
+        return {"name": self._name, "kind": self.kind_name, "locked": bool(self._is_locked()),
+                "holder": self._region._participant(ld32_acq(&self.b.ctl.holder)),
+                "waiters": self._waiters(),
+                "owner_died": bool(f & SHM_F_OWNER_DIED),
+                "not_recoverable": bool(f & SHM_F_NOTRECOVERABLE)}
+
+
+def _open_standalone(cls, name):
+    return cls.open(name)
+
+
+def _open_in_region(region_name, lock_name):
+    lk = Region.open(region_name).open_lock(lock_name)
+    return lk

@@ -1,0 +1,219 @@
+# participants.pxi -- who is who (DESIGN.md section 3).
+#
+# A participant is one thread of one process using a region. It claims a slot by taking
+# the slot's liveness token (a robust, process-shared pthread mutex) and holds the token
+# for as long as it owns the slot, so:
+#   - trylock == 0 or EOWNERDEAD  ->  the slot is ours (EOWNERDEAD: the previous owner died);
+#   - the kernel marks the token OWNER_DIED when its thread exits or its process dies,
+#     whatever killed it, so liveness is exact and immune to PID reuse.
+#
+# Process-local bookkeeping: each region mapping is an rmap_t; each thread keeps a list
+# of reg_t (one per region it participates in) under one pthread key, whose destructor
+# runs at thread exit and gives the slot back cleanly when the thread holds nothing there.
+# A mapping is unmapped only once it is closed AND no thread of this process still holds a
+# token in it: glibc's robust list runs through the tokens themselves (the robust-list trap).
+
+cdef struct rmap_t:
+    char* base
+    size_t size
+    shm_header* hdr
+    shm_dirent* dir
+    shm_participant* part
+    uint64_t locks_off
+    uint64_t stride
+    uint32_t P                # validated copies: never re-read from the segment
+    uint32_t L
+    int closed                # no new use from this process
+    int nthreads              # threads of this process holding a token in this mapping
+    int pyalive               # the Region object is alive
+    rmap_t* gnext
+
+cdef struct reg_t:
+    reg_t* next
+    rmap_t* rm
+    uint32_t slot
+    int held                  # locks this thread holds in this region
+
+cdef pthread_mutex_t g_mutex          # guards every rmap_t's counters and the global list
+cdef pthread_key_t g_key
+cdef rmap_t* g_rmaps = NULL
+
+# Linux robust futex word bits (include/uapi/linux/futex.h)
+cdef enum:
+    FUTEX_TID_MASK_ = 0x3fffffff
+    FUTEX_OWNER_DIED_ = 0x40000000
+
+
+cdef inline reg_t* reg_lookup(rmap_t* rm) noexcept nogil:
+    cdef reg_t* r = <reg_t*>pthread_getspecific(g_key)
+    while r != NULL:
+        if r.rm == rm:
+            return r
+        r = r.next
+    return NULL
+
+
+cdef void rmap_link(rmap_t* rm) noexcept nogil:
+    global g_rmaps
+    pthread_mutex_lock(&g_mutex)
+    rm.gnext = g_rmaps
+    g_rmaps = rm
+    pthread_mutex_unlock(&g_mutex)
+
+
+cdef void rmap_maybe_unmap(rmap_t* rm) noexcept nogil:
+    """Called with g_mutex held: unmap once closed and no thread holds a token here."""
+    if rm.closed and rm.nthreads == 0 and rm.base != NULL:
+        munmap(rm.base, rm.size)
+        rm.base = NULL
+
+
+cdef void rmap_maybe_free(rmap_t* rm) noexcept nogil:
+    """Called with g_mutex held: free the struct once unmapped and unreferenced."""
+    global g_rmaps
+    cdef rmap_t** pp
+    if rm.base == NULL and not rm.pyalive:
+        pp = &g_rmaps
+        while pp[0] != NULL:
+            if pp[0] == rm:
+                pp[0] = rm.gnext
+                break
+            pp = &pp[0].gnext
+        free(rm)
+
+
+cdef inline void token_unlock(rmap_t* rm, uint32_t slot) noexcept nogil:
+    cdef shm_participant* p = &rm.part[slot]
+    st32_rlx(&p.op_lock, 0)
+    pthread_mutex_unlock(&p.token.m)
+
+
+cdef void thread_exit(void* head) noexcept nogil:
+    """pthread key destructor: this thread is exiting. Give back clean slots."""
+    cdef reg_t* r = <reg_t*>head
+    cdef reg_t* nx
+    pthread_mutex_lock(&g_mutex)
+    while r != NULL:
+        nx = r.next
+        if r.held == 0 and r.rm.base != NULL:
+            token_unlock(r.rm, r.slot)
+            r.rm.nthreads -= 1
+            rmap_maybe_unmap(r.rm)
+            rmap_maybe_free(r.rm)
+        # else: the thread dies holding locks here. Its tokens and robust mutexes must be
+        # marked OWNER_DIED by the kernel's robust-list walk, which needs the mapping: it
+        # stays mapped for the life of the process.
+        free(r)
+        r = nx
+    pthread_mutex_unlock(&g_mutex)
+
+
+cdef void atfork_prepare() noexcept nogil:
+    pthread_mutex_lock(&g_mutex)
+
+
+cdef void atfork_parent() noexcept nogil:
+    pthread_mutex_unlock(&g_mutex)
+
+
+cdef void atfork_child() noexcept nogil:
+    """A forked child is one new thread that owns no slot: forget the parent's threads."""
+    cdef rmap_t* rm = g_rmaps
+    cdef reg_t* r = <reg_t*>pthread_getspecific(g_key)
+    cdef reg_t* nx
+    while r != NULL:
+        nx = r.next
+        free(r)
+        r = nx
+    pthread_setspecific(g_key, NULL)
+    while rm != NULL:
+        rm.nthreads = 0
+        rm = rm.gnext
+    pthread_mutex_unlock(&g_mutex)
+
+
+cdef int participants_init() except -1:
+    pthread_mutex_init(&g_mutex, NULL)
+    if pthread_key_create(&g_key, thread_exit) != 0:
+        raise OSError("pthread_key_create failed")
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child)
+    return 0
+
+
+cdef reg_t* reg_register(rmap_t* rm) except NULL:
+    """Claim a participant slot for the calling thread (slow path, first use)."""
+    cdef uint32_t i
+    cdef int rc
+    cdef shm_participant* p
+    cdef reg_t* r
+    if rm.closed or rm.base == NULL:
+        raise ValueError("region is closed")
+    for i in range(rm.P):
+        p = &rm.part[i]
+        rc = pthread_mutex_trylock(&p.token.m)
+        if rc == EOWNERDEAD:
+            # The previous owner died. We are its recoverer: finish its business first.
+            pthread_mutex_consistent(&p.token.m)
+            participant_recover(rm, i)
+            rc = 0
+        if rc == 0:
+            r = <reg_t*>calloc(1, sizeof(reg_t))
+            if r == NULL:
+                token_unlock(rm, i)
+                raise MemoryError()
+            st32_rlx(&p.pid, <uint32_t>getpid())
+            st32_rlx(&p.tid, shm_gettid())
+            st32_rlx(&p.op_lock, 0)
+            st32_rlx(&p.op_step, 0)
+            st64_rel(&p.generation, ld64_rlx(&p.generation) + 1)
+            r.rm = rm
+            r.slot = i
+            r.held = 0
+            r.next = <reg_t*>pthread_getspecific(g_key)
+            pthread_setspecific(g_key, r)
+            pthread_mutex_lock(&g_mutex)
+            rm.nthreads += 1
+            pthread_mutex_unlock(&g_mutex)
+            return r
+    raise CapacityError(
+        f"all {rm.P} participant slots of this region are in use by live threads "
+        f"(max_participants={rm.P})")
+
+
+cdef int reg_unregister(rmap_t* rm) noexcept nogil:
+    """The calling thread leaves the region (close). Returns 1 if it was registered."""
+    cdef reg_t* head = <reg_t*>pthread_getspecific(g_key)
+    cdef reg_t** pp = &head
+    cdef reg_t* r
+    while pp[0] != NULL:
+        r = pp[0]
+        if r.rm == rm:
+            pp[0] = r.next
+            pthread_setspecific(g_key, head)
+            pthread_mutex_lock(&g_mutex)
+            if rm.base != NULL:
+                token_unlock(rm, r.slot)
+            rm.nthreads -= 1
+            pthread_mutex_unlock(&g_mutex)
+            free(r)
+            return 1
+        pp = &r.next
+    return 0
+
+
+cdef void participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
+    """Finish a dead participant's protocol. Robust and pi locks are recovered by the
+    kernel; the other kinds' recovery is the owner-death issue (not yet implemented)."""
+    cdef shm_participant* p = &rm.part[slot]
+    st32_rlx(&p.op_lock, 0)
+    st32_rlx(&p.op_step, 0)
+
+
+cdef int participant_state(rmap_t* rm, uint32_t slot) noexcept nogil:
+    """Snapshot of a slot's token without taking it: 0 free, 1 alive, 2 dead."""
+    cdef uint32_t w = ld32_acq(<uint32_t*>&rm.part[slot].token.m)
+    if w & FUTEX_OWNER_DIED_:
+        return 2
+    if w & FUTEX_TID_MASK_:
+        return 1
+    return 0

@@ -1,0 +1,510 @@
+# region.pxi -- the segment (DESIGN.md section 2): create, open and validate, the lock
+# directory, lifetime. One POSIX shared-memory object per region, laid out as shm_layout.h.
+#
+# Creation race: the creator builds everything while header.state == BUILDING, then
+# publishes READY with a release store; open() waits (bounded) for READY and validates
+# magic, version, line size, the geometry and every offset against the file size before
+# any other use. The validated geometry is copied into the process-local rmap_t and never
+# read from the segment again, so a scribbled header cannot steer an index out of bounds.
+
+import os as _os
+import time as _time
+import weakref as _weakref
+import atexit as _atexit
+import posix_ipc as _posix_ipc
+
+cdef dict _KIND_NAMES = {SHM_KIND_TICKET: "ticket", SHM_KIND_MCS: "mcs", SHM_KIND_CLH: "clh",
+                         SHM_KIND_FUTEX: "futex", SHM_KIND_ROBUST: "robust", SHM_KIND_PI: "pi"}
+cdef dict _KIND_CODES = {v: k for k, v in _KIND_NAMES.items()}
+
+OPEN_READY_TIMEOUT = 2.0
+
+
+cdef uint64_t _geometry(uint32_t L, uint32_t P, uint64_t* dir_off, uint64_t* part_off,
+                        uint64_t* locks_off, uint64_t* stride) noexcept nogil:
+    dir_off[0] = sizeof(shm_header)
+    part_off[0] = dir_off[0] + <uint64_t>L * sizeof(shm_dirent)
+    locks_off[0] = part_off[0] + <uint64_t>P * sizeof(shm_participant)
+    stride[0] = shm_body_lines(P) * SHM_LINE
+    return locks_off[0] + <uint64_t>L * stride[0]
+
+
+def _check_name(name):
+    """Validate a segment name; returns it without a leading slash."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, not {type(name).__name__}")
+    n = name[1:] if name.startswith("/") else name
+    if not n or "/" in n or "\x00" in n or n in (".", ".."):
+        raise ValueError(f"invalid segment name {name!r}: it must be non-empty and contain "
+                         "no '/' (except one leading) and no NUL")
+    if len(n.encode("utf-8", "surrogateescape")) > 200:
+        raise ValueError("segment name too long (at most 200 bytes)")
+    return n
+
+
+def _gen_name():
+    return f"shmlocks-{_os.getpid()}-{_os.urandom(6).hex()}"
+
+
+cdef _check_count(value, what, uint32_t hi):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int")
+    if value < 1 or value > hi:
+        raise ValueError(f"{what} must be between 1 and {hi}, not {value}")
+    return value
+
+
+cdef int _init_pshared_mutex(pthread_mutex_t* m, bint pi) except -1:
+    cdef pthread_mutexattr_t a
+    cdef int rc
+    pthread_mutexattr_init(&a)
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED)
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST)
+    if pi:
+        pthread_mutexattr_setprotocol(&a, PTHREAD_PRIO_INHERIT)
+    rc = pthread_mutex_init(m, &a)
+    pthread_mutexattr_destroy(&a)
+    if rc != 0:
+        raise OSError(rc, "pthread_mutex_init failed")
+    return 0
+
+
+_owned_regions = _weakref.WeakSet()
+
+
+def _unlink_owned_at_exit():
+    pid = _os.getpid()
+    for r in list(_owned_regions):
+        r._unlink_if_owner(pid)
+
+
+_atexit.register(_unlink_owned_at_exit)
+
+
+cdef class Region:
+    """A named POSIX shared-memory segment holding a participant table and lock slots.
+
+    Create with ``Region.create()``, attach from any process with ``Region.open(name)``.
+    The object that created a segment owns its name and unlinks it when closed (or
+    garbage-collected, or at normal interpreter exit) unless ``persist=True``.
+    """
+    cdef rmap_t* rm
+    cdef readonly str name
+    cdef bint _owner
+    cdef bint _persist
+    cdef int _creator_pid
+    cdef object __weakref__
+
+    def __cinit__(self):
+        self.rm = NULL
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use Region.create(...) or Region.open(name)")
+
+    # -- construction -------------------------------------------------------------
+
+    @classmethod
+    def create(cls, name=None, *, max_locks=64, max_participants=64, mode=0o600,
+               persist=False):
+        """Create a new region. ``FileExistsError`` if the name is taken."""
+        cdef Region self = Region.__new__(Region)
+        cdef uint64_t dir_off, part_off, locks_off, stride, total
+        cdef uint32_t L, P, i
+        cdef char* base
+        cdef shm_header* h
+        cdef int fd
+        n = _gen_name() if name is None else _check_name(name)
+        L = _check_count(max_locks, "max_locks", SHM_MAX_LOCKS)
+        P = _check_count(max_participants, "max_participants", SHM_MAX_PARTICIPANTS)
+        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
+            raise ValueError("mode must be an int permission mask like 0o600")
+        total = _geometry(L, P, &dir_off, &part_off, &locks_off, &stride)
+        try:
+            shm = _posix_ipc.SharedMemory("/" + n, _posix_ipc.O_CREX, mode=mode, size=total)
+        except _posix_ipc.ExistentialError:
+            raise FileExistsError(f"shared-memory segment {n!r} already exists") from None
+        except _posix_ipc.PermissionsError as e:
+            raise PermissionError(str(e)) from None
+        fd = shm.fd
+        base = <char*>mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+        shm.close_fd()
+        if base == <char*>MAP_FAILED:
+            _posix_ipc.unlink_shared_memory("/" + n)
+            raise OSError(errno, "mmap failed")
+        try:
+            h = <shm_header*>base
+            h.magic = SHM_MAGIC
+            h.version = SHM_VERSION
+            h.line_size = SHM_LINE
+            h.total_size = total
+            h.max_locks = L
+            h.max_participants = P
+            h.dir_off = dir_off
+            h.part_off = part_off
+            h.locks_off = locks_off
+            h.lock_stride = stride
+            h.creator_pid = <uint32_t>getpid()
+            h.nlocks = 0
+            h.glibc_mutex_size = sizeof(pthread_mutex_t)
+            _init_pshared_mutex(&h.dir_mutex.m, False)
+            for i in range(P):
+                _init_pshared_mutex(&(<shm_participant*>(base + part_off))[i].token.m, False)
+            st32_rel(&h.state, SHM_STATE_READY)      # publish: everything above is visible
+        except BaseException:
+            munmap(base, total)
+            _posix_ipc.unlink_shared_memory("/" + n)
+            raise
+        self._attach(n, base, total)
+        self._owner = True
+        self._persist = bool(persist)
+        self._creator_pid = _os.getpid()
+        if not self._persist:
+            _owned_regions.add(self)
+        return self
+
+    @classmethod
+    def open(cls, name):
+        """Attach to an existing region from any process."""
+        cdef Region self = Region.__new__(Region)
+        cdef char* base
+        cdef size_t size
+        n = _check_name(name)
+        try:
+            shm = _posix_ipc.SharedMemory("/" + n)
+        except _posix_ipc.ExistentialError:
+            raise FileNotFoundError(f"no shared-memory segment named {n!r}") from None
+        except _posix_ipc.PermissionsError as e:
+            raise PermissionError(str(e)) from None
+        try:
+            size = _wait_ready(shm.fd, n)
+            base = <char*>mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, shm.fd, 0)
+        finally:
+            shm.close_fd()
+        if base == <char*>MAP_FAILED:
+            raise OSError(errno, "mmap failed")
+        try:
+            _validate(base, size, n)
+        except BaseException:
+            munmap(base, size)
+            raise
+        self._attach(n, base, size)
+        self._owner = False
+        self._persist = True
+        self._creator_pid = 0
+        return self
+
+    cdef _attach(self, str n, char* base, size_t size):
+        cdef shm_header* h = <shm_header*>base
+        cdef rmap_t* rm = <rmap_t*>calloc(1, sizeof(rmap_t))
+        if rm == NULL:
+            munmap(base, size)
+            raise MemoryError()
+        rm.base = base
+        rm.size = size
+        rm.hdr = h
+        rm.L = h.max_locks
+        rm.P = h.max_participants
+        rm.dir = <shm_dirent*>(base + h.dir_off)
+        rm.part = <shm_participant*>(base + h.part_off)
+        rm.locks_off = h.locks_off
+        rm.stride = h.lock_stride
+        rm.pyalive = 1
+        rmap_link(rm)
+        self.rm = rm
+        self.name = n
+
+    # -- lifetime --------------------------------------------------------------------
+
+    cdef int _check_open(self) except -1:
+        if self.rm == NULL or self.rm.closed:
+            raise ValueError("region is closed")
+        return 0
+
+    @property
+    def closed(self):
+        return self.rm == NULL or bool(self.rm.closed)
+
+    def close(self):
+        """Unmap this process's view (deferred while other threads still hold tokens in
+        it). Releases what the calling thread holds here first. The owner unlinks the name."""
+        if self.rm == NULL:
+            return
+        if not self.rm.closed:
+            self._release_mine()
+            reg_unregister(self.rm)
+            pthread_mutex_lock(&g_mutex)
+            self.rm.closed = 1
+            rmap_maybe_unmap(self.rm)
+            pthread_mutex_unlock(&g_mutex)
+        self._unlink_if_owner(_os.getpid())
+
+    cdef _release_mine(self):
+        cdef reg_t* r = reg_lookup(self.rm)
+        cdef uint32_t i
+        cdef shm_body b
+        if r == NULL:
+            return
+        for i in range(self.rm.L):
+            if r.held <= 0:
+                break
+            if ld32_acq(&self.rm.dir[i].state) != SHM_DIRENT_READY:
+                continue
+            b = shm_body_at(self.rm.base, self.rm.locks_off + i * self.rm.stride, self.rm.P, i)
+            if ld32_acq(&b.ctl.holder) == r.slot + 1:
+                try:
+                    self._lock_at(i).release()
+                except Exception:
+                    pass
+
+    def _unlink_if_owner(self, pid):
+        if self._owner and not self._persist and pid == self._creator_pid:
+            self._owner = False
+            _owned_regions.discard(self)
+            try:
+                _posix_ipc.unlink_shared_memory("/" + self.name)
+            except _posix_ipc.ExistentialError:
+                pass
+
+    def unlink(self):
+        """Remove the segment's name now. Processes that have it mapped go on working."""
+        self._owner = False
+        _owned_regions.discard(self)
+        try:
+            _posix_ipc.unlink_shared_memory("/" + self.name)
+        except _posix_ipc.ExistentialError:
+            raise FileNotFoundError(f"no shared-memory segment named {self.name!r}") from None
+
+    def __dealloc__(self):
+        cdef rmap_t* rm = self.rm
+        if rm == NULL:
+            return
+        if not rm.closed:
+            reg_unregister(rm)
+        pthread_mutex_lock(&g_mutex)
+        rm.closed = 1
+        rm.pyalive = 0
+        rmap_maybe_unmap(rm)
+        rmap_maybe_free(rm)
+        pthread_mutex_unlock(&g_mutex)
+        self.rm = NULL
+
+    def __enter__(self):
+        self._check_open()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __reduce__(self):
+        self._check_open()
+        return (_open_region, (self.name,))
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{self.rm.L} locks, {self.rm.P} participants"
+        return f"<shmlocks.Region {self.name!r} ({state})>"
+
+    @property
+    def max_locks(self):
+        self._check_open()
+        return self.rm.L
+
+    @property
+    def max_participants(self):
+        self._check_open()
+        return self.rm.P
+
+    # -- the directory -------------------------------------------------------------------
+
+    cdef int _find(self, bytes bname) except -2:
+        """Index of the READY entry named bname, or -1."""
+        cdef uint32_t i
+        cdef shm_dirent* d
+        cdef const char* s = bname
+        cdef size_t n = len(bname)
+        for i in range(self.rm.L):
+            d = &self.rm.dir[i]
+            if ld32_acq(&d.state) != SHM_DIRENT_READY:
+                continue
+            if strnlen(d.name, SHM_NAME_MAX) == n and strncmp(d.name, s, n) == 0:
+                return i
+        return -1
+
+    def lock_names(self):
+        """Names of the locks in this region, in creation order."""
+        cdef uint32_t i
+        cdef shm_dirent* d
+        self._check_open()
+        out = []
+        for i in range(self.rm.L):
+            d = &self.rm.dir[i]
+            if ld32_acq(&d.state) == SHM_DIRENT_READY:
+                out.append(d.name[:strnlen(d.name, SHM_NAME_MAX - 1)].decode("utf-8", "replace"))
+        return out
+
+    def create_lock(self, name, kind):
+        """Create a lock of ``kind`` (a KINDS key or class) named ``name`` in this region.
+        FileExistsError if the name is in use, CapacityError past max_locks."""
+        self._check_open()
+        i = self._create_entry(name, _kind_code(kind))
+        return self._lock_at(i, name)
+
+    def _create_entry(self, name, uint32_t code):
+        cdef uint32_t i
+        cdef int rc, slot = -1
+        cdef shm_dirent* d
+        cdef shm_body b
+        cdef timespec ts
+        self._check_open()
+        bname = _check_lock_name(name)
+        ts = shm_ts_of_ns(shm_now_ns() + 5000000000)
+        with nogil:
+            rc = pthread_mutex_clocklock(&self.rm.hdr.dir_mutex.m, CLOCK_MONOTONIC, &ts)
+        if rc == EOWNERDEAD:
+            pthread_mutex_consistent(&self.rm.hdr.dir_mutex.m)   # entries publish atomically
+        elif rc == ETIMEDOUT:
+            raise TimeoutError("timed out waiting for the region's directory lock")
+        elif rc != 0:
+            raise CorruptRegionError(f"region {self.name!r}: directory lock unusable ({rc})")
+        try:
+            if self._find(bname) >= 0:
+                raise FileExistsError(f"a lock named {name!r} already exists in {self.name!r}")
+            for i in range(self.rm.L):
+                if ld32_acq(&self.rm.dir[i].state) == SHM_DIRENT_FREE:
+                    slot = i
+                    break
+            if slot < 0:
+                raise CapacityError(f"region {self.name!r} is full (max_locks={self.rm.L})")
+            d = &self.rm.dir[slot]
+            b = shm_body_at(self.rm.base, self.rm.locks_off + slot * self.rm.stride,
+                            self.rm.P, slot)
+            memset(b.ctl, 0, self.rm.stride)
+            _init_body(&b, code)
+            memset(d.name, 0, SHM_NAME_MAX)
+            memcpy(d.name, <const char*>bname, len(bname))
+            d.kind = code
+            self.rm.hdr.nlocks += 1
+            st32_rel(&d.state, SHM_DIRENT_READY)       # publish the entry and its body
+        finally:
+            pthread_mutex_unlock(&self.rm.hdr.dir_mutex.m)
+        return slot
+
+    def open_lock(self, name):
+        """Open the lock called ``name``; returns an object of its stored kind."""
+        self._check_open()
+        bname = _check_lock_name(name)
+        i = self._find(bname)
+        if i < 0:
+            raise FileNotFoundError(f"no lock named {name!r} in region {self.name!r}")
+        return self._lock_at(i, name)
+
+    cdef _lock_at(self, uint32_t i, name=None):
+        cdef shm_dirent* d = &self.rm.dir[i]
+        cdef uint32_t code = ld32_acq(&d.kind)
+        cdef _Lock lk
+        if code not in _KIND_NAMES:
+            raise CorruptRegionError(f"region {self.name!r}: lock {i} has unknown kind {code}")
+        cls = KINDS[_KIND_NAMES[code]]
+        lk = cls.__new__(cls)
+        if name is None:
+            name = d.name[:strnlen(d.name, SHM_NAME_MAX - 1)].decode("utf-8", "replace")
+        lk._bind(self, i, name)
+        return lk
+
+    def _describe(self):
+        """A snapshot of the region for triage (the CLI's inspect): participants, locks."""
+        cdef uint32_t i
+        cdef int st
+        cdef shm_participant* p
+        self._check_open()
+        h = self.rm.hdr
+        parts = []
+        for i in range(self.rm.P):
+            st = participant_state(self.rm, i)
+            if st:
+                p = &self.rm.part[i]
+                parts.append({"slot": i, "pid": ld32_rlx(&p.pid), "tid": ld32_rlx(&p.tid),
+                              "alive": st == 1})
+        locks = []
+        for i in range(self.rm.L):
+            if ld32_acq(&self.rm.dir[i].state) == SHM_DIRENT_READY:
+                locks.append(self._lock_at(i)._describe())
+        return {"name": self.name, "size": self.rm.size, "version": SHM_VERSION,
+                "max_locks": self.rm.L, "max_participants": self.rm.P,
+                "creator_pid": h.creator_pid, "participants": parts, "locks": locks}
+
+    cdef object _participant(self, uint32_t slot1):
+        """(slot, pid, tid, alive) of participant index+1 slot1, or None."""
+        cdef shm_participant* p
+        if slot1 == 0 or slot1 > self.rm.P:
+            return None
+        p = &self.rm.part[slot1 - 1]
+        return {"slot": slot1 - 1, "pid": ld32_rlx(&p.pid), "tid": ld32_rlx(&p.tid),
+                "alive": participant_state(self.rm, slot1 - 1) == 1}
+
+
+def _open_region(name):
+    return Region.open(name)
+
+
+def _check_lock_name(name):
+    if not isinstance(name, str):
+        raise TypeError(f"lock name must be a str, not {type(name).__name__}")
+    b = name.encode("utf-8")
+    if not b or b"\x00" in b or len(b) > SHM_NAME_MAX - 1:
+        raise ValueError(f"invalid lock name {name!r}: 1 to {SHM_NAME_MAX - 1} bytes, no NUL")
+    return b
+
+
+cdef uint32_t _kind_code(kind) except 0:
+    if isinstance(kind, type) and issubclass(kind, _Lock) and kind is not _Lock:
+        kind = kind.kind_name
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be one of {list(KINDS)} or a lock class, not {kind!r}")
+    try:
+        return _KIND_CODES[kind]
+    except KeyError:
+        raise ValueError(f"unknown lock kind {kind!r}: expected one of {list(KINDS)}") from None
+
+
+def _wait_ready(int fd, n):
+    """Bounded wait for a creator still building the segment; returns the file size."""
+    cdef shm_header h
+    deadline = _time.monotonic() + OPEN_READY_TIMEOUT
+    while True:
+        size = _os.fstat(fd).st_size
+        if size >= sizeof(shm_header):
+            data = _os.pread(fd, sizeof(shm_header), 0)
+            if len(data) == sizeof(shm_header):
+                memcpy(&h, <const char*>data, sizeof(shm_header))
+                if h.magic != SHM_MAGIC:
+                    raise CorruptRegionError(f"segment {n!r} is not a shmlocks region (bad magic)")
+                if h.state == SHM_STATE_READY:
+                    return size
+        elif size > 0 and _time.monotonic() > deadline:
+            raise CorruptRegionError(f"segment {n!r} is too small ({size} bytes) to be a region")
+        if _time.monotonic() > deadline:
+            raise CorruptRegionError(f"segment {n!r} never became ready (its creator may have "
+                                     "died while building it, or it is not a shmlocks region)")
+        _time.sleep(0.002)
+
+
+cdef int _validate(char* base, size_t size, n) except -1:
+    cdef shm_header* h = <shm_header*>base
+    cdef uint64_t dir_off, part_off, locks_off, stride, total
+    if h.magic != SHM_MAGIC:
+        raise CorruptRegionError(f"segment {n!r} is not a shmlocks region (bad magic)")
+    if h.version != SHM_VERSION:
+        raise CorruptRegionError(f"segment {n!r} has layout version {h.version}, "
+                                 f"this shmlocks reads version {SHM_VERSION}")
+    if h.line_size != SHM_LINE or h.glibc_mutex_size != sizeof(pthread_mutex_t):
+        raise CorruptRegionError(f"segment {n!r} was built for another ABI "
+                                 f"(line {h.line_size}, mutex {h.glibc_mutex_size} bytes)")
+    if not (1 <= h.max_locks <= SHM_MAX_LOCKS and 1 <= h.max_participants <= SHM_MAX_PARTICIPANTS):
+        raise CorruptRegionError(f"segment {n!r}: bad geometry {h.max_locks}x{h.max_participants}")
+    total = _geometry(h.max_locks, h.max_participants, &dir_off, &part_off, &locks_off, &stride)
+    if (h.dir_off != dir_off or h.part_off != part_off or h.locks_off != locks_off
+            or h.lock_stride != stride):
+        raise CorruptRegionError(f"segment {n!r}: offsets do not match its geometry")
+    if h.total_size != total or size != total:
+        raise CorruptRegionError(f"segment {n!r}: size {size} does not match its layout ({total})")
+    return 0

@@ -1,0 +1,90 @@
+# robust.pxi -- robust, process-shared pthread mutex (and the base the pi kind shares).
+#
+# Invariant: the mutex in word A is PTHREAD_PROCESS_SHARED + PTHREAD_MUTEX_ROBUST, so
+# glibc links it into the holder thread's robust list and the kernel marks it OWNER_DIED
+# when that thread dies holding it. The next locker gets EOWNERDEAD, reported as
+# owner_died; mark_consistent() is pthread_mutex_consistent(); a release without it leaves
+# the mutex ENOTRECOVERABLE for everyone (LockNotRecoverableError).
+#
+# Waiting is bounded: pthread_mutex_clocklock(CLOCK_MONOTONIC) in slices of the wait
+# policy, so timeouts and Ctrl-C work; the robust kind spins on trylock briefly first.
+
+cdef void _pmutex_init(shm_body* b, bint pi) noexcept nogil:
+    cdef pthread_mutexattr_t a
+    pthread_mutexattr_init(&a)
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED)
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST)
+    if pi:
+        pthread_mutexattr_setprotocol(&a, PTHREAD_PRIO_INHERIT)
+    pthread_mutex_init(&b.wa.m, &a)
+    pthread_mutexattr_destroy(&a)
+
+
+cdef inline int _pm_code(int rc) noexcept nogil:
+    if rc == 0:
+        return R_ACQ
+    if rc == EOWNERDEAD:
+        return R_ACQ_DIED
+    if rc == EBUSY:
+        return R_BUSY
+    if rc == ENOTRECOVERABLE:
+        return R_NOTREC
+    if rc == ETIMEDOUT:
+        return R_TIMEOUT
+    return R_CORRUPT
+
+
+cdef class _PthreadMutexLock(_Lock):
+    cdef bint _spin(self) noexcept nogil:
+        return 1
+
+    cdef int _fast(self, uint32_t me) noexcept nogil:
+        return _pm_code(pthread_mutex_trylock(&self.b.wa.m))
+
+    cdef int _try(self, uint32_t me) noexcept nogil:
+        return _pm_code(pthread_mutex_trylock(&self.b.wa.m))
+
+    cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
+        cdef timespec ts
+        cdef int r
+        cdef int64_t sl
+        if w.deadline == 0:
+            return R_TIMEOUT
+        if self._spin():
+            while True:
+                rc = _pm_code(pthread_mutex_trylock(&self.b.wa.m))
+                if rc != R_BUSY:
+                    return rc
+                r = wait_pause(w)
+                if r == W_PARK:
+                    break
+                if r != W_CONT:
+                    return R_TIMEOUT
+        while True:
+            sl = wait_slice(w)
+            if sl <= 0:
+                return R_TIMEOUT
+            ts = shm_ts_of_ns(shm_now_ns() + sl)
+            rc = _pm_code(pthread_mutex_clocklock(&self.b.wa.m, CLOCK_MONOTONIC, &ts))
+            if rc != R_TIMEOUT:
+                return rc
+            r = wait_check(w)
+            if r == W_TIMEOUT:
+                return R_TIMEOUT
+            if r == W_SIGNAL:
+                return R_SIGNAL
+
+    cdef int _unlock(self, uint32_t me) noexcept nogil:
+        return 0 if pthread_mutex_unlock(&self.b.wa.m) == 0 else R_CORRUPT
+
+    cdef int _consistent(self) noexcept nogil:
+        return pthread_mutex_consistent(&self.b.wa.m)
+
+    cdef bint _is_locked(self) noexcept nogil:
+        # the glibc mutex's first word is its futex: holder TID | FUTEX_WAITERS | OWNER_DIED
+        return ld32_acq(<uint32_t*>&self.b.wa.m) != 0
+
+
+cdef class RobustMutex(_PthreadMutexLock):
+    """Robust pthread mutex: the kernel reports a holder's death (owner_died)."""
+    kind_name = "robust"

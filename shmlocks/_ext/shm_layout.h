@@ -1,0 +1,170 @@
+/*
+ * shm_layout.h -- the shared-memory layout of a shmlocks region.  This file is the ABI:
+ * every process that maps a region agrees on it, so every struct below has its size,
+ * offsets and alignment pinned by _Static_assert.  No pointers live in the segment, only
+ * 32/64-bit indices and offsets, because each process maps it at its own address.
+ *
+ *   +---------------------+  0
+ *   | shm_header          |  2 lines: identity + sizes + offsets, then the directory mutex
+ *   +---------------------+  dir_off
+ *   | shm_dirent[L]       |  one line each: name, kind, state
+ *   +---------------------+  part_off
+ *   | shm_participant[P]  |  two lines each: liveness token, then identity + protocol state
+ *   +---------------------+  locks_off
+ *   | lock body [L]       |  lock_stride bytes each (see below)
+ *   +---------------------+  total_size
+ *
+ * A lock body is  ctl (1 line) | word A (1 line) | word B (1 line) | nodes[P+1] | precs[P].
+ * Each kind uses the parts it needs; see the top of its .pxi file.
+ */
+#ifndef SHM_LAYOUT_H
+#define SHM_LAYOUT_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <pthread.h>
+
+#define SHM_LINE        128u              /* padding unit: two 64-byte lines (adjacent-line prefetch) */
+#define SHM_MAGIC       0x314b434f4c4d4853ULL   /* "SHMLOCK1", little endian */
+#define SHM_VERSION     1u
+#define SHM_NAME_MAX    56u               /* bytes of a lock name, NUL included */
+#define SHM_MAX_PARTICIPANTS 4096u
+#define SHM_MAX_LOCKS   4096u
+
+#define SHM_STATE_BUILDING 0u
+#define SHM_STATE_READY    1u
+
+#define SHM_LINE_ALIGNED __attribute__((aligned(SHM_LINE)))
+
+typedef struct shm_header {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t line_size;
+    uint64_t total_size;
+    uint32_t max_locks;
+    uint32_t max_participants;
+    uint64_t dir_off;
+    uint64_t part_off;
+    uint64_t locks_off;
+    uint64_t lock_stride;
+    uint32_t state;            /* SHM_STATE_*; published last with a release store */
+    uint32_t creator_pid;
+    uint32_t nlocks;           /* directory entries in use (informational) */
+    uint32_t glibc_mutex_size; /* sizeof(pthread_mutex_t) of the creator: must match ours */
+    char     _pad0[SHM_LINE - 80];
+    /* line 1: serialises directory changes (create_lock) across processes; robust */
+    union { pthread_mutex_t m; char _pad[SHM_LINE]; } dir_mutex;
+} SHM_LINE_ALIGNED shm_header;
+
+#define SHM_DIRENT_FREE     0u
+#define SHM_DIRENT_READY    2u
+
+typedef struct shm_dirent {
+    uint32_t state;            /* SHM_DIRENT_*; READY published with a release store */
+    uint32_t kind;             /* SHM_KIND_* */
+    uint32_t _pad0[2];
+    char     name[SHM_NAME_MAX];
+    char     _pad1[SHM_LINE - 16 - SHM_NAME_MAX];
+} SHM_LINE_ALIGNED shm_dirent;
+
+/* Protocol steps a participant publishes before and after each shared-state change
+ * (DESIGN.md section 6); op_lock is the lock index + 1, 0 = none. */
+typedef struct shm_participant {
+    union { pthread_mutex_t m; char _pad[SHM_LINE]; } token;   /* held by the live owner thread */
+    uint32_t pid;
+    uint32_t tid;
+    uint32_t op_lock;
+    uint32_t op_step;
+    uint64_t op_value;
+    uint64_t generation;       /* bumped on each claim, so a stale view can be told apart */
+    char     _pad1[SHM_LINE - 32];
+} SHM_LINE_ALIGNED shm_participant;
+
+/* kinds: the value stored in the directory and in each body's ctl.kind */
+enum { SHM_KIND_TICKET = 1, SHM_KIND_MCS = 2, SHM_KIND_CLH = 3,
+       SHM_KIND_FUTEX = 4, SHM_KIND_ROBUST = 5, SHM_KIND_PI = 6, SHM_KIND_MAX = 6 };
+
+/* ctl.flags */
+#define SHM_F_OWNER_DIED      1u   /* the current hold follows an owner death */
+#define SHM_F_NOTRECOVERABLE  2u   /* released while inconsistent: every acquire fails */
+
+typedef struct shm_lockctl {
+    uint32_t kind;
+    uint32_t flags;            /* SHM_F_* */
+    uint32_t holder;           /* participant index + 1 of the holder, 0 = none; a snapshot */
+    uint32_t magic;            /* SHM_BODY_MAGIC once initialised */
+    uint64_t acquisitions;     /* informational; written by holders only */
+    char     _pad[SHM_LINE - 24];
+} SHM_LINE_ALIGNED shm_lockctl;
+#define SHM_BODY_MAGIC 0x4b4f4c42u   /* "BLOK" */
+
+/* one hot word (or a pthread mutex) on a line of its own */
+typedef union shm_word {
+    uint32_t u32[SHM_LINE / 4];
+    uint64_t u64[SHM_LINE / 8];
+    pthread_mutex_t m;
+    char _pad[SHM_LINE];
+} SHM_LINE_ALIGNED shm_word;
+
+/* a queue node (MCS, CLH) or a per-ticket slot (ticket), one line each */
+typedef struct shm_node {
+    uint32_t state;            /* futex word: the waiter parks here */
+    uint32_t next;             /* MCS: successor index + 1 */
+    uint32_t pred;             /* CLH: predecessor node index (set before abandoning) */
+    uint32_t parked;           /* waiters that announced they are parking on state */
+    uint64_t value;            /* ticket: abandoned-ticket marker (ticket + 1), 0 = none */
+    char     _pad[SHM_LINE - 24];
+} SHM_LINE_ALIGNED shm_node;
+
+/* per-participant, per-lock record: written only by its participant (or its recoverer) */
+typedef struct shm_prec {
+    uint32_t mine;             /* CLH: index of the node this participant owns */
+    uint32_t pred;             /* CLH: node this participant waits on / adopts at release */
+    uint64_t ticket;           /* ticket: current ticket + 1, 0 = none */
+    uint64_t abandoned;        /* ticket: ticket + 1 it abandoned and may rejoin, 0 = none */
+    char     _pad[SHM_LINE - 24];
+} SHM_LINE_ALIGNED shm_prec;
+
+_Static_assert(sizeof(shm_header) == 2 * SHM_LINE, "header is two lines");
+_Static_assert(offsetof(shm_header, dir_mutex) == SHM_LINE, "dir mutex on line 1");
+_Static_assert(sizeof(pthread_mutex_t) <= SHM_LINE, "a pthread mutex fits a line");
+_Static_assert(sizeof(shm_dirent) == SHM_LINE, "dirent is one line");
+_Static_assert(sizeof(shm_participant) == 2 * SHM_LINE, "participant is two lines");
+_Static_assert(offsetof(shm_participant, pid) == SHM_LINE, "participant identity on line 1");
+_Static_assert(sizeof(shm_lockctl) == SHM_LINE, "ctl is one line");
+_Static_assert(sizeof(shm_word) == SHM_LINE, "word is one line");
+_Static_assert(sizeof(shm_node) == SHM_LINE, "node is one line");
+_Static_assert(sizeof(shm_prec) == SHM_LINE, "prec is one line");
+_Static_assert(offsetof(shm_header, _pad0) == 80, "header fields fill 80 bytes");
+
+/* body geometry, in lines */
+#define SHM_BODY_CTL    0u
+#define SHM_BODY_WA     1u
+#define SHM_BODY_WB     2u
+#define SHM_BODY_NODES  3u
+static inline uint64_t shm_body_lines(uint32_t P) { return 3u + (uint64_t)(P + 1u) + P; }
+
+typedef struct shm_body {      /* process-local view of one lock body; never stored in shm */
+    shm_lockctl *ctl;
+    shm_word    *wa;
+    shm_word    *wb;
+    shm_node    *nodes;        /* P + 1 */
+    shm_prec    *precs;        /* P */
+    uint32_t     P;
+    uint32_t     index;        /* lock index in the region */
+} shm_body;
+
+static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_t index) {
+    shm_body b;
+    char *p = base + off;
+    b.ctl   = (shm_lockctl *)p;
+    b.wa    = (shm_word *)(p + SHM_BODY_WA * SHM_LINE);
+    b.wb    = (shm_word *)(p + SHM_BODY_WB * SHM_LINE);
+    b.nodes = (shm_node *)(p + SHM_BODY_NODES * SHM_LINE);
+    b.precs = (shm_prec *)(p + (SHM_BODY_NODES + (uint64_t)P + 1u) * SHM_LINE);
+    b.P = P;
+    b.index = index;
+    return b;
+}
+
+#endif

@@ -1,0 +1,108 @@
+/*
+ * shm_sys.h -- the system interface in one place: atomics, cpu_relax, futex(2), clocks.
+ * Shared futexes only (no FUTEX_PRIVATE_FLAG): the words live in memory mapped by
+ * several processes.
+ */
+#ifndef SHM_SYS_H
+#define SHM_SYS_H
+
+#define _GNU_SOURCE 1
+#include <stdint.h>
+#include <errno.h>
+#include <time.h>
+#include <unistd.h>
+#include <sched.h>
+#include <signal.h>
+#include <limits.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
+
+/* ---- atomics: explicit orderings, named for what they are ---- */
+#define SEQ __ATOMIC_SEQ_CST
+#define ACQ __ATOMIC_ACQUIRE
+#define REL __ATOMIC_RELEASE
+#define RLX __ATOMIC_RELAXED
+
+static inline uint32_t ld32_acq(uint32_t *p) { return __atomic_load_n(p, ACQ); }
+static inline uint32_t ld32_rlx(uint32_t *p) { return __atomic_load_n(p, RLX); }
+static inline uint32_t ld32_seq(uint32_t *p) { return __atomic_load_n(p, SEQ); }
+static inline void st32_rel(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, REL); }
+static inline void st32_rlx(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, RLX); }
+static inline void st32_seq(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, SEQ); }
+static inline uint32_t xchg32(uint32_t *p, uint32_t v) { return __atomic_exchange_n(p, v, SEQ); }
+static inline int cas32(uint32_t *p, uint32_t expected, uint32_t desired) {
+    return __atomic_compare_exchange_n(p, &expected, desired, 0, SEQ, SEQ);
+}
+static inline uint32_t cas32_val(uint32_t *p, uint32_t expected, uint32_t desired) {
+    __atomic_compare_exchange_n(p, &expected, desired, 0, SEQ, SEQ);
+    return expected;   /* the value seen: == expected on success */
+}
+static inline uint32_t fadd32(uint32_t *p, uint32_t v) { return __atomic_fetch_add(p, v, SEQ); }
+static inline uint32_t fsub32(uint32_t *p, uint32_t v) { return __atomic_fetch_sub(p, v, SEQ); }
+static inline uint32_t for32(uint32_t *p, uint32_t v) { return __atomic_fetch_or(p, v, SEQ); }
+static inline uint32_t fand32(uint32_t *p, uint32_t v) { return __atomic_fetch_and(p, v, SEQ); }
+
+static inline uint64_t ld64_acq(uint64_t *p) { return __atomic_load_n(p, ACQ); }
+static inline uint64_t ld64_rlx(uint64_t *p) { return __atomic_load_n(p, RLX); }
+static inline uint64_t ld64_seq(uint64_t *p) { return __atomic_load_n(p, SEQ); }
+static inline void st64_rel(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, REL); }
+static inline void st64_rlx(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, RLX); }
+static inline void st64_seq(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, SEQ); }
+static inline uint64_t fadd64(uint64_t *p, uint64_t v) { return __atomic_fetch_add(p, v, SEQ); }
+static inline int cas64(uint64_t *p, uint64_t expected, uint64_t desired) {
+    return __atomic_compare_exchange_n(p, &expected, desired, 0, SEQ, SEQ);
+}
+static inline void fence_seq(void) { __atomic_thread_fence(SEQ); }
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+/* ---- futex(2), shared ---- */
+static inline int shm_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns) {
+    struct timespec ts, *tsp = NULL;
+    if (timeout_ns >= 0) {
+        ts.tv_sec = (time_t)(timeout_ns / 1000000000LL);
+        ts.tv_nsec = (long)(timeout_ns % 1000000000LL);
+        tsp = &ts;
+    }
+    long r = syscall(SYS_futex, word, FUTEX_WAIT, expected, tsp, NULL, 0);
+    return r == 0 ? 0 : errno;        /* 0 woken, EAGAIN value changed, ETIMEDOUT, EINTR */
+}
+static inline int shm_futex_wake(uint32_t *word, int n) {
+    return (int)syscall(SYS_futex, word, FUTEX_WAKE, n, NULL, NULL, 0);
+}
+
+/* ---- clocks ---- */
+static inline int64_t shm_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+static inline struct timespec shm_ts_of_ns(int64_t ns) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    return ts;
+}
+
+static inline uint32_t shm_gettid(void) { return (uint32_t)syscall(SYS_gettid); }
+
+/* ---- crash points (DESIGN.md section 7): armed once at import, one branch when unarmed ---- */
+static int shm_crash_armed = 0;
+static char shm_crash_name[64];
+static inline void shm_crashpoint(const char *name) {
+    if (__builtin_expect(shm_crash_armed, 0)) {
+        const char *a = shm_crash_name, *b = name;
+        while (*a && *a == *b) { a++; b++; }
+        if (*a == 0 && *b == 0) kill(getpid(), SIGKILL);
+    }
+}
+
+#endif

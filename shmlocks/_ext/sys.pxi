@@ -1,0 +1,192 @@
+# sys.pxi -- every foreign declaration in one place: the layout ABI (shm_layout.h), atomics,
+# futex(2), clocks and crash points (shm_sys.h), pthread robust/PI mutexes, mmap.
+
+from libc.stdint cimport uint32_t, uint64_t, int64_t, int32_t
+from libc.string cimport memset, memcpy, strncmp
+from libc.stdlib cimport malloc, free, calloc
+from libc.errno cimport errno, EBUSY, EAGAIN, EINTR, ETIMEDOUT, EPERM, EINVAL
+
+cdef extern from "<string.h>" nogil:
+    size_t strnlen(const char*, size_t)
+
+cdef extern from "<time.h>" nogil:
+    ctypedef int clockid_t
+    cdef struct timespec:
+        long tv_sec
+        long tv_nsec
+    enum: CLOCK_MONOTONIC
+
+cdef extern from "<errno.h>" nogil:
+    enum: EOWNERDEAD
+    enum: ENOTRECOVERABLE
+
+cdef extern from "<unistd.h>" nogil:
+    int getpid()
+    int close(int fd)
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+cdef extern from "<sys/mman.h>" nogil:
+    void* mmap(void* addr, size_t length, int prot, int flags, int fd, long offset)
+    int munmap(void* addr, size_t length)
+    enum: PROT_READ
+    enum: PROT_WRITE
+    enum: MAP_SHARED
+    void* MAP_FAILED
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_mutexattr_t:
+        pass
+    ctypedef unsigned int pthread_key_t
+    enum: PTHREAD_PROCESS_SHARED
+    enum: PTHREAD_MUTEX_ROBUST
+    enum: PTHREAD_PRIO_INHERIT
+    enum: PTHREAD_MUTEX_NORMAL
+    int pthread_mutexattr_init(pthread_mutexattr_t*)
+    int pthread_mutexattr_destroy(pthread_mutexattr_t*)
+    int pthread_mutexattr_setpshared(pthread_mutexattr_t*, int)
+    int pthread_mutexattr_setrobust(pthread_mutexattr_t*, int)
+    int pthread_mutexattr_setprotocol(pthread_mutexattr_t*, int)
+    int pthread_mutexattr_settype(pthread_mutexattr_t*, int)
+    int pthread_mutex_init(pthread_mutex_t*, const pthread_mutexattr_t*)
+    int pthread_mutex_lock(pthread_mutex_t*)
+    int pthread_mutex_trylock(pthread_mutex_t*)
+    int pthread_mutex_unlock(pthread_mutex_t*)
+    int pthread_mutex_consistent(pthread_mutex_t*)
+    int pthread_mutex_clocklock(pthread_mutex_t*, clockid_t, const timespec*)
+    int pthread_key_create(pthread_key_t*, void (*)(void*) noexcept nogil)
+    void* pthread_getspecific(pthread_key_t)
+    int pthread_setspecific(pthread_key_t, const void*)
+    int pthread_atfork(void (*)() noexcept nogil, void (*)() noexcept nogil, void (*)() noexcept nogil)
+
+cdef extern from "shm_layout.h" nogil:
+    enum: SHM_LINE
+    enum: SHM_VERSION
+    enum: SHM_NAME_MAX
+    enum: SHM_MAX_PARTICIPANTS
+    enum: SHM_MAX_LOCKS
+    enum: SHM_STATE_BUILDING
+    enum: SHM_STATE_READY
+    enum: SHM_DIRENT_FREE
+    enum: SHM_DIRENT_READY
+    enum: SHM_KIND_TICKET
+    enum: SHM_KIND_MCS
+    enum: SHM_KIND_CLH
+    enum: SHM_KIND_FUTEX
+    enum: SHM_KIND_ROBUST
+    enum: SHM_KIND_PI
+    enum: SHM_KIND_MAX
+    enum: SHM_F_OWNER_DIED
+    enum: SHM_F_NOTRECOVERABLE
+    enum: SHM_BODY_MAGIC
+    uint64_t SHM_MAGIC
+
+    ctypedef union shm_mutex_line "union { pthread_mutex_t m; char _pad[SHM_LINE]; }":
+        pthread_mutex_t m
+
+    ctypedef struct shm_header:
+        uint64_t magic
+        uint32_t version
+        uint32_t line_size
+        uint64_t total_size
+        uint32_t max_locks
+        uint32_t max_participants
+        uint64_t dir_off
+        uint64_t part_off
+        uint64_t locks_off
+        uint64_t lock_stride
+        uint32_t state
+        uint32_t creator_pid
+        uint32_t nlocks
+        uint32_t glibc_mutex_size
+        shm_mutex_line dir_mutex
+
+    ctypedef struct shm_dirent:
+        uint32_t state
+        uint32_t kind
+        char name[56]
+
+    ctypedef struct shm_participant:
+        shm_mutex_line token
+        uint32_t pid
+        uint32_t tid
+        uint32_t op_lock
+        uint32_t op_step
+        uint64_t op_value
+        uint64_t generation
+
+    ctypedef struct shm_lockctl:
+        uint32_t kind
+        uint32_t flags
+        uint32_t holder
+        uint32_t magic
+        uint64_t acquisitions
+
+    ctypedef union shm_word:
+        uint32_t u32[32]
+        uint64_t u64[16]
+        pthread_mutex_t m
+
+    ctypedef struct shm_node:
+        uint32_t state
+        uint32_t next
+        uint32_t pred
+        uint32_t parked
+        uint64_t value
+
+    ctypedef struct shm_prec:
+        uint32_t mine
+        uint32_t pred
+        uint64_t ticket
+        uint64_t abandoned
+
+    ctypedef struct shm_body:
+        shm_lockctl* ctl
+        shm_word* wa
+        shm_word* wb
+        shm_node* nodes
+        shm_prec* precs
+        uint32_t P
+        uint32_t index
+
+    uint64_t shm_body_lines(uint32_t P)
+    shm_body shm_body_at(char* base, uint64_t off, uint32_t P, uint32_t index)
+
+cdef extern from "shm_sys.h" nogil:
+    uint32_t ld32_acq(uint32_t*)
+    uint32_t ld32_rlx(uint32_t*)
+    uint32_t ld32_seq(uint32_t*)
+    void st32_rel(uint32_t*, uint32_t)
+    void st32_rlx(uint32_t*, uint32_t)
+    void st32_seq(uint32_t*, uint32_t)
+    uint32_t xchg32(uint32_t*, uint32_t)
+    bint cas32(uint32_t*, uint32_t, uint32_t)
+    uint32_t cas32_val(uint32_t*, uint32_t, uint32_t)
+    uint32_t fadd32(uint32_t*, uint32_t)
+    uint32_t fsub32(uint32_t*, uint32_t)
+    uint32_t for32(uint32_t*, uint32_t)
+    uint32_t fand32(uint32_t*, uint32_t)
+    uint64_t ld64_acq(uint64_t*)
+    uint64_t ld64_rlx(uint64_t*)
+    uint64_t ld64_seq(uint64_t*)
+    void st64_rel(uint64_t*, uint64_t)
+    void st64_rlx(uint64_t*, uint64_t)
+    void st64_seq(uint64_t*, uint64_t)
+    uint64_t fadd64(uint64_t*, uint64_t)
+    bint cas64(uint64_t*, uint64_t, uint64_t)
+    void fence_seq()
+    void cpu_relax()
+    int shm_futex_wait(uint32_t* word, uint32_t expected, int64_t timeout_ns)
+    int shm_futex_wake(uint32_t* word, int n)
+    int64_t shm_now_ns()
+    timespec shm_ts_of_ns(int64_t ns)
+    uint32_t shm_gettid()
+    int shm_crash_armed
+    char shm_crash_name[64]
+    void shm_crashpoint(const char* name)
+
+cdef extern from "Python.h":
+    int PyErr_CheckSignals() nogil

@@ -1,0 +1,132 @@
+# wait.pxi -- the one waiting policy every kind uses (DESIGN.md section 5).
+#
+#   spin   cpu_relax for about one hand-off (SPIN_NS), checking the condition;
+#   yield  sched_yield a few times (lets a descheduled holder run on an oversubscribed box);
+#   park   announce (parked += 1), re-check, FUTEX_WAIT on the word for at most PARK_SLICE_NS,
+#          then check the deadline (CLOCK_MONOTONIC) and, with the GIL re-taken briefly,
+#          Python's signal handlers (Ctrl-C -> W_SIGNAL within one slice).
+#
+# The waker's side of the protocol, which makes a lost wake-up impossible:
+#     make the condition true (SC store/RMW); [change *word (SC)]; if load(parked) != 0: FUTEX_WAKE
+# The waiter announces (SC) before it reads the word and re-checks, so either the waker sees
+# the announcement, or the waiter's re-check sees the condition; a FUTEX_WAIT on a stale
+# value returns EAGAIN at once.
+#
+# Callers hold no GIL here: the kind's slow path runs inside `with nogil`.
+
+cdef enum:
+    W_READY = 1
+    W_TIMEOUT = -2
+    W_SIGNAL = -1
+    W_CONT = 2
+    W_PARK = 3
+
+cdef enum:
+    SPIN_NS = 4000
+    YIELD_ROUNDS = 6
+    PARK_SLICE_NS = 50000000
+
+ctypedef bint (*ready_fn)(void* ctx) noexcept nogil
+
+cdef struct wait_t:
+    int64_t deadline        # absolute CLOCK_MONOTONIC ns; -1 = wait forever; 0 = do not wait
+    int64_t spin_until
+    int phase               # 0 spin, 1 yield, 2 park
+    int yields
+
+
+cdef inline void wait_init(wait_t* w, int64_t deadline) noexcept nogil:
+    w.deadline = deadline
+    w.spin_until = 0
+    w.phase = 0
+    w.yields = 0
+
+
+cdef int wait_check(wait_t* w) noexcept nogil:
+    """Deadline and signals. 0 to go on, else W_TIMEOUT or W_SIGNAL."""
+    if w.deadline >= 0 and shm_now_ns() >= w.deadline:
+        return W_TIMEOUT
+    with gil:
+        if PyErr_CheckSignals() < 0:
+            return W_SIGNAL
+    return 0
+
+
+cdef int64_t wait_slice(wait_t* w) noexcept nogil:
+    """How long the next park may sleep: the slice, or what is left of the deadline."""
+    cdef int64_t left
+    if w.deadline < 0:
+        return PARK_SLICE_NS
+    left = w.deadline - shm_now_ns()
+    if left <= 0:
+        return 0
+    return left if left < PARK_SLICE_NS else PARK_SLICE_NS
+
+
+cdef int wait_pause(wait_t* w) noexcept nogil:
+    """One step of the spin and yield phases: W_CONT (poll again), W_PARK or W_TIMEOUT."""
+    cdef int i
+    cdef int64_t now
+    if w.phase == 0:
+        for i in range(16):
+            cpu_relax()
+        now = shm_now_ns()
+        if w.spin_until == 0:
+            w.spin_until = now + SPIN_NS
+        if w.deadline >= 0 and now >= w.deadline:
+            return W_TIMEOUT
+        if now >= w.spin_until:
+            w.phase = 1
+        return W_CONT
+    if w.phase == 1:
+        sched_yield()
+        w.yields += 1
+        if w.deadline >= 0 and shm_now_ns() >= w.deadline:
+            return W_TIMEOUT
+        if w.yields >= YIELD_ROUNDS:
+            w.phase = 2
+        return W_CONT
+    return W_PARK
+
+
+cdef int wait_park(wait_t* w, uint32_t* word, uint32_t expected) noexcept nogil:
+    """Sleep on word while it holds `expected` (one slice), then check deadline and signals."""
+    cdef int64_t sl = wait_slice(w)
+    if sl > 0:
+        shm_futex_wait(word, expected, sl)
+    return wait_check(w)
+
+
+cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
+                  wait_t* w) noexcept nogil:
+    """Wait until ready(ctx). The waker changes *word and wakes it when *parked != 0."""
+    cdef int r
+    cdef uint32_t v
+    if ready(ctx):
+        return W_READY
+    if w.deadline == 0:
+        return W_TIMEOUT
+    while True:
+        r = wait_pause(w)
+        if r == W_CONT:
+            if ready(ctx):
+                return W_READY
+            continue
+        if r != W_PARK:
+            return r
+        fadd32(parked, 1)                   # announce, SC: the waker reads parked after its change
+        v = ld32_seq(word)
+        if ready(ctx):
+            fsub32(parked, 1)
+            return W_READY
+        r = wait_park(w, word, v)
+        fsub32(parked, 1)
+        if ready(ctx):
+            return W_READY
+        if r != 0:
+            return r
+
+
+cdef inline void wake_if_parked(uint32_t* word, uint32_t* parked) noexcept nogil:
+    if ld32_seq(parked) != 0:
+        shm_futex_wake(word, 0x7fffffff)

@@ -1,0 +1,749 @@
+"""The ``shmlocks`` command line: ``ls``, ``inspect``, ``unlink``, ``demo`` and ``bench``.
+
+Every command reads or changes POSIX shared-memory segments through the public API (plus
+``Region._describe`` for triage). An expected failure (a missing or invalid name, a segment
+that is not a shmlocks region, a permission problem) is reported as one line,
+``shmlocks: error: ...``, with exit status 1, never as a traceback.
+
+The demo's worker functions live at module level so that ``spawn`` and ``forkserver``
+children can import them; the locks reach the children by pickling (by name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import multiprocessing
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import shmlocks
+
+SHM_DIR = Path("/dev/shm")
+MAGIC = b"SHMLOCK1"  # the little-endian uint64 0x314b434f4c4d4853 at offset 0 of a region
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """An expected failure: printed as one ``shmlocks: error:`` line, exit status 1."""
+
+
+# --------------------------------------------------------------------------------------------
+# names and segments
+
+
+def segment_name(raw: str) -> str:
+    """Normalise a user-given segment name: one leading ``/`` is accepted and stripped."""
+    name = raw[1:] if raw.startswith("/") else raw
+    shown = repr(raw if len(raw) <= 60 else raw[:57] + "...")
+    if not name:
+        raise CliError(f"invalid segment name {shown}: empty")
+    if "/" in name or "\0" in name or name in (".", ".."):
+        raise CliError(f"invalid segment name {shown}: a name is one path component")
+    if len(name.encode("utf-8", "surrogateescape")) > 255:
+        raise CliError(f"invalid segment name {shown}: longer than 255 bytes")
+    return name
+
+
+def _has_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def is_region_file(path: str | os.PathLike[str]) -> bool:
+    """True if the file starts with the shmlocks magic (the core's check when it has one)."""
+    core_check: Callable[[str], bool] | None = getattr(shmlocks, "is_region_file", None)
+    if core_check is not None:
+        try:
+            return bool(core_check(os.fspath(path)))
+        except OSError:
+            return False
+    return _has_magic(Path(path))
+
+
+def list_regions() -> list[str]:
+    """Names of the shmlocks regions in /dev/shm, sorted."""
+    core_list: Callable[[], list[str]] | None = getattr(shmlocks, "list_regions", None)
+    if core_list is not None:
+        return sorted(core_list())
+    try:
+        entries = list(os.scandir(SHM_DIR))
+    except FileNotFoundError:
+        return []
+    return sorted(
+        e.name for e in entries if e.is_file(follow_symlinks=False) and _has_magic(Path(e.path))
+    )
+
+
+def _require_region(name: str) -> Path:
+    """The /dev/shm path of a shmlocks region called ``name``, or a CliError saying why not."""
+    path = SHM_DIR / name
+    if not path.exists():
+        raise CliError(f"no shared-memory segment named {name!r}")
+    if not os.access(path, os.R_OK):
+        raise CliError(f"{name!r}: permission denied")
+    if not is_region_file(path):
+        raise CliError(f"{name!r} is not a shmlocks segment (no shmlocks magic at its start)")
+    return path
+
+
+def _describe(name: str) -> dict[str, Any]:
+    region = shmlocks.Region.open(name)
+    try:
+        return dict(region._describe())
+    finally:
+        region.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# formatting
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = [
+        indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in cells
+    ]
+    return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def _who(p: dict[str, Any] | None) -> str:
+    if not p:
+        return "-"
+    return f"pid {p['pid']} tid {p['tid']} {'alive' if p['alive'] else 'DEAD'}"
+
+
+def _flags(lock: dict[str, Any]) -> str:
+    flags = [f for f in ("owner_died", "not_recoverable") if lock.get(f)]
+    return ",".join(flags).replace("not_recoverable", "NOT-RECOVERABLE") or "-"
+
+
+# --------------------------------------------------------------------------------------------
+# ls, inspect, unlink
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    names = list_regions()
+    records: list[dict[str, Any]] = []
+    for name in names:
+        rec: dict[str, Any] = {"name": name}
+        try:
+            d = _describe(name)
+        except FileNotFoundError:
+            continue  # removed since the listing
+        except (shmlocks.ShmLockError, OSError, ValueError) as e:
+            rec["error"] = _error_text(e)
+        else:
+            parts = d.get("participants", [])
+            rec.update(
+                size=d["size"],
+                locks=len(d.get("locks", [])),
+                max_locks=d.get("max_locks"),
+                alive=sum(1 for p in parts if p["alive"]),
+                dead=sum(1 for p in parts if not p["alive"]),
+                max_participants=d.get("max_participants"),
+                creator_pid=d["creator_pid"],
+                creator_alive=_pid_alive(int(d["creator_pid"])),
+            )
+        records.append(rec)
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return EXIT_OK
+    if not records:
+        print(f"no shmlocks segments in {SHM_DIR}")
+        return EXIT_OK
+    rows: list[list[object]] = []
+    for r in records:
+        if "error" in r:
+            rows.append([r["name"], "?", "?", "?", "?", f"unreadable: {r['error']}"])
+            continue
+        rows.append(
+            [
+                r["name"],
+                _size(r["size"]),
+                f"{r['locks']}/{r['max_locks']}",
+                f"{r['alive']} alive, {r['dead']} dead",
+                r["max_participants"],
+                f"{r['creator_pid']} ({'alive' if r['creator_alive'] else 'gone'})",
+            ]
+        )
+    print(_table(["NAME", "SIZE", "LOCKS", "PARTICIPANTS", "SLOTS", "CREATOR"], rows))
+    return EXIT_OK
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    name = segment_name(args.name)
+    _require_region(name)
+    d = _describe(name)
+    if args.json:
+        d = dict(d, creator_alive=_pid_alive(int(d["creator_pid"])))
+        print(json.dumps(d, indent=2))
+        return EXIT_OK
+    creator = int(d["creator_pid"])
+    print(
+        f"segment {d['name']}: {_size(d['size'])} ({d['size']} bytes), layout version {d['version']}, "
+        f"created by pid {creator} ({'alive' if _pid_alive(creator) else 'gone'})"
+    )
+    locks = d.get("locks", [])
+    print(f"locks: {len(locks)} of {d['max_locks']}")
+    if locks:
+        rows = [
+            [
+                lk["name"],
+                lk["kind"],
+                "held" if lk["locked"] else "free",
+                _who(lk.get("holder")) if lk["locked"] else "-",
+                lk["waiters"],
+                _flags(lk),
+            ]
+            for lk in locks
+        ]
+        print(_table(["NAME", "KIND", "STATE", "HOLDER", "WAITERS", "FLAGS"], rows, indent="  "))
+    parts = d.get("participants", [])
+    alive = sum(1 for p in parts if p["alive"])
+    print(
+        f"participants: {len(parts)} of {d['max_participants']} slots in use "
+        f"({alive} alive, {len(parts) - alive} dead)"
+    )
+    if parts:
+        rows = [[p["slot"], p["pid"], p["tid"], "alive" if p["alive"] else "DEAD"] for p in parts]
+        print(_table(["SLOT", "PID", "TID", "STATE"], rows, indent="  "))
+    dead_holders = [
+        lk["name"]
+        for lk in locks
+        if lk["locked"] and lk.get("holder") and not lk["holder"]["alive"]
+    ]
+    if dead_holders:
+        print(
+            "note: held by a dead thread: "
+            + ", ".join(dead_holders)
+            + " (the next acquire recovers it and sees owner_died=True)"
+        )
+    return EXIT_OK
+
+
+def cmd_unlink(args: argparse.Namespace) -> int:
+    import posix_ipc  # type: ignore[import-not-found, unused-ignore]
+
+    name = segment_name(args.name)
+    if not args.force:
+        _require_region(name)
+    elif not (SHM_DIR / name).exists():
+        raise CliError(f"no shared-memory segment named {name!r}")
+    try:
+        posix_ipc.unlink_shared_memory("/" + name)
+    except posix_ipc.ExistentialError as e:
+        raise CliError(f"no shared-memory segment named {name!r}") from e
+    except posix_ipc.PermissionsError as e:
+        raise CliError(f"{name!r}: permission denied") from e
+    print(f"unlinked {name} (processes that have it mapped keep working)")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------------
+# bench
+
+
+def _find_bench() -> Path | None:
+    candidates = [
+        Path(__file__).resolve().parent.parent / "bench" / "run.py",
+        Path.cwd() / "bench" / "run.py",
+    ]
+    for c in candidates:
+        if c.is_file():
+            return c
+    return None
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    script = _find_bench()
+    if script is None:
+        print(
+            "shmlocks: error: bench suite not found (expected bench/run.py in a source checkout)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    cmd = [sys.executable, str(script)]
+    if args.full:
+        cmd.append("--full")
+    if args.out:
+        cmd += ["--out", args.out]
+    cmd += args.bench_args
+    return subprocess.call(cmd, cwd=script.parent.parent)
+
+
+# --------------------------------------------------------------------------------------------
+# demo: worker functions (module level, so spawned children can import them)
+
+
+def _worker_setup() -> None:
+    # The parent handles Ctrl-C and kills its workers; a worker just goes quietly.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _count_worker(
+    lock: Any, shared: Any, iterations: int, barrier: Any, times: Any, index: int
+) -> None:
+    """shared = [count, last writer + 1, hand-overs]: all updated together under the lock."""
+    _worker_setup()
+    me = index + 1
+    barrier.wait(30)
+    t0 = time.monotonic()
+    for _ in range(iterations):
+        with lock:
+            shared[0] += 1  # a read-modify-write: exact only if the lock excludes
+            if shared[1] != me:  # the lock came from another process
+                shared[1] = me
+                shared[2] += 1
+    times[2 * index] = t0
+    times[2 * index + 1] = time.monotonic()
+
+
+def _die_holding(lock: Any, data: Any, held: Any) -> None:
+    """Take the lock, break the invariant a + b == 0 halfway, and wait to be SIGKILLed."""
+    _worker_setup()
+    lock.acquire()
+    data[0] += 1  # a += 1 ... and b -= 1 never happens
+    held.set()
+    time.sleep(30)  # the parent kills us long before this ends
+
+
+def _pingpong_worker(
+    lock: Any, shared: Any, me: int, duration: float, barrier: Any, result: Any
+) -> None:
+    """Take turns with the other worker: shared[0] is whose turn it is, shared[1] a stop flag."""
+    _worker_setup()
+    stamps: list[float] = []
+    barrier.wait(30)
+    now = time.perf_counter
+    end = now() + duration
+    hard_end = end + 10  # if the other side is gone, never wait for it longer than this
+    while not shared[1] and now() < hard_end:
+        with lock:
+            if shared[0] == me:
+                stamps.append(now())
+                shared[0] = 1 - me
+        if stamps and stamps[-1] > end:
+            shared[1] = 1  # tell the other side to stop too
+    trips = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    result[2 * me] = statistics.median(trips) if trips else float("nan")
+    result[2 * me + 1] = len(trips)
+
+
+# --------------------------------------------------------------------------------------------
+# demo: the parent
+
+
+class _Demo:
+    def __init__(self, ctx: Any, workers: int, iterations: int, handoff: float) -> None:
+        self.ctx = ctx
+        self.workers = workers
+        self.iterations = iterations
+        self.handoff = handoff
+        self.locks: list[Any] = []
+        self.procs: list[Any] = []
+        self.ok = True
+
+    # -- bookkeeping: every segment and child made here is undone in cleanup()
+
+    def new_lock(self, cls: Any) -> Any:
+        lock = cls.create()
+        self.locks.append(lock)
+        return lock
+
+    def start(self, target: Callable[..., None], *args: Any) -> Any:
+        p = self.ctx.Process(target=target, args=args, daemon=True)
+        with _children_ignore_sigint():
+            p.start()
+        self.procs.append(p)
+        return p
+
+    def reap(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        stuck = [p for p in self.procs if p.is_alive()]
+        for p in stuck:
+            p.kill()
+            p.join(5)
+        failed = [p.exitcode for p in self.procs if p not in stuck and p.exitcode != 0]
+        self.procs.clear()
+        if stuck:
+            raise CliError(
+                f"{len(stuck)} worker(s) did not finish within {timeout:.0f} s and were killed"
+            )
+        if failed:
+            raise CliError(
+                f"{len(failed)} worker(s) failed (exit codes {failed}); see their output above"
+            )
+
+    def cleanup(self) -> list[str]:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(5)
+        self.procs.clear()
+        left: list[str] = []
+        for lock in self.locks:
+            name = str(lock.name).lstrip("/")
+            with contextlib.suppress(Exception):
+                lock.close()  # the creator's close() unlinks the name
+            path = SHM_DIR / name
+            if path.exists():
+                try:
+                    import posix_ipc  # type: ignore[import-not-found, unused-ignore]
+
+                    posix_ipc.unlink_shared_memory("/" + name)
+                except Exception:
+                    left.append(name)
+        self.locks.clear()
+        return left
+
+    # -- part 1
+
+    def counting(self) -> None:
+        n, it = self.workers, self.iterations
+        expected = n * it
+        print(
+            f"1. Counting: {n} processes x {it:,} increments of one shared counter, under each lock"
+        )
+        row = "   {:<22}{:>10}  {:<7}{:>8}{:>15}{:>12}"
+        print(row.format("lock", "total", "", "time", "per increment", "hand-overs"), flush=True)
+        for label, make in self._entries():
+            lock = make()
+            shared = self.ctx.RawArray("q", 3)
+            times = self.ctx.RawArray("d", 2 * n)
+            barrier = self.ctx.Barrier(n)
+            for i in range(n):
+                self.start(_count_worker, lock, shared, it, barrier, times, i)
+            self.reap(timeout=60)
+            elapsed = max(times[1::2]) - min(times[0::2])
+            total = int(shared[0])
+            exact = total == expected
+            self.ok &= exact
+            verdict = "exact" if exact else f"WRONG, expected {expected:,}"
+            print(
+                row.format(
+                    label,
+                    f"{total:,}",
+                    verdict,
+                    f"{elapsed:.2f} s",
+                    f"{elapsed / expected * 1e6:.2f} µs",
+                    f"{int(shared[2]) - 1:,}",
+                ),
+                flush=True,
+            )
+        print(
+            "   (hand-overs: how often the next increment came from a different process; "
+            "FIFO locks rotate, barging ones let a running process keep the lock)"
+        )
+        print()
+
+    def _entries(self) -> list[tuple[str, Callable[[], Any]]]:
+        """Each lock kind (a fresh standalone lock), then multiprocessing.Lock as the reference."""
+        entries: list[tuple[str, Callable[[], Any]]] = [
+            (kind, functools.partial(self.new_lock, cls)) for kind, cls in shmlocks.KINDS.items()
+        ]
+        entries.append(("multiprocessing.Lock", self.ctx.Lock))
+        return entries
+
+    # -- part 2
+
+    def owner_death(self) -> None:
+        print(
+            "2. Owner death: a holder is SIGKILLed inside its critical section (invariant a + b == 0)"
+        )
+        for cls in (shmlocks.RobustMutex, shmlocks.PIMutex):
+            self._kill_and_recover(cls)
+        self._kill_mp_lock()
+        print()
+
+    def _kill_holder(self, lock: Any, data: Any) -> int:
+        held = self.ctx.Event()
+        p = self.start(_die_holding, lock, data, held)
+        if not held.wait(30):
+            raise CliError("the worker never took the lock")
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+        self.procs.remove(p)
+        return int(p.pid)
+
+    def _kill_and_recover(self, cls: Any) -> None:
+        lock = self.new_lock(cls)
+        data = self.ctx.RawArray("q", 2)  # a, b
+        tag = f"   {lock.kind:<7}"
+        pid = self._kill_holder(lock, data)
+        print(
+            f"{tag}pid {pid} took the lock, did a += 1 (not yet b -= 1), and was killed with SIGKILL"
+        )
+        print(f"{tag}locked() = {lock.locked()}, owner = {lock.owner}: the holder is dead")
+        t0 = time.perf_counter()
+        got = lock.acquire(timeout=5)
+        dt = (time.perf_counter() - t0) * 1e3
+        if not got:
+            print(f"{tag}UNEXPECTED: acquire(timeout=5) returned False")
+            self.ok = False
+            return
+        died = lock.owner_died
+        print(
+            f"{tag}next acquire(timeout=5) -> True after {dt:.1f} ms, owner_died = {died}; a = {data[0]}, b = {data[1]}"
+        )
+        if died:
+            data[1] = -data[0]
+            lock.mark_consistent()
+            print(
+                f"{tag}repaired: b = -a -> a + b = {data[0] + data[1]}; mark_consistent(); release()"
+            )
+        else:
+            self.ok = False
+            print(f"{tag}UNEXPECTED: owner_died is False after the holder was killed")
+        lock.release()
+        with lock:
+            again = lock.owner_died
+        self.ok &= not again
+        print(
+            f"{tag}the next hold sees owner_died = {again}: recovered, the lock is as good as new"
+        )
+
+    def _kill_mp_lock(self) -> None:
+        lock = self.ctx.Lock()
+        data = self.ctx.RawArray("q", 2)
+        tag = f"   {'multiprocessing.Lock':<7}"
+        pid = self._kill_holder(lock, data)
+        got = lock.acquire(timeout=0.5)
+        if got:
+            lock.release()
+        print(
+            f"{tag}: holder pid {pid} killed the same way; acquire(timeout=0.5) -> {got}: "
+            "wedged for good, nothing can ever release it"
+        )
+
+    # -- part 3
+
+    def handoff_table(self) -> None:
+        d = self.handoff
+        print(f"3. Hand-off: two processes take turns through one lock for {d:.1f} s each")
+        results: list[tuple[str, float, int]] = []
+        for label, make in self._entries():
+            lock = make()
+            shared = self.ctx.RawArray("q", 2)
+            result = self.ctx.RawArray("d", 4)
+            barrier = self.ctx.Barrier(2)
+            for me in (0, 1):
+                self.start(_pingpong_worker, lock, shared, me, d, barrier, result)
+            self.reap(timeout=30)
+            results.append((label, float(result[0]), int(result[1])))
+        base = results[-1][1]
+        rows: list[list[object]] = []
+        for label, med, trips in results:
+            if label == "multiprocessing.Lock":
+                vs = "1.0x (baseline)"
+            elif med > 0 and base > 0:
+                r = base / med
+                vs = f"{r:.1f}x faster" if r >= 1 else f"{1 / r:.1f}x slower"
+            else:
+                vs = "?"
+            rows.append([label, f"{med * 1e6:.1f} µs", f"{trips:,}", vs])
+        print(
+            _table(
+                ["lock", "round trip (median)", "round trips", "vs multiprocessing.Lock"],
+                rows,
+                indent="   ",
+            )
+        )
+        print()
+
+
+@contextlib.contextmanager
+def _children_ignore_sigint() -> Iterator[None]:
+    """Start children with SIGINT ignored (inherited through fork and exec): Ctrl-C is the parent's."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    ctx = multiprocessing.get_context(args.start_method)
+    demo = _Demo(ctx, workers=args.workers, iterations=args.iterations, handoff=args.handoff)
+    t0 = time.monotonic()
+    print(
+        f"shmlocks demo: {len(shmlocks.KINDS)} lock kinds, {os.cpu_count()} CPUs, "
+        f"start method {args.start_method!r}\n",
+        flush=True,
+    )
+    old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        demo.counting()
+        demo.owner_death()
+        demo.handoff_table()
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        left = demo.cleanup()
+        if left:
+            print(
+                f"shmlocks: error: could not remove segment(s): {', '.join(left)}", file=sys.stderr
+            )
+    print(f"all segments removed; done in {time.monotonic() - t0:.1f} s")
+    if not demo.ok:
+        print("shmlocks: error: the demo saw unexpected results (marked above)", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------------
+# entry point
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shmlocks",
+        description="Interprocess locks in POSIX shared memory: inspect, clean up, demonstrate.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "demo", help="workers under each lock kind, a SIGKILLed holder recovered, a hand-off table"
+    )
+    p.add_argument(
+        "--workers", type=_positive_int, default=4, help="processes per lock kind (default 4)"
+    )
+    p.add_argument(
+        "--iterations",
+        type=_positive_int,
+        default=20000,
+        help="increments per worker (default 20000)",
+    )
+    p.add_argument(
+        "--handoff",
+        type=_positive_float,
+        default=0.3,
+        metavar="SECONDS",
+        help="hand-off time per lock (default 0.3)",
+    )
+    p.add_argument(
+        "--start-method",
+        choices=multiprocessing.get_all_start_methods(),
+        default="spawn",
+        help="multiprocessing start method (default spawn: the locks travel by pickling)",
+    )
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("bench", help="the cross-process benchmark suite (bench/run.py)")
+    p.add_argument("--full", action="store_true", help="the full suite rather than the quick one")
+    p.add_argument("--out", metavar="DIR", help="where to write the JSON and plots")
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("ls", help="the shmlocks segments on this machine")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser(
+        "inspect", help="each lock in a segment: kind, holder (alive or dead), waiters"
+    )
+    p.add_argument("name", metavar="NAME", help="segment name (a leading / is optional)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("unlink", help="remove a segment's name")
+    p.add_argument("name", metavar="NAME", help="segment name (a leading / is optional)")
+    p.add_argument(
+        "--force", action="store_true", help="unlink even if it is not a shmlocks segment"
+    )
+    p.set_defaults(func=cmd_unlink)
+    return parser
+
+
+def _error_text(e: BaseException) -> str:
+    if isinstance(e, FileNotFoundError):
+        return f"no such segment: {e.filename}" if e.filename else "no such segment"
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    text = str(e) or type(e).__name__
+    return text.splitlines()[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        print("shmlocks: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `shmlocks ls | head`: the reader went away; say nothing more.
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return EXIT_ERROR
+    except CliError as e:
+        print(f"shmlocks: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except (shmlocks.ShmLockError, OSError, ValueError) as e:
+        print(f"shmlocks: error: {type(e).__name__}: {_error_text(e)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
