@@ -9,8 +9,10 @@ release the GIL while they wait.
 import sys as _sys
 
 if not _sys.platform.startswith("linux"):
-    raise ImportError("shmlocks runs on Linux only: it is built on futex(2) and glibc's "
-                      f"robust process-shared mutexes (this is {_sys.platform})")
+    raise ImportError(
+        "shmlocks runs on Linux only: it is built on futex(2) and glibc's "
+        f"robust process-shared mutexes (this is {_sys.platform})"
+    )
 
 try:
     from shmlocks._core import (
@@ -49,7 +51,7 @@ _MAGIC_BYTES = (0x314B434F4C4D4853).to_bytes(8, "little")  # b"SHMLOCK1"
 _SHM_DIR = "/dev/shm"
 
 
-def is_region_file(path):
+def is_region_file(path: str) -> bool:
     """True if the file at ``path`` starts with the shmlocks region magic."""
     try:
         with open(path, "rb") as f:
@@ -58,7 +60,7 @@ def is_region_file(path):
         return False
 
 
-def list_regions():
+def list_regions() -> list[str]:
     """Names of the shmlocks regions in /dev/shm, sorted."""
     import os
 

@@ -308,7 +308,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.full:
         cmd.append("--full")
     if args.out:
-        cmd += ["--out", args.out]
+        cmd += ["--out", os.path.abspath(args.out)]  # relative to the caller, not the repo
     cmd += args.bench_args
     return subprocess.call(cmd, cwd=script.parent.parent)
 
@@ -350,25 +350,51 @@ def _die_holding(lock: Any, data: Any, held: Any) -> None:
 
 
 def _pingpong_worker(
-    lock: Any, shared: Any, me: int, duration: float, barrier: Any, result: Any
+    lock: Any, shared: Any, clock: Any, me: int, duration: float, barrier: Any, result: Any
 ) -> None:
-    """Take turns with the other worker: shared[0] is whose turn it is, shared[1] a stop flag."""
+    """Take turns with the other worker through `lock`.
+
+    shared = [whose turn, stop flag, work]; clock = [when the last holder released].
+    A worker waits for its turn outside the lock, then takes the lock, passes the turn and
+    does a little work before it releases, while the other worker calls acquire(). So every
+    turn hands the lock from one process to the other, and barging locks cannot starve
+    anybody. Records the round trip (from one of my turns to the next) and the hand-off
+    (from the other's release to my acquire returning; CLOCK_MONOTONIC is system-wide).
+    """
     _worker_setup()
     stamps: list[float] = []
+    handoffs: list[float] = []
     barrier.wait(30)
-    now = time.perf_counter
+    now = time.monotonic
     end = now() + duration
     hard_end = end + 10  # if the other side is gone, never wait for it longer than this
-    while not shared[1] and now() < hard_end:
-        with lock:
-            if shared[0] == me:
-                stamps.append(now())
-                shared[0] = 1 - me
-        if stamps and stamps[-1] > end:
+    spins = 0
+    while True:
+        while shared[0] != me and not shared[1]:
+            spins += 1
+            if not spins & 0xFFF:
+                if now() > hard_end:
+                    shared[1] = 1
+                os.sched_yield()  # be kind to a machine with fewer CPUs than workers
+        if shared[1]:
+            break
+        lock.acquire()
+        t = now()
+        if clock[0]:
+            handoffs.append(t - clock[0])
+        stamps.append(t)
+        shared[0] = 1 - me  # the other worker now calls acquire() and waits for us
+        for _ in range(4):
+            shared[2] += 1  # the critical section's work
+        clock[0] = now()
+        lock.release()
+        if t > end:
             shared[1] = 1  # tell the other side to stop too
     trips = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-    result[2 * me] = statistics.median(trips) if trips else float("nan")
-    result[2 * me + 1] = len(trips)
+    nan = float("nan")
+    result[3 * me] = statistics.median(trips) if trips else nan
+    result[3 * me + 1] = len(trips)
+    result[3 * me + 2] = statistics.median(handoffs) if handoffs else nan
 
 
 # --------------------------------------------------------------------------------------------
@@ -564,36 +590,54 @@ class _Demo:
 
     def handoff_table(self) -> None:
         d = self.handoff
-        print(f"3. Hand-off: two processes take turns through one lock for {d:.1f} s each")
-        results: list[tuple[str, float, int]] = []
+        print(
+            f"3. Hand-off: two processes take turns through one lock for {d:.1f} s each "
+            "(each waits in acquire() while the other finishes its turn)"
+        )
+        results: list[tuple[str, float, float, int]] = []
         for label, make in self._entries():
             lock = make()
-            shared = self.ctx.RawArray("q", 2)
-            result = self.ctx.RawArray("d", 4)
+            shared = self.ctx.RawArray("q", 3)
+            clock = self.ctx.RawArray("d", 1)
+            result = self.ctx.RawArray("d", 6)
             barrier = self.ctx.Barrier(2)
             for me in (0, 1):
-                self.start(_pingpong_worker, lock, shared, me, d, barrier, result)
+                self.start(_pingpong_worker, lock, shared, clock, me, d, barrier, result)
             self.reap(timeout=30)
-            results.append((label, float(result[0]), int(result[1])))
-        base = results[-1][1]
+            trip = _nanmean(result[0], result[3])
+            handoff = _nanmean(result[2], result[5])
+            results.append((label, handoff, trip, int(result[1] + result[4])))
+        base = results[-1][2]
         rows: list[list[object]] = []
-        for label, med, trips in results:
+        for label, handoff, trip, trips in results:
             if label == "multiprocessing.Lock":
                 vs = "1.0x (baseline)"
-            elif med > 0 and base > 0:
-                r = base / med
+            elif trip > 0 and base > 0:
+                r = base / trip
                 vs = f"{r:.1f}x faster" if r >= 1 else f"{1 / r:.1f}x slower"
             else:
                 vs = "?"
-            rows.append([label, f"{med * 1e6:.1f} µs", f"{trips:,}", vs])
-        print(
-            _table(
-                ["lock", "round trip (median)", "round trips", "vs multiprocessing.Lock"],
-                rows,
-                indent="   ",
+            rows.append([label, _us(handoff), _us(trip), f"{trips:,}", vs])
+        headers = ["lock", "hand-off", "round trip", "round trips", "round trip vs mp.Lock"]
+        print(_table(headers, rows, indent="   "))
+        print("   (medians; hand-off: one process's release() to the other's acquire() returning)")
+        load = os.getloadavg()[0]
+        cpus = os.cpu_count() or 1
+        if load > cpus - 0.5:
+            print(
+                f"   note: this machine is busy (load average {load:.1f} on {cpus} CPUs): "
+                "round trips need both processes on a CPU at once, so they are noisy now"
             )
-        )
         print()
+
+
+def _nanmean(a: float, b: float) -> float:
+    vals = [v for v in (a, b) if v == v]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def _us(seconds: float) -> str:
+    return "?" if seconds != seconds else f"{seconds * 1e6:.1f} µs"
 
 
 @contextlib.contextmanager

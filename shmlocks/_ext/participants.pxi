@@ -153,8 +153,8 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
         rc = pthread_mutex_trylock(&p.token.m)
         if rc == EOWNERDEAD:
             # The previous owner died. We are its recoverer: finish its business first.
-            pthread_mutex_consistent(&p.token.m)
-            participant_recover(rm, i)
+            if not participant_recover(rm, i):
+                continue
             rc = 0
         if rc == 0:
             r = <reg_t*>calloc(1, sizeof(reg_t))
@@ -201,18 +201,57 @@ cdef int reg_unregister(rmap_t* rm) noexcept nogil:
     return 0
 
 
-cdef void participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
-    """Finish a dead participant's protocol. Robust and pi locks are recovered by the
-    kernel; the other kinds' recovery is the owner-death issue (not yet implemented)."""
+cdef enum:
+    STEP_QUARANTINED = 0xDEAD
+
+
+cdef bint participant_engaged(rmap_t* rm, uint32_t slot) noexcept nogil:
+    """Does the (dead) participant still hold, or wait in the queue of, a lock whose
+    recovery is user-space (ticket, mcs, clh, futex)? Robust and pi are the kernel's."""
+    cdef uint32_t i, k, X
+    cdef shm_body b
+    for i in range(rm.L):
+        if ld32_acq(&rm.dir[i].state) != SHM_DIRENT_READY:
+            continue
+        k = ld32_rlx(&rm.dir[i].kind)
+        if k == SHM_KIND_ROBUST or k == SHM_KIND_PI:
+            continue
+        b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
+        if ld32_acq(&b.ctl.holder) == slot + 1:
+            return 1
+        if k == SHM_KIND_TICKET and ld64_acq(&b.precs[slot].ticket) != 0:
+            return 1
+        if k == SHM_KIND_MCS and ld32_acq(&b.nodes[slot].state) in (1, 2):   # WAIT, GRANT
+            return 1
+        if k == SHM_KIND_CLH:
+            X = ld32_acq(&b.precs[slot].mine)
+            if X > rm.P or ld32_acq(&b.nodes[X].state) == 1:                 # BUSY
+                return 1
+    return 0
+
+
+cdef bint participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
+    """We took a dead participant's token (EOWNERDEAD), so we alone recover it. Returns 1
+    if the slot may be reused. Robust and pi locks it held were marked OWNER_DIED by the
+    kernel. Completing its ticket/mcs/clh/futex protocol on its behalf is the owner-death
+    issue, not built yet: until then a slot whose dead owner is still engaged in such a
+    lock is quarantined (its token left ENOTRECOVERABLE), so no new thread inherits its
+    hold or its place in a queue, and inspect reports it dead."""
     cdef shm_participant* p = &rm.part[slot]
+    if participant_engaged(rm, slot):
+        st32_rel(&p.op_step, STEP_QUARANTINED)
+        pthread_mutex_unlock(&p.token.m)         # without consistent(): unusable for good
+        return 0
+    pthread_mutex_consistent(&p.token.m)
     st32_rlx(&p.op_lock, 0)
     st32_rlx(&p.op_step, 0)
+    return 1
 
 
 cdef int participant_state(rmap_t* rm, uint32_t slot) noexcept nogil:
     """Snapshot of a slot's token without taking it: 0 free, 1 alive, 2 dead."""
     cdef uint32_t w = ld32_acq(<uint32_t*>&rm.part[slot].token.m)
-    if w & FUTEX_OWNER_DIED_:
+    if w & FUTEX_OWNER_DIED_ or ld32_acq(&rm.part[slot].op_step) == STEP_QUARANTINED:
         return 2
     if w & FUTEX_TID_MASK_:
         return 1
