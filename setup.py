@@ -28,6 +28,7 @@ setup(
             "wraparound": False,
             "cdivision": True,
             "embedsignature": True,
+            "binding": False,
         },
     )
 )

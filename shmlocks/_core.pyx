@@ -10,7 +10,8 @@
 """
 
 from shmlocks.errors import (CapacityError, CorruptRegionError, DeadlockError,
-                             LockKindError, LockNotRecoverableError, NotOwnerError)
+                             LockKindError, LockNotRecoverableError, NotOwnerError,
+                             ShmLockError)
 
 include "_ext/sys.pxi"
 include "_ext/participants.pxi"

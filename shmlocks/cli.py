@@ -362,6 +362,9 @@ def _pingpong_worker(
     (from the other's release to my acquire returning; CLOCK_MONOTONIC is system-wide).
     """
     _worker_setup()
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2:  # one CPU each: a hand-off between CPUs, not a context switch
+        os.sched_setaffinity(0, {cpus[me % len(cpus)]})
     stamps: list[float] = []
     handoffs: list[float] = []
     barrier.wait(30)
@@ -372,7 +375,7 @@ def _pingpong_worker(
     while True:
         while shared[0] != me and not shared[1]:
             spins += 1
-            if not spins & 0xFFF:
+            if not spins & 0x3F:
                 if now() > hard_end:
                     shared[1] = 1
                 os.sched_yield()  # be kind to a machine with fewer CPUs than workers
@@ -502,8 +505,9 @@ class _Demo:
                 flush=True,
             )
         print(
-            "   (hand-overs: how often the next increment came from a different process; "
-            "FIFO locks rotate, barging ones let a running process keep the lock)"
+            "   (hand-overs: how often the lock passed to another process. FIFO locks take turns, so\n"
+            "   with more processes than CPUs a turn may wait for a descheduled process; barging\n"
+            "   locks let the running process keep the lock.)"
         )
         print()
 
@@ -539,7 +543,7 @@ class _Demo:
     def _kill_and_recover(self, cls: Any) -> None:
         lock = self.new_lock(cls)
         data = self.ctx.RawArray("q", 2)  # a, b
-        tag = f"   {lock.kind:<7}"
+        tag = f"   {lock.kind + ':':<8}"
         pid = self._kill_holder(lock, data)
         print(
             f"{tag}pid {pid} took the lock, did a += 1 (not yet b -= 1), and was killed with SIGKILL"
@@ -576,14 +580,15 @@ class _Demo:
     def _kill_mp_lock(self) -> None:
         lock = self.ctx.Lock()
         data = self.ctx.RawArray("q", 2)
-        tag = f"   {'multiprocessing.Lock':<7}"
+        tag = "   multiprocessing.Lock:"
         pid = self._kill_holder(lock, data)
         got = lock.acquire(timeout=0.5)
         if got:
             lock.release()
+        verdict = "unexpectedly free" if got else "wedged for good, nothing can ever release it"
         print(
-            f"{tag}: holder pid {pid} killed the same way; acquire(timeout=0.5) -> {got}: "
-            "wedged for good, nothing can ever release it"
+            f"{tag} holder pid {pid} killed the same way; acquire(timeout=0.5) -> {got}:\n"
+            f"{' ' * len(tag)} {verdict}"
         )
 
     # -- part 3
@@ -675,6 +680,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(
                 f"shmlocks: error: could not remove segment(s): {', '.join(left)}", file=sys.stderr
             )
+    if left:
+        return EXIT_ERROR
     print(f"all segments removed; done in {time.monotonic() - t0:.1f} s")
     if not demo.ok:
         print("shmlocks: error: the demo saw unexpected results (marked above)", file=sys.stderr)

@@ -11,6 +11,8 @@
 #                    | ABANDONED 2 (owner left; successor must wait on node.pred instead)
 #                    | RECLAIMING 3 -> RECLAIMED 4 (the successor took note and gave it back)
 #             pred   predecessor index, published before ABANDONED
+#             value  generation of the participant (thread) that abandoned it: only that
+#                    thread rejoins in place; a new thread inheriting the slot waits
 #   prec[p]   mine   the node p owns;  pred: the node p waits on and adopts at release
 #
 # Abandonment (Scott & Scherer, PPoPP 2001, "CLH-try"): if p is the tail, CAS the tail
@@ -32,7 +34,8 @@ cdef bint _clh_not_busy(void* c) noexcept nogil:
 
 
 cdef bint _clh_not_reclaiming(void* c) noexcept nogil:
-    return ld32_seq(&(<shm_node*>c).state) != C_RECLAIMING
+    cdef uint32_t st = ld32_seq(&(<shm_node*>c).state)
+    return st != C_RECLAIMING and st != C_ABANDONED
 
 
 cdef void _clh_init(shm_body* b) noexcept nogil:
@@ -94,6 +97,7 @@ cdef class CLHLock(_Lock):
             return R_TIMEOUT
         if ld32_seq(&self.b.nodes[p].state) == C_FREE:
             return R_ACQ                             # granted as we were leaving
+        st64_rel(&x.value, ld64_rlx(&self.rm.part[me].generation))
         st32_seq(&x.state, C_ABANDONED)              # our successor will wait on p instead
         wake_if_parked(&x.state, &x.parked)
         return R_TIMEOUT
@@ -110,12 +114,13 @@ cdef class CLHLock(_Lock):
         x = &self.b.nodes[X]
         if rc == R_BUSY:
             st = ld32_acq(&x.state)
-            if st == C_ABANDONED and cas32(&x.state, C_ABANDONED, C_BUSY):
+            if (st == C_ABANDONED and x.value == ld64_rlx(&self.rm.part[me].generation)
+                    and cas32(&x.state, C_ABANDONED, C_BUSY)):
                 st32_rlx(&r.pred, ld32_acq(&x.pred))     # back in our old place
             elif st == C_BUSY:
                 return R_CORRUPT
             else:
-                if st == C_RECLAIMING:
+                if st == C_RECLAIMING or st == C_ABANDONED:   # not yet handed back
                     res = wait_for(_clh_not_reclaiming, x, &x.state, &x.parked, w)
                     if res != W_READY:
                         return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT

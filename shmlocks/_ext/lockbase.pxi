@@ -279,8 +279,12 @@ cdef class _Lock:
             raise NotOwnerError(f"release of {self.kind_name} lock {self._name!r} by a "
                                 "thread that does not hold it")
         if ld32_rlx(&self.b.ctl.flags) & SHM_F_OWNER_DIED:
-            # released inconsistent: unusable from now on, in every process
+            # released inconsistent: unusable from now on, in every process. The flag in
+            # the body is the one source of truth for every kind; a pthread mutex is made
+            # consistent first, because glibc leaves an ENOTRECOVERABLE robust mutex's
+            # futex word locked by the first thread that tries it.
             for32(&self.b.ctl.flags, SHM_F_NOTRECOVERABLE)
+            self._consistent()
         st32_rlx(&self.b.ctl.holder, 0)
         r.held -= 1
         rc = self._unlock(r.slot)
@@ -297,8 +301,9 @@ cdef class _Lock:
         cdef int rc = self._fast(r.slot)
         if rc == R_ACQ:
             self._got(r, rc)
-        else:
-            self._acquire_slow(r, rc, -1)
+        elif not self._acquire_slow(r, rc, -1):
+            raise ShmLockError(f"{self.kind_name} lock {self._name!r}: a wait without "
+                               "timeout returned without the lock")
         return self
 
     def __exit__(self, t, v, tb):

@@ -6,8 +6,10 @@
 #
 #   word A   u32 tail
 #   node[p]  state   IDLE 0 -> WAIT 1 -> GRANT 2 ; WAIT -> ABANDONED 3 (timeout/signal)
-#                    ABANDONED -> WAIT (its owner comes back) | -> PASSING 4 -> IDLE (a
-#                    releaser passes the lock through it)
+#                    ABANDONED -> WAIT (the thread that left comes back) | -> PASSING 4
+#                    -> IDLE (a releaser passes the lock through it)
+#            value   generation of the participant (thread) that abandoned it: a new thread
+#                    inheriting the slot waits for IDLE instead of jumping the queue
 #            next    successor index + 1, linked by the successor after its swap of tail
 #            parked  the owner announced it parks on state
 #
@@ -30,7 +32,8 @@ cdef bint _mcs_not_waiting(void* c) noexcept nogil:
 
 
 cdef bint _mcs_not_passing(void* c) noexcept nogil:
-    return ld32_seq(&(<shm_node*>c).state) != M_PASSING
+    cdef uint32_t st = ld32_seq(&(<shm_node*>c).state)
+    return st != M_PASSING and st != M_ABANDONED
 
 
 cdef uint32_t _await_link(uint32_t* link) noexcept nogil:
@@ -92,12 +95,13 @@ cdef class MCSLock(_Lock):
         cdef int res
         if rc == R_BUSY:
             st = ld32_acq(&n.state)
-            if st == M_ABANDONED and cas32(&n.state, M_ABANDONED, M_WAIT):
+            if (st == M_ABANDONED and n.value == ld64_rlx(&self.rm.part[me].generation)
+                    and cas32(&n.state, M_ABANDONED, M_WAIT)):
                 pass                                 # back in our old place in the queue
             elif st == M_WAIT or st == M_GRANT:
                 return R_CORRUPT
             else:
-                if st == M_PASSING:                  # a releaser is passing through it
+                if st == M_PASSING or st == M_ABANDONED:   # a releaser has yet to pass it
                     res = wait_for(_mcs_not_passing, n, &n.state, &n.parked, w)
                     if res != W_READY:
                         return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
@@ -109,6 +113,7 @@ cdef class MCSLock(_Lock):
         res = wait_for(_mcs_not_waiting, n, &n.state, &n.parked, w)
         if res == W_READY:
             return R_ACQ if ld32_acq(&n.state) == M_GRANT else R_CORRUPT
+        st64_rel(&n.value, ld64_rlx(&self.rm.part[me].generation))
         if cas32(&n.state, M_WAIT, M_ABANDONED):     # leave; a releaser will pass through
             return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
         return R_ACQ                                 # granted as we were leaving

@@ -181,13 +181,16 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
 
 
 cdef int reg_unregister(rmap_t* rm) noexcept nogil:
-    """The calling thread leaves the region (close). Returns 1 if it was registered."""
+    """The calling thread leaves the region (close). Returns 1 if it left. A thread that
+    still holds a lock here keeps its slot: its robust list may run through the mapping."""
     cdef reg_t* head = <reg_t*>pthread_getspecific(g_key)
     cdef reg_t** pp = &head
     cdef reg_t* r
     while pp[0] != NULL:
         r = pp[0]
         if r.rm == rm:
+            if r.held > 0:
+                return 0
             pp[0] = r.next
             pthread_setspecific(g_key, head)
             pthread_mutex_lock(&g_mutex)
@@ -214,9 +217,12 @@ cdef bint participant_engaged(rmap_t* rm, uint32_t slot) noexcept nogil:
         if ld32_acq(&rm.dir[i].state) != SHM_DIRENT_READY:
             continue
         k = ld32_rlx(&rm.dir[i].kind)
-        if k == SHM_KIND_ROBUST or k == SHM_KIND_PI:
-            continue
         b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
+        if k == SHM_KIND_ROBUST or k == SHM_KIND_PI:
+            # the kernel marked the mutex OWNER_DIED; forget the dead holder's identity so
+            # the slot's next owner is not reported as holding it
+            cas32(&b.ctl.holder, slot + 1, 0)
+            continue
         if ld32_acq(&b.ctl.holder) == slot + 1:
             return 1
         if k == SHM_KIND_TICKET and ld64_acq(&b.precs[slot].ticket) != 0:

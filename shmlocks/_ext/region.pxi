@@ -93,6 +93,7 @@ cdef class Region:
     cdef bint _owner
     cdef bint _persist
     cdef int _creator_pid
+    cdef bytes _cname                 # "/name", for shm_unlink from __dealloc__
     cdef object __weakref__
 
     def __cinit__(self):
@@ -212,6 +213,7 @@ cdef class Region:
         rmap_link(rm)
         self.rm = rm
         self.name = n
+        self._cname = ("/" + n).encode("utf-8", "surrogateescape")
 
     # -- lifetime --------------------------------------------------------------------
 
@@ -276,9 +278,13 @@ cdef class Region:
 
     def __dealloc__(self):
         cdef rmap_t* rm = self.rm
+        cdef reg_t* r
         if rm == NULL:
             return
         if not rm.closed:
+            # Garbage collection: leave the region as close() would, except that a thread
+            # still holding a lock here keeps its slot (and the mapping stays): its robust
+            # list may run through this mapping until it exits.
             reg_unregister(rm)
         pthread_mutex_lock(&g_mutex)
         rm.closed = 1
@@ -287,6 +293,8 @@ cdef class Region:
         rmap_maybe_free(rm)
         pthread_mutex_unlock(&g_mutex)
         self.rm = NULL
+        if self._owner and not self._persist and self._creator_pid == getpid():
+            shm_unlink(self._cname)
 
     def __enter__(self):
         self._check_open()
@@ -466,6 +474,18 @@ cdef uint32_t _kind_code(kind) except 0:
         raise ValueError(f"unknown lock kind {kind!r}: expected one of {list(KINDS)}") from None
 
 
+def _pid_alive(pid):
+    if not 0 < pid <= 4194304:                       # PID_MAX_LIMIT
+        return False
+    try:
+        _os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _wait_ready(int fd, n):
     """Bounded wait for a creator still building the segment; returns the file size."""
     cdef shm_header h
@@ -480,6 +500,9 @@ def _wait_ready(int fd, n):
                     raise CorruptRegionError(f"segment {n!r} is not a shmlocks region (bad magic)")
                 if h.state == SHM_STATE_READY:
                     return size
+                if h.creator_pid and not _pid_alive(h.creator_pid):
+                    raise CorruptRegionError(f"segment {n!r} was never finished: its creator "
+                                             f"(pid {h.creator_pid}) died while building it")
         elif size > 0 and _time.monotonic() > deadline:
             raise CorruptRegionError(f"segment {n!r} is too small ({size} bytes) to be a region")
         if _time.monotonic() > deadline:

@@ -42,12 +42,16 @@ cdef class _PthreadMutexLock(_Lock):
         return _pm_code(pthread_mutex_trylock(&self.b.wa.m))
 
     cdef int _try(self, uint32_t me) noexcept nogil:
+        if ld32_acq(&self.b.ctl.flags) & SHM_F_NOTRECOVERABLE:
+            return R_NOTREC
         return _pm_code(pthread_mutex_trylock(&self.b.wa.m))
 
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         cdef timespec ts
         cdef int r
         cdef int64_t sl
+        if ld32_acq(&self.b.ctl.flags) & SHM_F_NOTRECOVERABLE:
+            return R_NOTREC
         if w.deadline == 0:
             return R_TIMEOUT
         if self._spin():

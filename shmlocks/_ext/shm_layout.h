@@ -112,7 +112,8 @@ typedef struct shm_node {
     uint32_t next;             /* MCS: successor index + 1 */
     uint32_t pred;             /* CLH: predecessor node index (set before abandoning) */
     uint32_t parked;           /* waiters that announced they are parking on state */
-    uint64_t value;            /* ticket: abandoned-ticket marker (ticket + 1), 0 = none */
+    uint64_t value;            /* ticket: abandoned-ticket marker (ticket + 1), 0 = none;
+                                  mcs/clh: participant generation that abandoned the node */
     char     _pad[SHM_LINE - 24];
 } SHM_LINE_ALIGNED shm_node;
 
@@ -122,7 +123,8 @@ typedef struct shm_prec {
     uint32_t pred;             /* CLH: node this participant waits on / adopts at release */
     uint64_t ticket;           /* ticket: current ticket + 1, 0 = none */
     uint64_t abandoned;        /* ticket: ticket + 1 it abandoned and may rejoin, 0 = none */
-    char     _pad[SHM_LINE - 24];
+    uint64_t abandoned_gen;    /* ticket: participant generation that abandoned it */
+    char     _pad[SHM_LINE - 32];
 } SHM_LINE_ALIGNED shm_prec;
 
 _Static_assert(sizeof(shm_header) == 2 * SHM_LINE, "header is two lines");

@@ -28,6 +28,7 @@ cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
 cdef extern from "<sys/mman.h>" nogil:
+    int shm_unlink(const char* name)
     void* mmap(void* addr, size_t length, int prot, int flags, int fd, long offset)
     int munmap(void* addr, size_t length)
     enum: PROT_READ
@@ -142,6 +143,7 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t pred
         uint64_t ticket
         uint64_t abandoned
+        uint64_t abandoned_gen
 
     ctypedef struct shm_body:
         shm_lockctl* ctl

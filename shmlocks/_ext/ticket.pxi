@@ -10,16 +10,19 @@
 #                           parked ticket = i (mod P), so a release wakes one waiter, not a herd
 #            parked         waiters of that ticket announced as parking
 #            value          abandon marker: t + 1 while ticket t = i (mod P) is abandoned
-#   prec[p]  ticket         p's active ticket + 1;  abandoned: the ticket + 1 p abandoned
+#   prec[p]  ticket         p's active ticket + 1;  abandoned: the ticket + 1 p abandoned,
+#            abandoned_gen  and the participant generation (the thread) that abandoned it
 #
 # A timed-out or interrupted waiter abandons its ticket; the release that reaches it skips
 # it. The two race, and each side writes, then checks the other (SC), a CAS deciding:
 #     waiter    CAS(value, 0, t+1) ; if serving == t: CAS(value, t+1, 0) ? holds : left
 #     releaser  serving := s       ; if value == s+1: CAS(value, s+1, 0) ? skip s : granted
-# Whoever's CAS on the marker wins decides whether ticket s is held or skipped. A participant
-# that comes back while its abandoned ticket is still queued takes it back (CAS t+1 -> 0),
-# which keeps the one-ticket-per-participant bound. (Mellor-Crummey & Scott, TOCS 1991;
-# abandonment after Scott & Scherer, PPoPP 2001.)
+# Whoever's CAS on the marker wins decides whether ticket s is held or skipped. A thread
+# that comes back while its abandoned ticket is still queued takes it back (CAS t+1 -> 0):
+# it arrived then. A new thread that inherits the slot must not (it would jump the queue):
+# it waits until the releases pass the old ticket, then takes a new one. Both keep the
+# one-ticket-per-participant bound. (Mellor-Crummey & Scott, TOCS 1991; abandonment after
+# Scott & Scherer, PPoPP 2001.)
 
 cdef struct _ticket_ctx:
     uint64_t* serving
@@ -29,6 +32,11 @@ cdef struct _ticket_ctx:
 cdef bint _ticket_ready(void* c) noexcept nogil:
     cdef _ticket_ctx* x = <_ticket_ctx*>c
     return ld64_seq(x.serving) == x.t
+
+
+cdef bint _ticket_marker_gone(void* c) noexcept nogil:
+    cdef _ticket_ctx* x = <_ticket_ctx*>c      # serving points at the marker here
+    return ld64_seq(x.serving) != x.t
 
 
 cdef class TicketLock(_Lock):
@@ -53,13 +61,30 @@ cdef class TicketLock(_Lock):
         return R_PENDING
 
     cdef bint _take_back(self, uint32_t me) noexcept nogil:
-        """If p's abandoned ticket is still queued, rejoin with it (1); else forget it (0)."""
+        """The thread that abandoned a still-queued ticket rejoins with it (1); else 0."""
         cdef shm_prec* r = &self.b.precs[me]
         cdef uint64_t a = r.abandoned
+        if r.abandoned_gen != ld64_rlx(&self.rm.part[me].generation):
+            return 0                                 # inherited: see _settle_inherited
         r.abandoned = 0
         if cas64(&self.b.nodes[(a - 1) % self.b.P].value, a, 0):
             st64_rlx(&r.ticket, a)
             return 1
+        return 0
+
+    cdef int _settle_inherited(self, uint32_t me, wait_t* w) noexcept nogil:
+        """An abandoned ticket inherited with the slot: wait until it is passed."""
+        cdef shm_prec* r = &self.b.precs[me]
+        cdef uint64_t a = r.abandoned
+        cdef shm_node* nd = &self.b.nodes[(a - 1) % self.b.P]
+        cdef _ticket_ctx ctx
+        cdef int res
+        ctx.serving = &nd.value
+        ctx.t = a
+        res = wait_for(_ticket_marker_gone, &ctx, &nd.state, &nd.parked, w)
+        if res != W_READY:
+            return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
+        r.abandoned = 0
         return 0
 
     cdef int _abandon(self, uint32_t me, uint64_t t) noexcept nogil:
@@ -72,6 +97,7 @@ cdef class TicketLock(_Lock):
             if cas64(&nd.value, t + 1, 0):
                 return R_ACQ                         # we won the marker: we hold it
         st64_rlx(&r.ticket, 0)
+        r.abandoned_gen = ld64_rlx(&self.rm.part[me].generation)
         r.abandoned = t + 1                          # may already be consumed: _take_back knows
         return R_TIMEOUT
 
@@ -81,7 +107,11 @@ cdef class TicketLock(_Lock):
         if r.ticket != 0:
             return R_BUSY
         if r.abandoned != 0:
-            if not self._take_back(me):
+            if r.abandoned_gen != ld64_rlx(&self.rm.part[me].generation):
+                if ld64_seq(&self.b.nodes[(r.abandoned - 1) % self.b.P].value) == r.abandoned:
+                    return R_BUSY                    # inherited and still queued: not free
+                r.abandoned = 0
+            elif not self._take_back(me):
                 pass
             else:
                 t = r.ticket - 1
@@ -103,6 +133,10 @@ cdef class TicketLock(_Lock):
         if rc == R_BUSY:
             if r.ticket != 0:
                 return R_CORRUPT
+            if r.abandoned != 0 and r.abandoned_gen != ld64_rlx(&self.rm.part[me].generation):
+                rc = self._settle_inherited(me, w)
+                if rc != 0:
+                    return rc
             if r.abandoned == 0 or not self._take_back(me):
                 t = fadd64(self._next(), 1)
                 st64_rlx(&r.ticket, t + 1)
@@ -130,6 +164,9 @@ cdef class TicketLock(_Lock):
             st64_seq(self._serving(), s)             # grant ticket s ...
             nd = &self.b.nodes[s % self.b.P]
             if ld64_seq(&nd.value) == s + 1 and cas64(&nd.value, s + 1, 0):
+                if ld32_seq(&nd.parked) != 0:        # a slot's new owner waits for this
+                    fadd32(&nd.state, 1)
+                    shm_futex_wake(&nd.state, 0x7fffffff)
                 s += 1                               # ... unless it was abandoned: skip it
                 guard += 1
                 if guard > self.b.P:
