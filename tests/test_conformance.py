@@ -1,0 +1,155 @@
+"""One conformance suite for every lock kind, with multiprocessing.Lock as the reference.
+
+A failure on the ``mp`` reference means the test is wrong, not the library. Only the
+behaviour both share is used here: ``acquire(blocking, timeout)``, ``release()``, ``with``.
+A deliberately broken lock must be caught by the same mutual-exclusion checker, which is
+how we know the checker can fail at all.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import pytest
+from conftest import (
+    KINDS,
+    START_METHODS,
+    Holder,
+    LeakyLock,
+    NoLock,
+    assert_timed_out,
+    check_mutual_exclusion,
+    close_quietly,
+    is_locked,
+    timed,
+    uniq,
+)
+
+import shmlocks
+
+LOCK_IDS = (*KINDS, "mp")
+
+
+@pytest.fixture
+def make_any_lock():
+    """``make_any_lock(lock_id, method)``: a shmlocks lock of that kind, or ctx.Lock()."""
+    made = []
+
+    def make(lock_id, method="fork"):
+        if lock_id == "mp":
+            return mp.get_context(method).Lock()
+        lock = shmlocks.KINDS[lock_id].create(name=uniq(f"conf-{lock_id}"))
+        made.append(lock)
+        return lock
+
+    yield make
+    for lock in made:
+        close_quietly(lock)
+
+
+# --------------------------------------------------------------------------- exclusion
+
+
+@pytest.mark.timeout(100)
+@pytest.mark.parametrize("method", START_METHODS)
+@pytest.mark.parametrize("lock_id", LOCK_IDS)
+def test_mutual_exclusion_exact_counter(procs, make_any_lock, lock_id, method):
+    lock = make_any_lock(lock_id, method)
+    report = check_mutual_exclusion(procs, lock, method, nprocs=3, iters=2000)
+    assert report.ok, report
+
+
+@pytest.mark.timeout(100)
+@pytest.mark.parametrize("method", START_METHODS)
+@pytest.mark.parametrize("broken", ["noop", "leaky"])
+def test_checker_catches_a_broken_lock(procs, make_any_lock, broken, method):
+    lock = NoLock() if broken == "noop" else LeakyLock(make_any_lock("ticket", method))
+    report = check_mutual_exclusion(procs, lock, method, nprocs=3, iters=2000)
+    assert not report.ok, f"the checker missed a lock that excludes nothing: {report}"
+    assert report.total < report.expected or report.violations > 0
+
+
+# --------------------------------------------------------------------------- single holder
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("lock_id", LOCK_IDS)
+def test_acquire_release_and_with(make_any_lock, lock_id):
+    lock = make_any_lock(lock_id)
+    assert is_locked(lock) is False
+    assert lock.acquire() is True
+    assert is_locked(lock) is True
+    lock.release()
+    assert is_locked(lock) is False
+
+    assert lock.acquire(False) is True
+    lock.release()
+    assert lock.acquire(True, 1.0) is True
+    lock.release()
+    assert lock.acquire(timeout=None) is True
+    lock.release()
+
+    with lock:
+        assert is_locked(lock) is True
+    assert is_locked(lock) is False
+
+    with pytest.raises(ZeroDivisionError), lock:
+        1 / 0  # noqa: B018
+    assert is_locked(lock) is False, "an exception in the with block left the lock held"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("lock_id", LOCK_IDS)
+def test_held_by_another_process(procs, make_any_lock, lock_id):
+    lock = make_any_lock(lock_id)
+    holder = Holder(procs, lock)
+    try:
+        assert is_locked(lock) is True
+        got, elapsed = timed(lock.acquire, False)
+        assert got is False
+        assert elapsed < 0.5, f"a non-blocking acquire took {elapsed:.3f}s"
+        got, elapsed = timed(lock.acquire, True, 0)
+        assert got is False
+        assert elapsed < 0.5, f"acquire(timeout=0) took {elapsed:.3f}s"
+        assert_timed_out(lock, 0.05)
+        assert_timed_out(lock, 0.3)
+    finally:
+        holder.release()
+    got, elapsed = timed(lock.acquire, True, 5)
+    assert got is True
+    lock.release()
+
+
+def _hold_then_release(lock, conn, hold_s):
+    lock.acquire()
+    conn.send(time.monotonic())
+    time.sleep(hold_s)
+    released = time.monotonic()
+    lock.release()
+    conn.send(released)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("lock_id", LOCK_IDS)
+def test_blocking_acquire_waits_for_the_release(procs, make_any_lock, lock_id):
+    """A blocked acquire returns once the other process releases, and not long after."""
+    lock = make_any_lock(lock_id)
+    r, w = mp.Pipe(duplex=False)
+    p = procs.start(_hold_then_release, lock, w, 0.4)
+    assert r.poll(20), "child did not take the lock"
+    held_at = r.recv()
+    got = lock.acquire(timeout=None)
+    acquired_at = time.monotonic()
+    assert got is True
+    try:
+        assert r.poll(5)
+        released_at = r.recv()
+        assert released_at - held_at >= 0.4 - 1e-3
+        assert acquired_at >= released_at, "acquired while the other process still held it"
+        lag = acquired_at - released_at
+        assert lag < 0.5, f"the waiter took {lag:.3f}s to notice the release"
+    finally:
+        lock.release()
+    p.join(10)
+    assert p.exitcode == 0

@@ -1,0 +1,237 @@
+"""FIFO order of the queue locks (ticket, mcs, clh), also after waiters leave the queue
+early (timeout, Ctrl-C), and a node-recycling stress that catches queue-node ownership
+bugs (the classic CLH one: a releaser must adopt its predecessor's node)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+from conftest import FIFO_KINDS, join_all, kill, wait_blocked
+
+UNSET = -9
+
+
+class Queue:
+    """Waiter children started one at a time, each blocked before the next arrives.
+
+    Each child records, under the lock, its index into ``order``; ``results[i]`` is 1 if
+    child i got the lock, 0 if its acquire timed out, -1 if it was interrupted.
+    """
+
+    def __init__(self, procs, lock, n):
+        self.ctx = mp.get_context("fork")
+        self.procs, self.lock = procs, lock
+        self.order = self.ctx.Array("i", [UNSET] * n, lock=False)
+        self.pos = self.ctx.Value("i", 0, lock=False)
+        self.results = self.ctx.Array("i", [UNSET] * n, lock=False)
+        self.waited = self.ctx.Array("d", [0.0] * n, lock=False)
+        self.children = {}
+
+    def arrive(self, idx, timeout=30.0):
+        r, w = self.ctx.Pipe(duplex=False)
+        p = self.procs.start(
+            _waiter,
+            self.lock,
+            idx,
+            w,
+            timeout,
+            self.order,
+            self.pos,
+            self.results,
+            self.waited,
+            ctx=self.ctx,
+        )
+        w.close()
+        assert r.poll(20), f"waiter {idx} did not start"
+        r.recv()
+        wait_blocked(p.pid)
+        assert p.is_alive() and self.results[idx] == UNSET, f"waiter {idx} did not block"
+        self.children[idx] = p
+        return p
+
+    def finish(self, timeout=20.0):
+        stuck = join_all(list(self.children.values()), timeout)
+        for p in stuck:
+            kill(p)
+        assert not stuck, f"waiters never got the lock: {[p.pid for p in stuck]}"
+        codes = {i: p.exitcode for i, p in self.children.items()}
+        assert all(c == 0 for c in codes.values()), f"waiter exit codes {codes}"
+        return list(self.order[: self.pos.value])
+
+
+def _waiter(lock, idx, conn, timeout, order, pos, results, waited):
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    conn.send(idx)
+    t0 = time.monotonic()
+    try:
+        got = lock.acquire(timeout=timeout)
+    except KeyboardInterrupt:
+        waited[idx] = time.monotonic() - t0
+        results[idx] = -1
+        return
+    waited[idx] = time.monotonic() - t0
+    if got:
+        order[pos.value] = idx  # protected by the lock
+        pos.value += 1
+        results[idx] = 1
+        lock.release()
+    else:
+        results[idx] = 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", FIFO_KINDS)
+def test_fifo_order(procs, new_lock, kind):
+    lock = new_lock(kind)
+    n = 5
+    q = Queue(procs, lock, n)
+    assert lock.acquire()
+    try:
+        for i in range(n):
+            q.arrive(i)
+    finally:
+        lock.release()
+    assert q.finish() == list(range(n))
+    assert list(q.results) == [1] * n
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("position", ["head", "middle", "tail"])
+@pytest.mark.parametrize("kind", FIFO_KINDS)
+def test_fifo_after_a_waiter_times_out(procs, new_lock, kind, position):
+    """A queued waiter whose timeout elapses leaves; the rest keep their order, a later
+    arrival queues behind them, and the one that left never gets the lock."""
+    lock = new_lock(kind)
+    n = 4
+    quitter = {"head": 0, "middle": 1, "tail": n - 1}[position]
+    patience = 1.0
+    q = Queue(procs, lock, n + 1)
+    assert lock.acquire()
+    try:
+        for i in range(n):
+            q.arrive(i, timeout=patience if i == quitter else 30.0)
+        assert q.results[quitter] == UNSET, "the test queued too slowly: the quitter already left"
+        q.children[quitter].join(patience + 5)
+        assert q.children[quitter].exitcode == 0
+        assert q.results[quitter] == 0, "the quitter's acquire should have returned False"
+        assert patience - 1e-3 <= q.waited[quitter] < patience + 1.0
+        q.arrive(n)  # a new arrival after the quitter left
+        time.sleep(0.05)
+        assert all(q.results[i] == UNSET for i in range(n + 1) if i != quitter), (
+            "a waiter got the lock while the parent still held it"
+        )
+    finally:
+        lock.release()
+    expected = [i for i in range(n + 1) if i != quitter]
+    assert q.finish() == expected
+    assert q.results[quitter] == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("position", ["head", "middle"])
+@pytest.mark.parametrize("kind", FIFO_KINDS)
+def test_fifo_after_a_waiter_is_interrupted(procs, new_lock, kind, position):
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt out of a queued acquire promptly; the
+    queue behind it keeps its order and the interrupted waiter never gets the lock."""
+    lock = new_lock(kind)
+    n = 4
+    victim = {"head": 0, "middle": 1}[position]
+    q = Queue(procs, lock, n + 1)
+    assert lock.acquire()
+    try:
+        for i in range(n):
+            q.arrive(i)
+        t0 = time.monotonic()
+        os.kill(q.children[victim].pid, signal.SIGINT)
+        q.children[victim].join(5)
+        took = time.monotonic() - t0
+        assert q.children[victim].exitcode == 0
+        assert q.results[victim] == -1, "the interrupted waiter did not see KeyboardInterrupt"
+        assert took < 1.0, f"KeyboardInterrupt took {took:.3f}s to come out of acquire"
+        q.arrive(n)
+    finally:
+        lock.release()
+    expected = [i for i in range(n + 1) if i != victim]
+    assert q.finish() == expected
+    assert q.results[victim] == -1
+
+
+# --------------------------------------------------------------------------- recycling
+
+
+def _stress_process(lock, counter, successes, stalls, base, nthreads, rounds, seed):
+    def worker(t):
+        rng = random.Random(seed * 1000 + t)
+        mine = 0
+        for _ in range(rounds):
+            r = rng.random()
+            if r < 0.15:
+                got = lock.acquire(False)
+            elif r < 0.25:
+                got = lock.acquire(timeout=0)
+            elif r < 0.6:
+                got = lock.acquire(timeout=rng.uniform(0.00001, 0.002))
+            else:
+                got = lock.acquire(timeout=5.0)  # "blocking", but bounded
+                if not got:
+                    stalls[base + t] += 1
+            if got:
+                v = counter.value
+                if rng.random() < 0.1:
+                    os.sched_yield()
+                counter.value = v + 1
+                mine += 1
+                lock.release()
+        successes[base + t] = mine
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(nthreads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", FIFO_KINDS)
+def test_node_recycling_stress(procs, new_lock, kind):
+    """Threads of several processes do many short rounds with random short timeouts: the
+    counter stays exact, no "blocking" acquire stalls for 5 s, nobody hangs."""
+    nprocs, nthreads, rounds = 3, 2, 1500
+    lock = new_lock(kind, max_participants=nprocs * nthreads + 2)
+    ctx = mp.get_context("fork")
+    counter = ctx.Value("q", 0, lock=False)
+    successes = ctx.Array("q", [-1] * (nprocs * nthreads), lock=False)
+    stalls = ctx.Array("q", [0] * (nprocs * nthreads), lock=False)
+    workers = [
+        procs.start(
+            _stress_process,
+            lock,
+            counter,
+            successes,
+            stalls,
+            i * nthreads,
+            nthreads,
+            rounds,
+            i,
+            ctx=ctx,
+        )
+        for i in range(nprocs)
+    ]
+    stuck = join_all(workers, 75)
+    for p in stuck:
+        kill(p)
+    assert not stuck, "stress workers hung"
+    assert [p.exitcode for p in workers] == [0] * nprocs
+    assert -1 not in list(successes), "a worker thread did not finish"
+    assert sum(successes) > 0
+    assert counter.value == sum(successes), "lost or phantom critical sections"
+    assert sum(stalls) == 0, f"blocking acquires stalled 5 s: {list(stalls)}"
+    assert lock.locked() is False
+    assert lock.acquire(timeout=2) is True, "the lock is not usable after the stress"
+    lock.release()

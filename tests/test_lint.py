@@ -1,0 +1,32 @@
+"""Linters as tests: ruff over the whole repository, with its pyproject configuration."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _ruff():
+    if shutil.which("ruff"):
+        return ["ruff"]
+    if importlib.util.find_spec("ruff") is not None:
+        return [sys.executable, "-m", "ruff"]
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_ruff_check():
+    ruff = _ruff()
+    if ruff is None:
+        pytest.skip("ruff is not installed")
+    proc = subprocess.run(
+        [*ruff, "check", "--no-cache", ROOT], capture_output=True, text=True, timeout=50, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,181 @@
+"""Owner death for the kernel-robust kinds ("robust", "pi"): EOWNERDEAD becomes
+``owner_died``, ``mark_consistent()`` repairs, releasing unrepaired makes the lock
+unrecoverable for every process."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+
+import pytest
+from conftest import ROBUST_KINDS, kill, me, outcome, wait_blocked
+
+import shmlocks
+
+pytestmark = [pytest.mark.timeout(40), pytest.mark.parametrize("kind", ROBUST_KINDS)]
+
+
+def _hold_until_killed(lock, conn):
+    assert lock.acquire(timeout=10)
+    conn.send(os.getpid())
+    time.sleep(30)  # the parent SIGKILLs us long before this
+    os._exit(3)
+
+
+def kill_holder(procs, lock):
+    """A child takes the lock and is SIGKILLed while holding it."""
+    ctx = mp.get_context("fork")
+    r, w = ctx.Pipe(duplex=False)
+    p = procs.start(_hold_until_killed, lock, w, ctx=ctx)
+    w.close()
+    assert r.poll(20), "holder child did not acquire"
+    assert r.recv() == p.pid
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    assert p.exitcode == -signal.SIGKILL
+    return p.pid
+
+
+def _acquire_report(lock, timeout=2.0):
+    got = lock.acquire(timeout=timeout)
+    died = lock.owner_died if got else None
+    if got:
+        lock.release()
+    return got, died
+
+
+def _try_acquire(lock, seconds):
+    return outcome(lock.acquire, timeout=seconds)
+
+
+def _open_and_try(name, kind):
+    lock = shmlocks.KINDS[kind].open(name)
+    try:
+        return outcome(lock.acquire, timeout=1.0)
+    finally:
+        lock.close()
+
+
+def recovered_acquire(lock):
+    t0 = time.monotonic()
+    got = lock.acquire(timeout=5)
+    assert got is True, "acquire after the holder's death did not succeed within 5 s"
+    assert time.monotonic() - t0 < 5
+    assert lock.owner_died is True
+    assert lock.owner == me()
+    assert lock.locked() is True
+
+
+def test_owner_death_then_mark_consistent(procs, new_lock, kind):
+    lock = new_lock(kind)
+    assert lock.owner_died is False
+    kill_holder(procs, lock)
+    recovered_acquire(lock)
+    lock.mark_consistent()
+    lock.release()
+    assert lock.locked() is False
+    assert lock.owner is None
+    # back to normal, here and in another process
+    assert lock.acquire(timeout=1) is True
+    assert lock.owner_died is False
+    lock.release()
+    assert procs.call(_acquire_report, lock) == (True, False)
+    assert procs.call(_open_and_try, lock.name, kind, method="spawn") == ("ok", True)
+
+
+def test_release_without_mark_consistent_is_unrecoverable(procs, new_lock, kind):
+    lock = new_lock(kind)
+    kill_holder(procs, lock)
+    recovered_acquire(lock)
+    lock.release()  # without mark_consistent()
+    for args in ((), (True, 0.2), (False,), (True, None)):
+        with pytest.raises(shmlocks.LockNotRecoverableError):
+            lock.acquire(*args)
+    with pytest.raises(shmlocks.LockNotRecoverableError):
+        with lock:
+            pass
+    # in every process: an inherited object, and one opened by name in a fresh interpreter
+    assert procs.call(_try_acquire, lock, 1.0) == "LockNotRecoverableError"
+    assert procs.call(_open_and_try, lock.name, kind, method="spawn") == "LockNotRecoverableError"
+    # and another view in this process
+    view = shmlocks.KINDS[kind].open(lock.name)
+    try:
+        with pytest.raises(shmlocks.LockNotRecoverableError):
+            view.acquire(timeout=0.2)
+    finally:
+        view.close()
+
+
+def _blocked_waiter(lock, conn, stamp):
+    conn.send(os.getpid())
+    got = lock.acquire(timeout=10)
+    stamp[0] = time.monotonic()
+    stamp[1] = 1.0 if got else 0.0
+    stamp[2] = 1.0 if (got and lock.owner_died) else 0.0
+    if got:
+        lock.mark_consistent()
+        lock.release()
+
+
+def test_blocked_waiter_recovers_when_holder_dies(procs, new_lock, kind):
+    lock = new_lock(kind)
+    ctx = mp.get_context("fork")
+    r, w = ctx.Pipe(duplex=False)
+    holder = procs.start(_hold_until_killed, lock, w, ctx=ctx)
+    assert r.poll(20)
+    r.recv()
+    stamp = ctx.Array("d", [0.0, 0.0, 0.0], lock=False)
+    r2, w2 = ctx.Pipe(duplex=False)
+    waiter = procs.start(_blocked_waiter, lock, w2, stamp, ctx=ctx)
+    assert r2.poll(20)
+    r2.recv()
+    wait_blocked(waiter.pid)
+    assert waiter.is_alive() and stamp[1] == 0.0
+    killed_at = time.monotonic()
+    os.kill(holder.pid, signal.SIGKILL)
+    waiter.join(10)
+    assert waiter.exitcode == 0
+    assert stamp[1] == 1.0, "the blocked waiter never got the lock"
+    assert stamp[2] == 1.0, "the blocked waiter was not told owner_died"
+    lag = stamp[0] - killed_at
+    assert lag < 1.0, f"the blocked waiter took {lag:.3f}s to recover the lock"
+    assert procs.call(_acquire_report, lock) == (True, False)
+
+
+def test_thread_exit_while_holding_is_owner_death(new_lock, kind):
+    lock = new_lock(kind)
+    t = threading.Thread(target=lambda: lock.acquire())
+    t.start()
+    t.join(10)
+    assert not t.is_alive()
+    recovered_acquire(lock)
+    lock.mark_consistent()
+    lock.release()
+    assert lock.acquire(timeout=1) is True
+    assert lock.owner_died is False
+    lock.release()
+
+
+def test_dead_waiter_does_not_block_the_lock(procs, new_lock, kind):
+    """A waiter SIGKILLed while queued leaves nothing behind: later acquires are normal."""
+    lock = new_lock(kind)
+    assert lock.acquire()
+    ctx = mp.get_context("fork")
+    stamp = ctx.Array("d", [0.0, 0.0, 0.0], lock=False)
+    r, w = ctx.Pipe(duplex=False)
+    waiter = procs.start(_blocked_waiter, lock, w, stamp, ctx=ctx)
+    try:
+        assert r.poll(20)
+        r.recv()
+        wait_blocked(waiter.pid)
+        kill(waiter)
+        assert waiter.exitcode == -signal.SIGKILL
+    finally:
+        lock.release()
+    assert procs.call(_acquire_report, lock) == (True, False)
+    assert lock.acquire(timeout=1) is True
+    assert lock.owner_died is False
+    lock.release()
