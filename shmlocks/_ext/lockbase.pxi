@@ -69,6 +69,7 @@ cdef class _Lock:
     cdef bint _standalone
     cdef str _name
     cdef uint32_t _code
+    cdef uint32_t _lock1              # lock index + 1, as published in op_lock
 
     kind_name = None
 
@@ -121,6 +122,7 @@ cdef class _Lock:
         self.rm = rm
         self.b = b
         self._code = code
+        self._lock1 = i + 1
         self._name = name
         self._closed = False
 
@@ -157,7 +159,7 @@ cdef class _Lock:
         cdef uint32_t i
         cdef int n = 0
         for i in range(self.rm.P):
-            if (ld32_acq(&self.rm.part[i].op_lock) == self.b.index + 1
+            if (participant_op(self.rm, i, self._lock1) == SHM_OP_WAITING
                     and participant_state(self.rm, i) == 1):
                 n += 1
         return n
@@ -168,7 +170,10 @@ cdef class _Lock:
     # -- acquire ------------------------------------------------------------------------
 
     cdef inline object _got(self, reg_t* r, int rc):
-        st32_rlx(&self.b.ctl.holder, r.slot + 1)
+        crashpoint("lock.acquire.got")
+        st32_rlx(&self.b.ctl.holder, r.slot + 1)     # publish HOLDING ...
+        crashpoint("lock.acquire.holder")
+        shm_op_set(r.op, 0, 0)                       # ... then end the acquire step
         r.held += 1
         if rc == R_ACQ and ld32_rlx(&self.b.ctl.flags) == 0:
             return True
@@ -180,9 +185,11 @@ cdef class _Lock:
             for32(&self.b.ctl.flags, SHM_F_OWNER_DIED)
         f = ld32_acq(&self.b.ctl.flags)
         if f & SHM_F_NOTRECOVERABLE:
+            shm_op_set(r.op, self._lock1, SHM_OP_RELEASING)
             st32_rlx(&self.b.ctl.holder, 0)
             r.held -= 1
             self._unlock(r.slot)
+            shm_op_set(r.op, 0, 0)
             _raise_code(self, R_NOTREC)
         return True
 
@@ -197,6 +204,8 @@ cdef class _Lock:
         cdef reg_t* r = self._me()
         cdef int rc
         if blocking is True and (timeout is _NEG1 or timeout is None):
+            shm_op_set(r.op, self._lock1, SHM_OP_TAKING)
+            crashpoint("lock.acquire.taking")
             rc = self._fast(r.slot)
             if rc == R_ACQ:
                 return self._got(r, rc)
@@ -218,9 +227,12 @@ cdef class _Lock:
         if not blocking:
             if t != -1.0:
                 raise ValueError("can't specify a timeout for a non-blocking call")
+            shm_op_set(r.op, self._lock1, SHM_OP_TAKING)
+            crashpoint("lock.acquire.taking")
             rc = self._try(r.slot)
             if rc == R_ACQ or rc == R_ACQ_DIED:
                 return self._got(r, rc)
+            shm_op_set(r.op, 0, 0)
             if rc < 0:
                 _raise_code(self, rc)
             if ld32_rlx(&self.b.ctl.holder) == r.slot + 1:
@@ -232,6 +244,8 @@ cdef class _Lock:
             deadline = -1
         else:
             deadline = shm_now_ns() + <int64_t>(t * 1e9)
+        shm_op_set(r.op, self._lock1, SHM_OP_TAKING)
+        crashpoint("lock.acquire.taking")
         rc = self._fast(r.slot)
         if rc == R_ACQ:
             return self._got(r, rc)
@@ -244,23 +258,28 @@ cdef class _Lock:
     cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline):
         cdef wait_t w
         cdef uint32_t me = r.slot
-        if rc < 0:
-            _raise_code(self, rc)
         if rc == R_ACQ_DIED:
             return self._got(r, rc)
+        if rc < 0:
+            shm_op_set(r.op, 0, 0)
+            _raise_code(self, rc)
         if ld32_rlx(&self.b.ctl.holder) == me + 1:
+            shm_op_set(r.op, 0, 0)
             self._raise_deadlock()
         wait_init(&w, deadline)
-        st32_rel(&self.rm.part[me].op_lock, self.b.index + 1)    # "me waits for this lock"
+        shm_op_set(r.op, self._lock1, SHM_OP_WAITING)     # "me waits for this lock"
+        crashpoint("lock.wait.waiting")
         with nogil:
             rc = self._wait(me, rc, &w)
-        st32_rel(&self.rm.part[me].op_lock, 0)
         if rc == R_ACQ or rc == R_ACQ_DIED:
             if PyErr_Occurred() != NULL:
                 # granted while a signal handler raised: hand the lock back, then raise
+                shm_op_set(r.op, self._lock1, SHM_OP_RELEASING)
                 self._unlock(me)
+                shm_op_set(r.op, 0, 0)
                 return _raise_pending()
             return self._got(r, rc)
+        shm_op_set(r.op, 0, 0)
         if rc == R_TIMEOUT:
             return False
         if rc == R_SIGNAL:
@@ -278,6 +297,8 @@ cdef class _Lock:
         if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.slot + 1:
             raise NotOwnerError(f"release of {self.kind_name} lock {self._name!r} by a "
                                 "thread that does not hold it")
+        shm_op_set(r.op, self._lock1, SHM_OP_RELEASING)
+        crashpoint("lock.release.releasing")
         if ld32_rlx(&self.b.ctl.flags) & SHM_F_OWNER_DIED:
             # released inconsistent: unusable from now on, in every process. The flag in
             # the body is the one source of truth for every kind; a pthread mutex is made
@@ -286,8 +307,11 @@ cdef class _Lock:
             for32(&self.b.ctl.flags, SHM_F_NOTRECOVERABLE)
             self._consistent()
         st32_rlx(&self.b.ctl.holder, 0)
+        crashpoint("lock.release.unholder")
         r.held -= 1
         rc = self._unlock(r.slot)
+        crashpoint("lock.release.unlocked")
+        shm_op_set(r.op, 0, 0)
         if rc < 0:
             _raise_code(self, rc)
         return 0
@@ -298,7 +322,10 @@ cdef class _Lock:
 
     def __enter__(self):
         cdef reg_t* r = self._me()
-        cdef int rc = self._fast(r.slot)
+        cdef int rc
+        shm_op_set(r.op, self._lock1, SHM_OP_TAKING)
+        crashpoint("lock.acquire.taking")
+        rc = self._fast(r.slot)
         if rc == R_ACQ:
             self._got(r, rc)
         elif not self._acquire_slow(r, rc, -1):

@@ -32,6 +32,7 @@ cdef struct reg_t:
     reg_t* next
     rmap_t* rm
     uint32_t slot
+    uint32_t* op              # &part[slot].op_lock: where this thread publishes its steps
     int held                  # locks this thread holds in this region
 
 cdef pthread_mutex_t g_mutex          # guards every rmap_t's counters and the global list
@@ -84,7 +85,7 @@ cdef void rmap_maybe_free(rmap_t* rm) noexcept nogil:
 
 cdef inline void token_unlock(rmap_t* rm, uint32_t slot) noexcept nogil:
     cdef shm_participant* p = &rm.part[slot]
-    st32_rlx(&p.op_lock, 0)
+    shm_op_set(&p.op_lock, 0, 0)
     pthread_mutex_unlock(&p.token.m)
 
 
@@ -163,11 +164,11 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
                 raise MemoryError()
             st32_rlx(&p.pid, <uint32_t>getpid())
             st32_rlx(&p.tid, shm_gettid())
-            st32_rlx(&p.op_lock, 0)
-            st32_rlx(&p.op_step, 0)
+            shm_op_set(&p.op_lock, 0, 0)
             st64_rel(&p.generation, ld64_rlx(&p.generation) + 1)
             r.rm = rm
             r.slot = i
+            r.op = &p.op_lock
             r.held = 0
             r.next = <reg_t*>pthread_getspecific(g_key)
             pthread_setspecific(g_key, r)
@@ -204,13 +205,9 @@ cdef int reg_unregister(rmap_t* rm) noexcept nogil:
     return 0
 
 
-cdef enum:
-    STEP_QUARANTINED = 0xDEAD
-
-
 cdef bint participant_engaged(rmap_t* rm, uint32_t slot) noexcept nogil:
     """Does the (dead) participant still hold, or wait in the queue of, a lock whose
-    recovery is user-space (ticket, mcs, clh, futex)? Robust and pi are the kernel's."""
+    user-space recovery is not built yet (mcs, clh)?"""
     cdef uint32_t i, k, X
     cdef shm_body b
     for i in range(rm.L):
@@ -218,46 +215,96 @@ cdef bint participant_engaged(rmap_t* rm, uint32_t slot) noexcept nogil:
             continue
         k = ld32_rlx(&rm.dir[i].kind)
         b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
-        if k == SHM_KIND_ROBUST or k == SHM_KIND_PI:
-            # the kernel marked the mutex OWNER_DIED; forget the dead holder's identity so
-            # the slot's next owner is not reported as holding it
-            cas32(&b.ctl.holder, slot + 1, 0)
-            continue
-        if ld32_acq(&b.ctl.holder) == slot + 1:
-            return 1
-        if k == SHM_KIND_TICKET and ld64_acq(&b.precs[slot].ticket) != 0:
-            return 1
-        if k == SHM_KIND_MCS and ld32_acq(&b.nodes[slot].state) in (1, 2):   # WAIT, GRANT
-            return 1
-        if k == SHM_KIND_CLH:
+        if k == SHM_KIND_MCS:
+            if ld32_acq(&b.ctl.holder) == slot + 1 or ld32_acq(&b.nodes[slot].state) in (1, 2):
+                return 1
+        elif k == SHM_KIND_CLH:
             X = ld32_acq(&b.precs[slot].mine)
-            if X > rm.P or ld32_acq(&b.nodes[X].state) == 1:                 # BUSY
+            if (ld32_acq(&b.ctl.holder) == slot + 1 or X > rm.P
+                    or ld32_acq(&b.nodes[X].state) == 1):
                 return 1
     return 0
 
 
+cdef int repair_lock(shm_body* b) noexcept nogil:
+    """Take a lock's repair mutex (bounded). 0 on success."""
+    cdef timespec ts = shm_ts_of_ns(shm_now_ns() + 2000000000)
+    cdef int rc = pthread_mutex_clocklock(&b.ctl.repair.m, CLOCK_MONOTONIC, &ts)
+    if rc == EOWNERDEAD:
+        pthread_mutex_consistent(&b.ctl.repair.m)     # a recoverer died: redo is idempotent
+        rc = 0
+    return rc
+
+
 cdef bint participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
-    """We took a dead participant's token (EOWNERDEAD), so we alone recover it. Returns 1
-    if the slot may be reused. Robust and pi locks it held were marked OWNER_DIED by the
-    kernel. Completing its ticket/mcs/clh/futex protocol on its behalf is the owner-death
-    issue, not built yet: until then a slot whose dead owner is still engaged in such a
-    lock is quarantined (its token left ENOTRECOVERABLE), so no new thread inherits its
-    hold or its place in a queue, and inspect reports it dead."""
+    """We took a dead participant's token (EOWNERDEAD), so we alone recover it: complete
+    its protocol on every lock of the region on its behalf (DESIGN.md section 6).
+    Returns 1 if the slot may be reused.
+
+    Robust and pi locks it held were marked OWNER_DIED by the kernel: only the holder
+    identity is cleared. For mcs and clh, recovery is not built yet: a slot whose dead
+    owner is still engaged in such a lock is quarantined (its token left ENOTRECOVERABLE)
+    so no new thread inherits its hold or its place in a queue."""
     cdef shm_participant* p = &rm.part[slot]
+    cdef uint32_t i, k
+    cdef shm_body b
     if participant_engaged(rm, slot):
-        st32_rel(&p.op_step, STEP_QUARANTINED)
+        shm_op_set(&p.op_lock, 0, SHM_OP_QUARANTINED)
         pthread_mutex_unlock(&p.token.m)         # without consistent(): unusable for good
         return 0
+    for i in range(rm.L):
+        if ld32_acq(&rm.dir[i].state) != SHM_DIRENT_READY:
+            continue
+        k = ld32_rlx(&rm.dir[i].kind)
+        b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
+        if k == SHM_KIND_ROBUST or k == SHM_KIND_PI:
+            cas32(&b.ctl.holder, slot + 1, 0)
+            continue
+        if repair_lock(&b) != 0:
+            continue
+        crashpoint("recover.locked")
+        if k == SHM_KIND_TICKET:
+            _ticket_recover(rm, &b, slot)
+        elif k == SHM_KIND_FUTEX:
+            _futex_recover(rm, &b, slot)
+        pthread_mutex_unlock(&b.ctl.repair.m)
+    crashpoint("recover.done")
+    shm_op_set(&p.op_lock, 0, 0)
     pthread_mutex_consistent(&p.token.m)
-    st32_rlx(&p.op_lock, 0)
-    st32_rlx(&p.op_step, 0)
     return 1
+
+
+cdef void participant_try_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
+    """A waiter found participant `slot` dead (or suspects it): if its token comes back
+    EOWNERDEAD we are its one recoverer; recover it and free the slot."""
+    cdef int rc
+    if slot >= rm.P:
+        return
+    rc = pthread_mutex_trylock(&rm.part[slot].token.m)
+    if rc == EOWNERDEAD:
+        if participant_recover(rm, slot):
+            pthread_mutex_unlock(&rm.part[slot].token.m)
+    elif rc == 0:
+        pthread_mutex_unlock(&rm.part[slot].token.m)     # already recovered and free
+
+
+cdef inline bint participant_dead(rmap_t* rm, uint32_t slot) noexcept nogil:
+    """Cheap liveness check from the token's futex word (no syscall, no lock)."""
+    return (ld32_acq(<uint32_t*>&rm.part[slot].token.m) & FUTEX_OWNER_DIED_) != 0
+
+
+cdef inline uint32_t participant_op(rmap_t* rm, uint32_t slot, uint32_t lock1) noexcept nogil:
+    """The step a participant published for lock (index + 1) lock1, or 0."""
+    cdef shm_participant* p = &rm.part[slot]
+    if ld32_acq(&p.op_lock) != lock1:
+        return 0
+    return ld32_acq(&p.op_step)
 
 
 cdef int participant_state(rmap_t* rm, uint32_t slot) noexcept nogil:
     """Snapshot of a slot's token without taking it: 0 free, 1 alive, 2 dead."""
     cdef uint32_t w = ld32_acq(<uint32_t*>&rm.part[slot].token.m)
-    if w & FUTEX_OWNER_DIED_ or ld32_acq(&rm.part[slot].op_step) == STEP_QUARANTINED:
+    if w & FUTEX_OWNER_DIED_ or ld32_acq(&rm.part[slot].op_step) == SHM_OP_QUARANTINED:
         return 2
     if w & FUTEX_TID_MASK_:
         return 1

@@ -68,7 +68,12 @@ typedef struct shm_dirent {
 } SHM_LINE_ALIGNED shm_dirent;
 
 /* Protocol steps a participant publishes before and after each shared-state change
- * (DESIGN.md section 6); op_lock is the lock index + 1, 0 = none. */
+ * (DESIGN.md section 6); op_lock is the lock index + 1, 0 = none; op_step is SHM_OP_*.
+ * Holding is published by the lock itself (ctl.holder, the futex word, the ticket...). */
+#define SHM_OP_TAKING     1u   /* about to run, or inside, the uncontended acquire */
+#define SHM_OP_WAITING    2u   /* inside the slow path of acquire */
+#define SHM_OP_RELEASING  3u   /* inside release */
+#define SHM_OP_QUARANTINED 0xDEADu
 typedef struct shm_participant {
     union { pthread_mutex_t m; char _pad[SHM_LINE]; } token;   /* held by the live owner thread */
     uint32_t pid;
@@ -94,7 +99,9 @@ typedef struct shm_lockctl {
     uint32_t holder;           /* participant index + 1 of the holder, 0 = none; a snapshot */
     uint32_t magic;            /* SHM_BODY_MAGIC once initialised */
     uint64_t acquisitions;     /* informational; written by holders only */
-    char     _pad[SHM_LINE - 24];
+    char     _pad[SHM_LINE / 2 - 24];
+    /* serialises recovery of dead participants on this lock (robust; rarely touched) */
+    union { pthread_mutex_t m; char _pad[SHM_LINE / 2]; } repair;
 } SHM_LINE_ALIGNED shm_lockctl;
 #define SHM_BODY_MAGIC 0x4b4f4c42u   /* "BLOK" */
 
@@ -134,6 +141,10 @@ _Static_assert(sizeof(shm_dirent) == SHM_LINE, "dirent is one line");
 _Static_assert(sizeof(shm_participant) == 2 * SHM_LINE, "participant is two lines");
 _Static_assert(offsetof(shm_participant, pid) == SHM_LINE, "participant identity on line 1");
 _Static_assert(sizeof(shm_lockctl) == SHM_LINE, "ctl is one line");
+_Static_assert(offsetof(shm_lockctl, repair) == SHM_LINE / 2, "repair mutex in the ctl line's upper half");
+_Static_assert(sizeof(pthread_mutex_t) <= SHM_LINE / 2, "a pthread mutex fits half a line");
+_Static_assert(offsetof(shm_participant, op_step) == offsetof(shm_participant, op_lock) + 4,
+               "op_lock and op_step form one 64-bit word (published with one store)");
 _Static_assert(sizeof(shm_word) == SHM_LINE, "word is one line");
 _Static_assert(sizeof(shm_node) == SHM_LINE, "node is one line");
 _Static_assert(sizeof(shm_prec) == SHM_LINE, "prec is one line");

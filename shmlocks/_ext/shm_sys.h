@@ -105,4 +105,11 @@ static inline void shm_crashpoint(const char *name) {
     }
 }
 
+/* publish (lock index + 1, step) in a participant's op_lock/op_step pair with one store;
+ * release order: everything before it is visible first, and the SC atomics that follow
+ * cannot be seen before it */
+static inline void shm_op_set(uint32_t *op_lock, uint32_t lock1, uint32_t step) {
+    __atomic_store_n((uint64_t *)(void *)op_lock, (uint64_t)lock1 | ((uint64_t)step << 32), REL);
+}
+
 #endif

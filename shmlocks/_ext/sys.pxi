@@ -87,6 +87,12 @@ cdef extern from "shm_layout.h" nogil:
 
     ctypedef union shm_mutex_line "union { pthread_mutex_t m; char _pad[SHM_LINE]; }":
         pthread_mutex_t m
+    ctypedef union shm_mutex_half "union { pthread_mutex_t m; char _pad[SHM_LINE / 2]; }":
+        pthread_mutex_t m
+    enum: SHM_OP_TAKING
+    enum: SHM_OP_WAITING
+    enum: SHM_OP_RELEASING
+    enum: SHM_OP_QUARANTINED
 
     ctypedef struct shm_header:
         uint64_t magic
@@ -125,6 +131,7 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t holder
         uint32_t magic
         uint64_t acquisitions
+        shm_mutex_half repair
 
     ctypedef union shm_word:
         uint32_t u32[32]
@@ -188,7 +195,8 @@ cdef extern from "shm_sys.h" nogil:
     uint32_t shm_gettid()
     int shm_crash_armed
     char shm_crash_name[64]
-    void shm_crashpoint(const char* name)
+    void crashpoint "shm_crashpoint"(const char* name)
+    void shm_op_set(uint32_t* op_lock, uint32_t lock1, uint32_t step)
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals() nogil

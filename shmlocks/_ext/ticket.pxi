@@ -23,6 +23,14 @@
 # it waits until the releases pass the old ticket, then takes a new one. Both keep the
 # one-ticket-per-participant bound. (Mellor-Crummey & Scott, TOCS 1991; abandonment after
 # Scott & Scherer, PPoPP 2001.)
+#
+# Death. Every ticket in [serving, next) is attributable: published in prec[p].ticket, or an
+# abandon marker, or taken by a participant that died between fetch_add and publishing it
+# (op TAKING/WAITING, ticket 0): once the live participants in that window have published,
+# whatever is left over belongs to the dead. A waiter checks, each park slice, that the
+# owner of `serving` is alive; if not, it recovers it (_ticket_recover): a dead holder's
+# ticket is released on its behalf (owner_died if it had returned from acquire), a dead
+# waiter's ticket is abandoned on its behalf, so no one behind it waits for it.
 
 cdef struct _ticket_ctx:
     uint64_t* serving
@@ -37,6 +45,103 @@ cdef bint _ticket_ready(void* c) noexcept nogil:
 cdef bint _ticket_marker_gone(void* c) noexcept nogil:
     cdef _ticket_ctx* x = <_ticket_ctx*>c      # serving points at the marker here
     return ld64_seq(x.serving) != x.t
+
+
+cdef inline bint _taking(uint32_t op) noexcept nogil:
+    return op == SHM_OP_TAKING or op == SHM_OP_WAITING
+
+
+cdef void _ticket_grant(shm_body* b, uint64_t s) noexcept nogil:
+    """Serve ticket s, skipping abandoned tickets, and wake its waiter. The release step;
+    idempotent for the current `serving`, so a recoverer may redo it."""
+    cdef shm_node* nd
+    cdef uint32_t guard = 0
+    while True:
+        st64_seq(&b.wb.u64[0], s)                    # grant ticket s ...
+        crashpoint("ticket.release.served")
+        nd = &b.nodes[s % b.P]
+        if ld64_seq(&nd.value) == s + 1 and cas64(&nd.value, s + 1, 0):
+            if ld32_seq(&nd.parked) != 0:            # a slot's new owner waits for this
+                fadd32(&nd.state, 1)
+                shm_futex_wake(&nd.state, 0x7fffffff)
+            s += 1                                   # ... unless it was abandoned: skip it
+            guard += 1
+            if guard > b.P:
+                return
+            continue
+        if ld32_seq(&nd.parked) != 0:
+            fadd32(&nd.state, 1)
+            shm_futex_wake(&nd.state, 0x7fffffff)
+        return
+
+
+cdef void _ticket_abandon_for(rmap_t* rm, shm_body* b, uint32_t q, uint64_t t) noexcept nogil:
+    """Abandon dead participant q's waiting ticket t; if the lock reaches t meanwhile,
+    pass it on (q never entered its critical section: no owner_died)."""
+    cdef shm_node* nd = &b.nodes[t % b.P]
+    cdef shm_prec* r = &b.precs[q]
+    if not cas64(&nd.value, 0, t + 1) and ld64_seq(&nd.value) != t + 1:
+        return                                       # marker slot taken: corrupt; leave it
+    if ld64_seq(&b.wb.u64[0]) == t and cas64(&nd.value, t + 1, 0):
+        _ticket_grant(b, t + 1)                      # it had just been granted: pass it on
+        return
+    r.abandoned_gen = ld64_rlx(&rm.part[q].generation)   # the slot's next owner waits for it
+    st64_rel(&r.abandoned, t + 1)
+
+
+cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """Participant q is dead and ours to recover (repair mutex held)."""
+    cdef shm_prec* r = &b.precs[q]
+    cdef uint32_t lock1 = b.index + 1
+    cdef uint32_t op = participant_op(rm, q, lock1)
+    cdef uint64_t t, s, n0, u
+    cdef uint32_t x
+    cdef int64_t until
+    cdef bint seen
+    if r.ticket != 0:
+        t = r.ticket - 1
+        s = ld64_seq(&b.wb.u64[0])
+        if s == t:                                   # it holds the lock (or was just granted)
+            if op == 0:
+                for32(&b.ctl.flags, SHM_F_OWNER_DIED)
+            elif op == SHM_OP_RELEASING and ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:
+                for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
+            cas32(&b.ctl.holder, q + 1, 0)
+            crashpoint("ticket.recover.flagged")
+            _ticket_grant(b, t + 1)
+        elif s > t:                                  # it died releasing: redo the grant
+            _ticket_grant(b, s)
+        else:                                        # it was waiting
+            _ticket_abandon_for(rm, b, q, t)
+        st64_rel(&r.ticket, 0)
+        return
+    if op != SHM_OP_TAKING and op != SHM_OP_WAITING:
+        return
+    # It may have died between fetch_add and publishing its ticket. Let the live ones in
+    # that same window publish theirs, then serve or abandon whatever is unaccounted for.
+    n0 = ld64_seq(&b.wa.u64[0])
+    until = shm_now_ns() + 5 * <int64_t>1000000000
+    for x in range(b.P):
+        while (x != q and ld64_acq(&b.precs[x].ticket) == 0
+               and _taking(participant_op(rm, x, lock1))
+               and not participant_dead(rm, x) and shm_now_ns() < until):
+            sched_yield()
+    s = ld64_seq(&b.wb.u64[0])
+    if n0 - s > b.P + 1:
+        return                                       # more outstanding than possible: corrupt
+    u = s
+    while u < n0:
+        seen = ld64_seq(&b.nodes[u % b.P].value) == u + 1
+        x = 0
+        while not seen and x < b.P:
+            seen = ld64_acq(&b.precs[x].ticket) == u + 1
+            x += 1
+        if not seen:
+            if u == ld64_seq(&b.wb.u64[0]):
+                _ticket_grant(b, u + 1)              # taken, never entered: pass it on
+            else:
+                _ticket_abandon_for(rm, b, q, u)
+        u += 1
 
 
 cdef class TicketLock(_Lock):
@@ -55,7 +160,8 @@ cdef class TicketLock(_Lock):
         if r.ticket != 0 or r.abandoned != 0:
             return R_BUSY                            # holding, or a ticket to take back
         t = fadd64(self._next(), 1)                  # take a ticket
-        st64_rlx(&r.ticket, t + 1)
+        crashpoint("ticket.acquire.took")
+        st64_rel(&r.ticket, t + 1)                   # publish it
         if ld64_acq(self._serving()) == t:
             return R_ACQ
         return R_PENDING
@@ -81,7 +187,11 @@ cdef class TicketLock(_Lock):
         cdef int res
         ctx.serving = &nd.value
         ctx.t = a
-        res = wait_for(_ticket_marker_gone, &ctx, &nd.state, &nd.parked, w)
+        while True:
+            res = wait_for(_ticket_marker_gone, &ctx, &nd.state, &nd.parked, w, 1)
+            if res != W_TICK:
+                break
+            self._check_serving()
         if res != W_READY:
             return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
         r.abandoned = 0
@@ -93,6 +203,7 @@ cdef class TicketLock(_Lock):
         cdef shm_node* nd = &self.b.nodes[t % self.b.P]
         if not cas64(&nd.value, 0, t + 1):
             return R_CORRUPT                         # the one-ticket-per-participant bound broke
+        crashpoint("ticket.abandon.marked")
         if ld64_seq(self._serving()) == t:           # granted while we were leaving?
             if cas64(&nd.value, t + 1, 0):
                 return R_ACQ                         # we won the marker: we hold it
@@ -139,12 +250,17 @@ cdef class TicketLock(_Lock):
                     return rc
             if r.abandoned == 0 or not self._take_back(me):
                 t = fadd64(self._next(), 1)
-                st64_rlx(&r.ticket, t + 1)
+                crashpoint("ticket.acquire.took")
+                st64_rel(&r.ticket, t + 1)
         t = r.ticket - 1
         nd = &self.b.nodes[t % self.b.P]
         ctx.serving = self._serving()
         ctx.t = t
-        res = wait_for(_ticket_ready, &ctx, &nd.state, &nd.parked, w)
+        while True:
+            res = wait_for(_ticket_ready, &ctx, &nd.state, &nd.parked, w, 1)
+            if res != W_TICK:
+                break
+            self._check_serving()
         if res == W_READY:
             return R_ACQ
         rc = self._abandon(me, t)
@@ -154,28 +270,32 @@ cdef class TicketLock(_Lock):
 
     cdef int _unlock(self, uint32_t me) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
-        cdef uint64_t s = r.ticket
-        cdef shm_node* nd
-        cdef uint32_t guard = 0
+        cdef uint64_t s = r.ticket                   # = our ticket + 1: the next to serve
         if s == 0:
             return R_CORRUPT
-        st64_rlx(&r.ticket, 0)
-        while True:
-            st64_seq(self._serving(), s)             # grant ticket s ...
-            nd = &self.b.nodes[s % self.b.P]
-            if ld64_seq(&nd.value) == s + 1 and cas64(&nd.value, s + 1, 0):
-                if ld32_seq(&nd.parked) != 0:        # a slot's new owner waits for this
-                    fadd32(&nd.state, 1)
-                    shm_futex_wake(&nd.state, 0x7fffffff)
-                s += 1                               # ... unless it was abandoned: skip it
-                guard += 1
-                if guard > self.b.P:
-                    return R_CORRUPT
-                continue
-            if ld32_seq(&nd.parked) != 0:
-                fadd32(&nd.state, 1)
-                shm_futex_wake(&nd.state, 0x7fffffff)
-            return 0
+        _ticket_grant(&self.b, s)
+        crashpoint("ticket.release.granted")
+        st64_rel(&r.ticket, 0)                       # last: a death before it is redone
+        return 0
+
+    cdef void _check_serving(self) noexcept nogil:
+        """Each park slice: is the owner of `serving` alive? Recover it if not."""
+        cdef uint64_t s = ld64_seq(self._serving())
+        cdef uint32_t x
+        cdef uint32_t lock1 = self._lock1
+        for x in range(self.b.P):
+            if ld64_acq(&self.b.precs[x].ticket) == s + 1:
+                if participant_dead(self.rm, x):
+                    participant_try_recover(self.rm, x)
+                return
+        if ld64_seq(&self.b.nodes[s % self.b.P].value) == s + 1:
+            return                                   # abandoned: a release will skip it
+        if ld64_seq(self._next()) == s:
+            return                                   # nobody holds it
+        for x in range(self.b.P):                    # unpublished: a taker died mid-step?
+            if (participant_dead(self.rm, x)
+                    and _taking(participant_op(self.rm, x, lock1))):
+                participant_try_recover(self.rm, x)
 
     cdef bint _is_locked(self) noexcept nogil:
         return ld64_acq(self._next()) != ld64_acq(self._serving())

@@ -4,7 +4,9 @@
 #   yield  sched_yield a few times (lets a descheduled holder run on an oversubscribed box);
 #   park   announce (parked += 1), re-check, FUTEX_WAIT on the word for at most PARK_SLICE_NS,
 #          then check the deadline (CLOCK_MONOTONIC) and, with the GIL re-taken briefly,
-#          Python's signal handlers (Ctrl-C -> W_SIGNAL within one slice).
+#          Python's signal handlers (Ctrl-C -> W_SIGNAL within one slice); with ticks on,
+#          return W_TICK after each slice so the kind can check that the participant it
+#          depends on is still alive (and recover it if not), then wait again.
 #
 # The waker's side of the protocol, which makes a lost wake-up impossible:
 #     make the condition true (SC store/RMW); [change *word (SC)]; if load(parked) != 0: FUTEX_WAKE
@@ -20,11 +22,12 @@ cdef enum:
     W_SIGNAL = -1
     W_CONT = 2
     W_PARK = 3
+    W_TICK = 4
 
 cdef enum:
     SPIN_NS = 4000
     YIELD_ROUNDS = 6
-    PARK_SLICE_NS = 50000000
+    PARK_SLICE_NS = 5000000          # 5 ms: bounds the time to notice a dead holder
 
 ctypedef bint (*ready_fn)(void* ctx) noexcept nogil
 
@@ -98,8 +101,9 @@ cdef int wait_park(wait_t* w, uint32_t* word, uint32_t expected) noexcept nogil:
 
 
 cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
-                  wait_t* w) noexcept nogil:
-    """Wait until ready(ctx). The waker changes *word and wakes it when *parked != 0."""
+                  wait_t* w, bint ticks=0) noexcept nogil:
+    """Wait until ready(ctx). The waker changes *word and wakes it when *parked != 0.
+    With ticks, returns W_TICK after each park slice (call again to go on waiting)."""
     cdef int r
     cdef uint32_t v
     if ready(ctx):
@@ -125,6 +129,8 @@ cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
             return W_READY
         if r != 0:
             return r
+        if ticks:
+            return W_TICK
 
 
 cdef inline void wake_if_parked(uint32_t* word, uint32_t* parked) noexcept nogil:
