@@ -26,6 +26,7 @@ try:
         Region,
         RobustMutex,
         TicketLock,
+        _crashpoints,
     )
 except ModuleNotFoundError as _e:  # pragma: no cover - depends on the install
     if _e.name == "shmlocks._core":
@@ -89,6 +90,7 @@ __all__ = [
     "RobustMutex",
     "ShmLockError",
     "TicketLock",
+    "_crashpoints",
     "is_region_file",
     "list_regions",
 ]

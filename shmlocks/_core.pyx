@@ -38,4 +38,58 @@ KINDS = {
     "pi": PIMutex,
 }
 
+# Crash points (DESIGN.md section 7): a named point between every two protocol steps.
+# SHMLOCKS_CRASHPOINT=<name>, read once at import, makes the process SIGKILL itself there.
+# name -> the kinds whose code passes through it. tests/test_crashpoints.py checks this
+# table against the crashpoint("...") calls in the sources.
+_ALL = tuple(KINDS)
+_USERSPACE = ("ticket", "mcs", "futex")   # kinds whose recovery runs in user space (so far)
+_CRASHPOINTS = {
+    "lock.acquire.taking": _ALL,        # acquire step published, before the kind's atomic
+    "lock.acquire.got": _ALL,           # the kind took the lock, holder not yet published
+    "lock.acquire.holder": _ALL,        # holder published, acquire step not yet ended
+    "lock.wait.waiting": _ALL,          # slow path published, before waiting
+    "lock.release.releasing": _ALL,     # release step published, holder still set
+    "lock.release.unholder": _ALL,      # holder cleared, before the kind's unlock
+    "lock.release.unlocked": _ALL,      # unlocked, release step not yet ended
+    "recover.locked": _USERSPACE,       # a recoverer holds the lock's repair mutex
+    "recover.done": _USERSPACE,         # a recoverer finished, token not yet freed
+    "ticket.acquire.took": ("ticket",),     # fetch_add done, ticket not yet published
+    "ticket.abandon.marked": ("ticket",),   # abandon marker set, before the serving check
+    "ticket.release.served": ("ticket",),   # serving stored, before the skip check / wake
+    "ticket.release.granted": ("ticket",),  # granted, own ticket not yet cleared
+    "ticket.recover.flagged": ("ticket",),  # recoverer set owner_died, before the grant
+    "mcs.acquire.joined": ("mcs",),         # tail taken, own pred not yet published
+    "mcs.acquire.pred": ("mcs",),           # pred published, not yet linked behind it
+    "mcs.release.emptied": ("mcs",),        # tail emptied, own node not yet idle
+    "mcs.release.idled": ("mcs",),          # successor recorded, own node idle, before the pass
+    "mcs.release.passing": ("mcs",),        # passing through an abandoned node, next recorded
+    "mcs.recover.flagged": ("mcs",),        # recoverer set owner_died, before the release
+    "futex.wait.announced": ("futex",),     # waiter set the W bit, before sleeping
+    "futex.release.swapped": ("futex",),    # word swapped to 0, before the wake
+    "futex.recover.flagged": ("futex",),    # recoverer set owner_died, before the release
+}
+
+
+def _crashpoints():
+    """The crash points this build has: {name: kinds that pass through it}."""
+    return dict(_CRASHPOINTS)
+
+
+def _arm_crashpoint_from_env():
+    import os
+    name = os.environ.get("SHMLOCKS_CRASHPOINT")
+    if not name:
+        return
+    if name not in _CRASHPOINTS:
+        raise ValueError(f"SHMLOCKS_CRASHPOINT={name!r} is not a crash point of this build "
+                         f"(see shmlocks._crashpoints())")
+    b = name.encode()
+    memcpy(shm_crash_name, <const char*>b, len(b))
+    shm_crash_name[len(b)] = 0
+    global shm_crash_armed
+    shm_crash_armed = 1
+
+
 participants_init()
+_arm_crashpoint_from_env()

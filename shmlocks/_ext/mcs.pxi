@@ -1,23 +1,33 @@
-# mcs.pxi -- MCS queue lock with abandonable nodes (indices, not pointers).
+# mcs.pxi -- MCS queue lock with abandonable nodes and recoverable participants
+# (indices, not pointers: each process maps the region at its own address).
 #
-# Invariant: tail = index + 1 of the last node in the queue (0 = free); the head of the
-# queue holds the lock; each waiter spins (then parks) on its own node's state, and the
-# release writes its successor's state once. Participant p's node is node[p].
+# Invariant: the queue runs from the holder's node to tail.last through `next` links; each
+# waiter spins (then parks) on its own node's state and the release writes its successor's
+# state once. Participant p's node is node[p]; indices below are index + 1, 0 = none.
 #
-#   word A   u32 tail
-#   node[p]  state   IDLE 0 -> WAIT 1 -> GRANT 2 ; WAIT -> ABANDONED 3 (timeout/signal)
+#   word A   u64 tail    last | prev << 32: the last node, and ITS predecessor. Taking the
+#                        tail by CAS records who came before, so a node's predecessor is
+#                        known the instant it joins: from the tail word while it is last,
+#                        after that from its own `pred` (it publishes it, and the next
+#                        joiner publishes it for it from the tail word it replaced).
+#   node[p]  state   IDLE 0 -> WAIT 1 -> GRANT 2 ; WAIT -> ABANDONED 3 (timeout, signal, death)
 #                    ABANDONED -> WAIT (the thread that left comes back) | -> PASSING 4
 #                    -> IDLE (a releaser passes the lock through it)
-#            value   generation of the participant (thread) that abandoned it: a new thread
-#                    inheriting the slot waits for IDLE instead of jumping the queue
-#            next    successor index + 1, linked by the successor after its swap of tail
-#            parked  the owner announced it parks on state
+#            pred    predecessor (0: it was first: it holds the lock); UNKNOWN until published
+#            next    successor, linked by the successor: a shortcut; a releaser can always
+#                    find its successor from the tail word or the successor's pred
+#            round   bumped at each enqueue, so a recorded pass names one round of a node
+#            value   generation of the participant (thread) that abandoned it: only that
+#                    thread rejoins in place; a new thread inheriting the slot waits for IDLE
 #
 # Release vs. abandonment: the releaser CASes the successor WAIT -> GRANT; the waiter
 # leaving CASes WAIT -> ABANDONED. Exactly one wins. A releaser that finds ABANDONED takes
-# it (ABANDONED -> PASSING), so its owner cannot rejoin, reads its next, frees it (IDLE)
-# and moves on to the next node, or empties the queue if the abandoned node was the tail.
-# (Mellor-Crummey & Scott, TOCS 1991; timeouts after Scott & Scherer, PPoPP 2001.)
+# it (ABANDONED -> PASSING), finds its successor, frees it (IDLE) and moves on, recording
+# (node, round) in its participant slot first so that a recoverer can finish the pass.
+# Death: a waiter checks its predecessor each park slice; a dead holder is released on its
+# behalf (owner_died if it had returned from acquire), a dead waiter abandoned on its
+# behalf, a dead releaser's pass finished. (Mellor-Crummey & Scott, TOCS 1991; timeouts
+# after Scott & Scherer, PPoPP 2001.)
 
 cdef enum:
     M_IDLE = 0
@@ -25,6 +35,15 @@ cdef enum:
     M_GRANT = 2
     M_ABANDONED = 3
     M_PASSING = 4
+    M_UNKNOWN = 0xffffffff
+
+
+cdef inline uint32_t _t_last(uint64_t t) noexcept nogil:
+    return <uint32_t>(t & 0xffffffffU)
+
+
+cdef inline uint32_t _t_prev(uint64_t t) noexcept nogil:
+    return <uint32_t>(t >> 32)
 
 
 cdef bint _mcs_not_waiting(void* c) noexcept nogil:
@@ -36,41 +55,196 @@ cdef bint _mcs_not_passing(void* c) noexcept nogil:
     return st != M_PASSING and st != M_ABANDONED
 
 
-cdef uint32_t _await_link(uint32_t* link) noexcept nogil:
-    """Wait for a successor that has swapped the tail to link itself (a few instructions
-    away, unless it was descheduled)."""
-    cdef uint32_t v
+cdef uint32_t _mcs_find_succ(shm_body* b, uint32_t q) noexcept nogil:
+    """The successor (index + 1) of node q, which is in the queue and not last: by its
+    link, by the tail word (it is last and has not published), or by its published pred."""
+    cdef uint32_t v, x, st
+    cdef uint64_t t
     cdef int i = 0
     while True:
-        v = ld32_acq(link)
+        v = ld32_acq(&b.nodes[q].next)
         if v != 0:
             return v
+        t = ld64_seq(&b.wa.u64[0])
+        if _t_prev(t) == q + 1 and _t_last(t) != 0:
+            return _t_last(t)
+        for x in range(b.P):
+            st = ld32_acq(&b.nodes[x].state)
+            if (st == M_WAIT or st == M_ABANDONED) and ld32_acq(&b.nodes[x].pred) == q + 1:
+                return x + 1
         i += 1
-        if i < 256:
+        if i < 64:
             cpu_relax()
         else:
-            sched_yield()
+            sched_yield()                            # a joiner between two instructions
+
+
+cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nogil:
+    """Hand the lock to node s-1, passing through abandoned nodes; q is the releaser (live,
+    or dead and being recovered), in whose slot progress is recorded."""
+    cdef shm_node* m
+    cdef uint32_t nx, st, guard = 0
+    cdef uint64_t t
+    while True:
+        if s == 0 or s > b.P:
+            return R_CORRUPT
+        m = &b.nodes[s - 1]
+        st = ld32_seq(&m.state)
+        if st == M_GRANT:
+            return 0                                 # already passed (a redo)
+        if st == M_WAIT:
+            if cas32(&m.state, M_WAIT, M_GRANT):
+                wake_if_parked(&m.state, &m.parked)
+                return 0
+            continue
+        if st == M_ABANDONED:
+            if not cas32(&m.state, M_ABANDONED, M_PASSING):
+                continue                             # its thread rejoined: grant it
+        elif st != M_PASSING:
+            return R_CORRUPT
+        nx = ld32_acq(&m.next)                       # m is ours to pass through
+        if nx == 0:
+            t = ld64_seq(&b.wa.u64[0])
+            if _t_last(t) == s:
+                if cas64(&b.wa.u64[0], t, 0):        # the abandoned node was last: now free
+                    st32_seq(&m.state, M_IDLE)
+                    wake_if_parked(&m.state, &m.parked)
+                    return 0
+                continue
+            nx = _mcs_find_succ(b, s - 1)
+        if nx > b.P:
+            return R_CORRUPT
+        st64_rel(&rm.part[q].op_value,
+                 nx | (<uint64_t>ld32_acq(&b.nodes[nx - 1].round) << 32))
+        crashpoint("mcs.release.passing")
+        st32_seq(&m.state, M_IDLE)                   # its owner may reuse it now
+        wake_if_parked(&m.state, &m.parked)
+        s = nx
+        guard += 1
+        if guard > 4 * b.P + 64:
+            return R_CORRUPT
+
+
+cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """Release the lock held by node q (by q itself, or on behalf of dead q)."""
+    cdef shm_node* n = &b.nodes[q]
+    cdef uint32_t succ
+    cdef uint64_t t
+    st64_rel(&rm.part[q].op_value, 0)
+    while True:
+        succ = ld32_acq(&n.next)
+        if succ != 0:
+            break
+        t = ld64_seq(&b.wa.u64[0])
+        if _t_last(t) == q + 1:
+            if cas64(&b.wa.u64[0], t, 0):            # no one behind: free
+                crashpoint("mcs.release.emptied")
+                st32_rel(&n.state, M_IDLE)
+                return 0
+            continue
+        succ = _mcs_find_succ(b, q)
+        break
+    if succ > b.P:
+        return R_CORRUPT
+    st64_rel(&rm.part[q].op_value,
+             succ | (<uint64_t>ld32_acq(&b.nodes[succ - 1].round) << 32))
+    st32_rel(&n.state, M_IDLE)
+    crashpoint("mcs.release.idled")
+    return _mcs_pass(rm, b, succ, q)
+
+
+cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """Participant q is dead and ours to recover (repair mutex held)."""
+    cdef shm_node* n = &b.nodes[q]
+    cdef uint32_t lock1 = b.index + 1
+    cdef uint32_t op = participant_op(rm, q, lock1)
+    cdef uint32_t st = ld32_seq(&n.state)
+    cdef uint32_t pred, x, s
+    cdef uint64_t t, v
+    cdef int64_t until
+    if op == SHM_OP_RELEASING:
+        if ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:
+            for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
+        cas32(&b.ctl.holder, q + 1, 0)
+        if st == M_GRANT:
+            _mcs_release_as(rm, b, q)
+        elif st == M_IDLE:
+            v = ld64_acq(&rm.part[q].op_value)
+            s = <uint32_t>(v & 0xffffffffU)
+            if s != 0 and s <= b.P and ld32_acq(&b.nodes[s - 1].round) == <uint32_t>(v >> 32):
+                _mcs_pass(rm, b, s, q)
+        return
+    if st != M_WAIT and st != M_GRANT:
+        return                                       # not queued (an abandoned place is
+                                                     # passed by releases; the slot's next
+                                                     # owner waits for it)
+    pred = ld32_acq(&n.pred)
+    if st == M_WAIT and pred == M_UNKNOWN:
+        t = ld64_seq(&b.wa.u64[0])
+        if _t_last(t) == q + 1:
+            pred = _t_prev(t)
+            cas32(&n.pred, M_UNKNOWN, pred)
+        else:
+            # Did it join? If so, whoever joined after it publishes its pred: let the live
+            # joiners finish their two steps, then decide.
+            until = shm_now_ns() + 5 * <int64_t>1000000000
+            for x in range(b.P):
+                while (x != q and participant_op(rm, x, lock1) == SHM_OP_TAKING
+                       and ld32_acq(&b.nodes[x].pred) == M_UNKNOWN
+                       and not participant_dead(rm, x) and shm_now_ns() < until):
+                    sched_yield()
+            pred = ld32_acq(&n.pred)
+            if pred == M_UNKNOWN and _t_last(ld64_seq(&b.wa.u64[0])) != q + 1:
+                st32_rel(&n.state, M_IDLE)           # it never joined the queue
+                return
+            if pred == M_UNKNOWN:
+                pred = _t_prev(ld64_seq(&b.wa.u64[0]))
+    if st == M_GRANT or pred == 0:                   # it holds the lock
+        if op == 0:
+            for32(&b.ctl.flags, SHM_F_OWNER_DIED)    # it was in its critical section
+        cas32(&b.ctl.holder, q + 1, 0)
+        crashpoint("mcs.recover.flagged")
+        st32_rel(&n.state, M_GRANT)
+        _mcs_release_as(rm, b, q)
+        return
+    st64_rel(&n.value, ld64_rlx(&rm.part[q].generation))
+    if not cas32(&n.state, M_WAIT, M_ABANDONED):     # it waits: abandon its place for it
+        _mcs_release_as(rm, b, q)                    # granted meanwhile: pass it on
+    else:
+        wake_if_parked(&n.state, &n.parked)
 
 
 cdef class MCSLock(_Lock):
     """FIFO MCS queue lock: each waiter spins on its own cache line."""
     kind_name = "mcs"
 
-    cdef inline uint32_t* _tail(self) noexcept nogil:
-        return &self.b.wa.u32[0]
+    cdef inline uint64_t* _tail(self) noexcept nogil:
+        return &self.b.wa.u64[0]
 
     cdef int _enqueue(self, uint32_t me) noexcept nogil:
         cdef shm_node* n = &self.b.nodes[me]
-        cdef uint32_t pred
+        cdef uint64_t old
+        cdef uint32_t p
         st32_rlx(&n.next, 0)
+        st32_rlx(&n.pred, M_UNKNOWN)
+        st32_rlx(&n.round, n.round + 1)
         st32_rlx(&n.state, M_WAIT)
-        pred = xchg32(self._tail(), me + 1)          # join the queue (SC: publishes n)
-        if pred == 0:
+        while True:                                  # join: tail := (me, old last)
+            old = ld64_seq(self._tail())
+            if cas64(self._tail(), old, (me + 1) | (<uint64_t>_t_last(old) << 32)):
+                break
+        crashpoint("mcs.acquire.joined")
+        p = _t_last(old)
+        if p > self.b.P or p == me + 1:
+            return R_CORRUPT
+        if p != 0:                                   # publish our predecessor's pred for it
+            cas32(&self.b.nodes[p - 1].pred, M_UNKNOWN, _t_prev(old))
+        st32_seq(&n.pred, p)                         # then our own
+        crashpoint("mcs.acquire.pred")
+        if p == 0:
             st32_rlx(&n.state, M_GRANT)
             return R_ACQ
-        if pred > self.b.P or pred == me + 1:
-            return R_CORRUPT
-        st32_seq(&self.b.nodes[pred - 1].next, me + 1)    # link behind the predecessor
+        st32_seq(&self.b.nodes[p - 1].next, me + 1)  # the shortcut link
         return R_PENDING
 
     cdef int _fast(self, uint32_t me) noexcept nogil:
@@ -83,11 +257,28 @@ cdef class MCSLock(_Lock):
         if ld32_acq(&n.state) != M_IDLE:
             return R_BUSY
         st32_rlx(&n.next, 0)
+        st32_rlx(&n.pred, 0)
+        st32_rlx(&n.round, n.round + 1)
         st32_rlx(&n.state, M_GRANT)
-        if cas32(self._tail(), 0, me + 1):
+        if cas64(self._tail(), 0, me + 1):
             return R_ACQ
         st32_rlx(&n.state, M_IDLE)
         return R_BUSY
+
+    cdef void _check_ahead(self, uint32_t me) noexcept nogil:
+        """Each park slice: is the live node we depend on alive? Walk back past abandoned
+        nodes (their threads left) to the first waiter or holder; recover it if dead."""
+        cdef uint32_t p = ld32_acq(&self.b.nodes[me].pred)
+        cdef uint32_t st, guard = 0
+        while p != 0 and p <= self.b.P and guard <= self.b.P:
+            if participant_dead(self.rm, p - 1):
+                participant_try_recover(self.rm, p - 1)
+                return
+            st = ld32_acq(&self.b.nodes[p - 1].state)
+            if st != M_ABANDONED and st != M_PASSING:
+                return
+            p = ld32_acq(&self.b.nodes[p - 1].pred)
+            guard += 1
 
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         cdef shm_node* n = &self.b.nodes[me]
@@ -102,7 +293,11 @@ cdef class MCSLock(_Lock):
                 return R_CORRUPT
             else:
                 if st == M_PASSING or st == M_ABANDONED:   # a releaser has yet to pass it
-                    res = wait_for(_mcs_not_passing, n, &n.state, &n.parked, w)
+                    while True:
+                        res = wait_for(_mcs_not_passing, n, &n.state, &n.parked, w, 1)
+                        if res != W_TICK:
+                            break
+                        self._check_ahead(me)
                     if res != W_READY:
                         return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
                 if ld32_acq(&n.state) != M_IDLE:
@@ -110,7 +305,11 @@ cdef class MCSLock(_Lock):
                 rc = self._enqueue(me)
                 if rc != R_PENDING:
                     return rc
-        res = wait_for(_mcs_not_waiting, n, &n.state, &n.parked, w)
+        while True:
+            res = wait_for(_mcs_not_waiting, n, &n.state, &n.parked, w, 1)
+            if res != W_TICK:
+                break
+            self._check_ahead(me)
         if res == W_READY:
             return R_ACQ if ld32_acq(&n.state) == M_GRANT else R_CORRUPT
         st64_rel(&n.value, ld64_rlx(&self.rm.part[me].generation))
@@ -118,43 +317,8 @@ cdef class MCSLock(_Lock):
             return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
         return R_ACQ                                 # granted as we were leaving
 
-    cdef int _pass(self, uint32_t s) noexcept nogil:
-        """Hand the lock to node s-1, passing through abandoned nodes."""
-        cdef shm_node* m
-        cdef uint32_t nx, guard = 0
-        while True:
-            if s == 0 or s > self.b.P:
-                return R_CORRUPT
-            m = &self.b.nodes[s - 1]
-            if cas32(&m.state, M_WAIT, M_GRANT):
-                wake_if_parked(&m.state, &m.parked)
-                return 0
-            if cas32(&m.state, M_ABANDONED, M_PASSING):
-                nx = ld32_acq(&m.next)
-                if nx == 0:
-                    if cas32(self._tail(), s, 0):    # the abandoned node was last: now free
-                        st32_seq(&m.state, M_IDLE)
-                        wake_if_parked(&m.state, &m.parked)
-                        return 0
-                    nx = _await_link(&m.next)
-                st32_seq(&m.state, M_IDLE)           # its owner may reuse it now
-                wake_if_parked(&m.state, &m.parked)
-                s = nx
-            # else its owner rejoined (ABANDONED -> WAIT) between our two CASes: retry
-            guard += 1
-            if guard > 4 * self.b.P + 64:
-                return R_CORRUPT
-
     cdef int _unlock(self, uint32_t me) noexcept nogil:
-        cdef shm_node* n = &self.b.nodes[me]
-        cdef uint32_t succ = ld32_acq(&n.next)
-        if succ == 0:
-            if cas32(self._tail(), me + 1, 0):       # no one behind us: free
-                st32_rel(&n.state, M_IDLE)
-                return 0
-            succ = _await_link(&n.next)
-        st32_rel(&n.state, M_IDLE)
-        return self._pass(succ)
+        return _mcs_release_as(self.rm, &self.b, me)
 
     cdef bint _is_locked(self) noexcept nogil:
-        return ld32_acq(self._tail()) != 0
+        return ld64_acq(self._tail()) != 0

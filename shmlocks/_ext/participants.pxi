@@ -207,7 +207,7 @@ cdef int reg_unregister(rmap_t* rm) noexcept nogil:
 
 cdef bint participant_engaged(rmap_t* rm, uint32_t slot) noexcept nogil:
     """Does the (dead) participant still hold, or wait in the queue of, a lock whose
-    user-space recovery is not built yet (mcs, clh)?"""
+    user-space recovery is not built yet (clh)?"""
     cdef uint32_t i, k, X
     cdef shm_body b
     for i in range(rm.L):
@@ -215,10 +215,7 @@ cdef bint participant_engaged(rmap_t* rm, uint32_t slot) noexcept nogil:
             continue
         k = ld32_rlx(&rm.dir[i].kind)
         b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
-        if k == SHM_KIND_MCS:
-            if ld32_acq(&b.ctl.holder) == slot + 1 or ld32_acq(&b.nodes[slot].state) in (1, 2):
-                return 1
-        elif k == SHM_KIND_CLH:
+        if k == SHM_KIND_CLH:
             X = ld32_acq(&b.precs[slot].mine)
             if (ld32_acq(&b.ctl.holder) == slot + 1 or X > rm.P
                     or ld32_acq(&b.nodes[X].state) == 1):
@@ -242,7 +239,7 @@ cdef bint participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
     Returns 1 if the slot may be reused.
 
     Robust and pi locks it held were marked OWNER_DIED by the kernel: only the holder
-    identity is cleared. For mcs and clh, recovery is not built yet: a slot whose dead
+    identity is cleared. For clh, recovery is not built yet: a slot whose dead
     owner is still engaged in such a lock is quarantined (its token left ENOTRECOVERABLE)
     so no new thread inherits its hold or its place in a queue."""
     cdef shm_participant* p = &rm.part[slot]
@@ -267,6 +264,8 @@ cdef bint participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
             _ticket_recover(rm, &b, slot)
         elif k == SHM_KIND_FUTEX:
             _futex_recover(rm, &b, slot)
+        elif k == SHM_KIND_MCS:
+            _mcs_recover(rm, &b, slot)
         pthread_mutex_unlock(&b.ctl.repair.m)
     crashpoint("recover.done")
     shm_op_set(&p.op_lock, 0, 0)

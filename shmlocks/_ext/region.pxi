@@ -440,6 +440,20 @@ cdef class Region:
                 "max_locks": self.rm.L, "max_participants": self.rm.P,
                 "creator_pid": h.creator_pid, "participants": parts, "locks": locks}
 
+    def _recover_dead(self):
+        """Recover every participant slot whose owner died (their tokens came back
+        EOWNERDEAD to us). Returns how many. Normally done lazily, by the waiters that
+        depend on a dead participant and by registration; this sweeps the rest."""
+        cdef uint32_t i
+        cdef int n = 0
+        self._check_open()
+        for i in range(self.rm.P):
+            if participant_dead(self.rm, i):
+                with nogil:
+                    participant_try_recover(self.rm, i)
+                n += not participant_dead(self.rm, i)
+        return n
+
     cdef object _participant(self, uint32_t slot1):
         """(slot, pid, tid, alive) of participant index+1 slot1, or None."""
         cdef shm_participant* p

@@ -121,7 +121,8 @@ typedef struct shm_node {
     uint32_t parked;           /* waiters that announced they are parking on state */
     uint64_t value;            /* ticket: abandoned-ticket marker (ticket + 1), 0 = none;
                                   mcs/clh: participant generation that abandoned the node */
-    char     _pad[SHM_LINE - 24];
+    uint32_t round;            /* mcs: bumped by the owner at each enqueue (names a pass) */
+    char     _pad[SHM_LINE - 28];
 } SHM_LINE_ALIGNED shm_node;
 
 /* per-participant, per-lock record: written only by its participant (or its recoverer) */

@@ -144,6 +144,7 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t pred
         uint32_t parked
         uint64_t value
+        uint32_t round
 
     ctypedef struct shm_prec:
         uint32_t mine
