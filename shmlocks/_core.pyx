@@ -43,7 +43,7 @@ KINDS = {
 # name -> the kinds whose code passes through it. tests/test_crashpoints.py checks this
 # table against the crashpoint("...") calls in the sources.
 _ALL = tuple(KINDS)
-_USERSPACE = ("ticket", "mcs", "futex")   # kinds whose recovery runs in user space (so far)
+_USERSPACE = ("ticket", "mcs", "clh", "futex")   # kinds whose recovery runs in user space
 _CRASHPOINTS = {
     "lock.acquire.taking": _ALL,        # acquire step published, before the kind's atomic
     "lock.acquire.got": _ALL,           # the kind took the lock, holder not yet published
@@ -65,6 +65,12 @@ _CRASHPOINTS = {
     "mcs.release.idled": ("mcs",),          # successor recorded, own node idle, before the pass
     "mcs.release.passing": ("mcs",),        # passing through an abandoned node, next recorded
     "mcs.recover.flagged": ("mcs",),        # recoverer set owner_died, before the release
+    "clh.acquire.joined": ("clh",),         # tail taken, own pred not yet published
+    "clh.acquire.pred": ("clh",),           # pred published, before checking it
+    "clh.wait.reclaiming": ("clh",),        # taking an abandoned predecessor's pred
+    "clh.abort.stepped_out": ("clh",),      # tail given back, own node not yet reclaimed
+    "clh.release.freed": ("clh",),          # own node freed, predecessor's not yet adopted
+    "clh.recover.flagged": ("clh",),        # recoverer set owner_died, before the release
     "futex.wait.announced": ("futex",),     # waiter set the W bit, before sleeping
     "futex.release.swapped": ("futex",),    # word swapped to 0, before the wake
     "futex.recover.flagged": ("futex",),    # recoverer set owner_died, before the release

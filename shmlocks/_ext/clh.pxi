@@ -1,25 +1,32 @@
-# clh.pxi -- CLH queue lock with abandonable nodes (indices, not pointers).
+# clh.pxi -- CLH queue lock with abandonable nodes and recoverable participants
+# (indices, not pointers).
 #
-# Invariant: tail is the index of the last node (never empty: a free lock's tail is a
-# FREE node). A waiter spins (then parks) on its predecessor's node; a node's owner holds
-# the lock once that node is FREE. Nodes travel: at release a participant adopts its
-# predecessor's node (precs[p].mine := pred) and leaves its own in the queue for its
-# successor. The pool has P + 1 nodes: one per participant, plus the lock's.
+# Invariant: tail.last is the last node (never empty: a free lock's last node is FREE).
+# A waiter spins (then parks) on its predecessor's node; a node's owner holds the lock once
+# that node is FREE. Nodes travel: at release a participant adopts its predecessor's node
+# (prec.mine := pred) and leaves its own in the queue for its successor. The pool has
+# P + 1 nodes: one per participant plus the lock's; each is some participant's `mine`, or
+# the one floating FREE node at the head that the holder will adopt.
 #
-#   word A    u32 tail          node index 0..P
+#   word A    u64 tail      last | prev << 32: the last node and ITS predecessor (UNKNOWN
+#                           after an abort stepped out), taken by CAS, so a joiner's
+#                           predecessor is known the instant it joins
 #   node[i]   state  FREE 0 (released) | BUSY 1 (owner waiting or holding)
-#                    | ABANDONED 2 (owner left; successor must wait on node.pred instead)
-#                    | RECLAIMING 3 -> RECLAIMED 4 (the successor took note and gave it back)
-#             pred   predecessor index, published before ABANDONED
+#                    | ABANDONED 2 (owner left; its successor must wait on node.pred)
+#                    | RECLAIMING 3 -> RECLAIMED 4 (the successor took note, gave it back)
+#             pred   predecessor node, UNKNOWN until published (by its owner, or by the
+#                    next joiner from the tail word it replaced)
 #             value  generation of the participant (thread) that abandoned it: only that
 #                    thread rejoins in place; a new thread inheriting the slot waits
 #   prec[p]   mine   the node p owns;  pred: the node p waits on and adopts at release
 #
-# Abandonment (Scott & Scherer, PPoPP 2001, "CLH-try"): if p is the tail, CAS the tail
-# back to its predecessor and keep its node; else publish pred, then ABANDONED. The
-# successor that sees ABANDONED takes it (ABANDONED -> RECLAIMING, so its owner cannot
-# rejoin with a stale pred), reads pred, hands the node back (RECLAIMED) and waits on pred.
-# An owner that comes back while still ABANDONED rejoins in place (ABANDONED -> BUSY).
+# Abandonment (Scott & Scherer, PPoPP 2001, "CLH-try"): if p is last, CAS the tail back to
+# its predecessor and keep its node; else publish pred, then ABANDONED. The successor that
+# sees ABANDONED takes it (ABANDONED -> RECLAIMING, so its owner cannot rejoin with a stale
+# pred), reads pred, hands the node back (RECLAIMED) and waits on pred. Death: a waiter
+# checks the owner of the node it waits on each park slice; a dead holder is released on
+# its behalf (owner_died if it had returned from acquire), a dead waiter abandoned on its
+# behalf, a dead releaser's adoption or a dead reclaimer's hand-back finished.
 
 cdef enum:
     C_FREE = 0
@@ -27,6 +34,7 @@ cdef enum:
     C_ABANDONED = 2
     C_RECLAIMING = 3
     C_RECLAIMED = 4
+    C_UNKNOWN = 0xffffffff
 
 
 cdef bint _clh_not_busy(void* c) noexcept nogil:
@@ -42,28 +50,159 @@ cdef void _clh_init(shm_body* b) noexcept nogil:
     cdef uint32_t i
     for i in range(b.P):
         b.precs[i].mine = i
-    b.wa.u32[0] = b.P                                # the lock's own node, FREE
+    b.wa.u64[0] = b.P | (<uint64_t>C_UNKNOWN << 32)  # the lock's own node, FREE
+
+
+cdef inline uint64_t _clh_tail(uint32_t last, uint32_t prev) noexcept nogil:
+    return last | (<uint64_t>prev << 32)
+
+
+cdef void _clh_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint32_t pn) noexcept nogil:
+    """q (live, or dead and being recovered) waits on abandoned node pn: take note of its
+    predecessor, hand it back to its owner and wait on that predecessor instead."""
+    cdef shm_node* n = &b.nodes[pn]
+    cdef uint32_t pp
+    if ld32_seq(&n.state) == C_ABANDONED:
+        st64_rel(&rm.part[q].op_value, pn + 1)       # a recoverer finishes it
+        if not cas32(&n.state, C_ABANDONED, C_RECLAIMING):
+            st64_rel(&rm.part[q].op_value, 0)
+            return                                   # its thread rejoined: wait on it again
+    elif ld32_seq(&n.state) != C_RECLAIMING:
+        return
+    pp = ld32_acq(&n.pred)
+    crashpoint("clh.wait.reclaiming")
+    if pp <= b.P:
+        st32_rlx(&b.precs[q].pred, pp)
+        st32_rel(&b.nodes[b.precs[q].mine].pred, pp)
+    st32_seq(&n.state, C_RECLAIMED)                  # hand the node back to its owner
+    wake_if_parked(&n.state, &n.parked)
+    st64_rel(&rm.part[q].op_value, 0)
+
+
+cdef int _clh_abort_as(rmap_t* rm, shm_body* b, uint32_t q, bint dead) noexcept nogil:
+    """Leave the queue for q: R_TIMEOUT, or R_ACQ if the lock was granted meanwhile (for a
+    dead q the caller then releases it on q's behalf)."""
+    cdef shm_prec* r = &b.precs[q]
+    cdef uint32_t X = r.mine
+    cdef uint32_t p = r.pred
+    cdef shm_node* x = &b.nodes[X]
+    cdef uint64_t t
+    st32_rel(&x.pred, p)
+    t = ld64_seq(&b.wa.u64[0])
+    if <uint32_t>(t & 0xffffffffU) == X and cas64(&b.wa.u64[0], t, _clh_tail(p, C_UNKNOWN)):
+        crashpoint("clh.abort.stepped_out")
+        st32_rel(&x.state, C_RECLAIMED)              # nobody behind us: our node is ours
+        return R_TIMEOUT
+    if ld32_seq(&b.nodes[p].state) == C_FREE:
+        return R_ACQ                                 # granted as we were leaving
+    st64_rel(&x.value, ld64_rlx(&rm.part[q].generation))
+    st32_seq(&x.state, C_ABANDONED)                  # our successor will wait on p instead
+    wake_if_parked(&x.state, &x.parked)
+    return R_TIMEOUT
+
+
+cdef void _clh_release_as(shm_body* b, uint32_t q) noexcept nogil:
+    """Release for q: free its node for its successor, then adopt its predecessor's."""
+    cdef shm_prec* r = &b.precs[q]
+    cdef uint32_t X = r.mine
+    if X != r.pred and X <= b.P:
+        st32_seq(&b.nodes[X].state, C_FREE)          # our successor may go
+        wake_if_parked(&b.nodes[X].state, &b.nodes[X].parked)
+        crashpoint("clh.release.freed")
+        st32_rel(&r.mine, r.pred)                    # adopt the predecessor's node
+
+
+cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """Participant q is dead and ours to recover (repair mutex held)."""
+    cdef shm_prec* r = &b.precs[q]
+    cdef uint32_t lock1 = b.index + 1
+    cdef uint32_t op = participant_op(rm, q, lock1)
+    cdef uint32_t X = ld32_acq(&r.mine)
+    cdef uint32_t p, x, pn
+    cdef uint64_t t, v
+    cdef int64_t until
+    cdef shm_node* xn
+    if X > b.P:
+        return
+    xn = &b.nodes[X]
+    if op == SHM_OP_RELEASING:
+        if ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:
+            for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
+        cas32(&b.ctl.holder, q + 1, 0)
+        _clh_release_as(b, q)
+        return
+    if ld32_seq(&xn.state) != C_BUSY:
+        return                                       # not queued
+    v = ld64_acq(&rm.part[q].op_value)
+    if v != 0 and v <= b.P + 1:
+        _clh_reclaim(rm, b, q, <uint32_t>(v - 1))    # finish the hand-back it was making
+    p = ld32_acq(&xn.pred)
+    if p == C_UNKNOWN:
+        t = ld64_seq(&b.wa.u64[0])
+        if <uint32_t>(t & 0xffffffffU) == X:
+            p = <uint32_t>(t >> 32)
+        else:
+            # Did it join? If so, whoever joined after it publishes its pred: let the live
+            # joiners finish their two steps, then decide.
+            until = shm_now_ns() + 5 * <int64_t>1000000000
+            for x in range(b.P):
+                while (x != q and participant_op(rm, x, lock1) == SHM_OP_TAKING
+                       and ld32_acq(&b.nodes[b.precs[x].mine].pred) == C_UNKNOWN
+                       and not participant_dead(rm, x) and shm_now_ns() < until):
+                    sched_yield()
+            p = ld32_acq(&xn.pred)
+            if p == C_UNKNOWN:
+                if <uint32_t>(ld64_seq(&b.wa.u64[0]) & 0xffffffffU) == X:
+                    p = <uint32_t>(ld64_seq(&b.wa.u64[0]) >> 32)
+                else:
+                    st32_rel(&xn.state, C_RECLAIMED)     # it never joined the queue
+                    return
+        if p > b.P:
+            return
+        st32_rel(&xn.pred, p)
+    if p > b.P:
+        return
+    st32_rlx(&r.pred, p)
+    if ld32_seq(&b.nodes[p].state) != C_FREE:
+        if _clh_abort_as(rm, b, q, 1) == R_TIMEOUT:  # it waits: abandon its place for it
+            return
+        _clh_release_as(b, q)                        # granted meanwhile: pass it on
+        return
+    if op == 0:                                      # it holds the lock
+        for32(&b.ctl.flags, SHM_F_OWNER_DIED)        # it was in its critical section
+    cas32(&b.ctl.holder, q + 1, 0)
+    crashpoint("clh.recover.flagged")
+    _clh_release_as(b, q)
 
 
 cdef class CLHLock(_Lock):
     """FIFO CLH queue lock: each waiter spins on its predecessor's cache line."""
     kind_name = "clh"
 
-    cdef inline uint32_t* _tail(self) noexcept nogil:
-        return &self.b.wa.u32[0]
+    cdef inline uint64_t* _tail(self) noexcept nogil:
+        return &self.b.wa.u64[0]
 
     cdef int _enqueue(self, uint32_t me) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
         cdef uint32_t X = ld32_rlx(&r.mine)
         cdef uint32_t p
+        cdef uint64_t old
         if X > self.b.P:
             return R_CORRUPT
+        st32_rlx(&self.b.nodes[X].pred, C_UNKNOWN)
         st32_rlx(&self.b.nodes[X].state, C_BUSY)
-        p = xchg32(self._tail(), X)                  # join the queue (SC: publishes BUSY)
+        while True:                                  # join: tail := (X, old last)
+            old = ld64_seq(self._tail())
+            if cas64(self._tail(), old, _clh_tail(X, <uint32_t>(old & 0xffffffffU))):
+                break
+        crashpoint("clh.acquire.joined")
+        p = <uint32_t>(old & 0xffffffffU)
         if p > self.b.P or p == X:
             return R_CORRUPT
+        cas32(&self.b.nodes[p].pred, C_UNKNOWN, <uint32_t>(old >> 32))  # publish it for p
         st32_rlx(&r.pred, p)
-        st32_rlx(&self.b.nodes[X].pred, p)
+        st32_seq(&self.b.nodes[X].pred, p)           # then our own
+        crashpoint("clh.acquire.pred")
         if ld32_acq(&self.b.nodes[p].state) == C_FREE:
             return R_ACQ
         return R_PENDING
@@ -81,31 +220,23 @@ cdef class CLHLock(_Lock):
     cdef int _try(self, uint32_t me) noexcept nogil:
         cdef int rc = self._fast(me)
         if rc == R_PENDING:
-            rc = self._abort(me)
+            rc = _clh_abort_as(self.rm, &self.b, me, 0)
             return R_ACQ if rc == R_ACQ else R_BUSY
         return rc
 
-    cdef int _abort(self, uint32_t me) noexcept nogil:
-        """Leave the queue: R_TIMEOUT, or R_ACQ if the lock was granted meanwhile."""
-        cdef shm_prec* r = &self.b.precs[me]
-        cdef uint32_t X = r.mine
-        cdef uint32_t p = r.pred
-        cdef shm_node* x = &self.b.nodes[X]
-        st32_rel(&x.pred, p)
-        if cas32(self._tail(), X, p):                # nobody behind us: step out
-            st32_rel(&x.state, C_RECLAIMED)
-            return R_TIMEOUT
-        if ld32_seq(&self.b.nodes[p].state) == C_FREE:
-            return R_ACQ                             # granted as we were leaving
-        st64_rel(&x.value, ld64_rlx(&self.rm.part[me].generation))
-        st32_seq(&x.state, C_ABANDONED)              # our successor will wait on p instead
-        wake_if_parked(&x.state, &x.parked)
-        return R_TIMEOUT
+    cdef void _check_ahead(self, uint32_t pn) noexcept nogil:
+        """Each park slice: is the owner of the node we wait on alive? Recover it if not."""
+        cdef uint32_t y
+        for y in range(self.b.P):
+            if ld32_acq(&self.b.precs[y].mine) == pn:
+                if participant_dead(self.rm, y):
+                    participant_try_recover(self.rm, y)
+                return
 
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
         cdef uint32_t X = ld32_rlx(&r.mine)
-        cdef uint32_t p, pp, st
+        cdef uint32_t p, st
         cdef shm_node* x
         cdef shm_node* pn
         cdef int res
@@ -121,7 +252,11 @@ cdef class CLHLock(_Lock):
                 return R_CORRUPT
             else:
                 if st == C_RECLAIMING or st == C_ABANDONED:   # not yet handed back
-                    res = wait_for(_clh_not_reclaiming, x, &x.state, &x.parked, w)
+                    while True:
+                        res = wait_for(_clh_not_reclaiming, x, &x.state, &x.parked, w, 1)
+                        if res != W_TICK:
+                            break
+                        self._check_ahead(ld32_acq(&x.pred))
                     if res != W_READY:
                         return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
                 rc = self._enqueue(me)
@@ -132,9 +267,12 @@ cdef class CLHLock(_Lock):
             if p > self.b.P:
                 return R_CORRUPT
             pn = &self.b.nodes[p]
-            res = wait_for(_clh_not_busy, pn, &pn.state, &pn.parked, w)
+            res = wait_for(_clh_not_busy, pn, &pn.state, &pn.parked, w, 1)
+            if res == W_TICK:
+                self._check_ahead(p)
+                continue
             if res != W_READY:
-                rc = self._abort(me)
+                rc = _clh_abort_as(self.rm, &self.b, me, 0)
                 if rc == R_TIMEOUT and res == W_SIGNAL:
                     return R_SIGNAL
                 return rc
@@ -142,31 +280,20 @@ cdef class CLHLock(_Lock):
             if st == C_FREE:
                 return R_ACQ
             if st == C_ABANDONED:
-                if cas32(&pn.state, C_ABANDONED, C_RECLAIMING):
-                    pp = ld32_acq(&pn.pred)
-                    st32_seq(&pn.state, C_RECLAIMED)     # hand the node back to its owner
-                    wake_if_parked(&pn.state, &pn.parked)
-                    if pp > self.b.P:
-                        return R_CORRUPT
-                    st32_rlx(&r.pred, pp)
-                    st32_rel(&x.pred, pp)
-                continue                             # else its owner rejoined: wait again
+                _clh_reclaim(self.rm, &self.b, me, p)
+                continue
             if st != C_BUSY:
                 return R_CORRUPT
 
     cdef int _unlock(self, uint32_t me) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
-        cdef uint32_t X = r.mine
-        cdef uint32_t p = r.pred
-        if X > self.b.P or p > self.b.P:
+        if r.mine > self.b.P or r.pred > self.b.P:
             return R_CORRUPT
-        st32_seq(&self.b.nodes[X].state, C_FREE)     # our successor may go
-        wake_if_parked(&self.b.nodes[X].state, &self.b.nodes[X].parked)
-        st32_rlx(&r.mine, p)                         # adopt the predecessor's node
+        _clh_release_as(&self.b, me)
         return 0
 
     cdef bint _is_locked(self) noexcept nogil:
-        cdef uint32_t t = ld32_acq(self._tail())
+        cdef uint32_t t = <uint32_t>(ld64_acq(self._tail()) & 0xffffffffU)
         if t > self.b.P:
             return 1
         return ld32_acq(&self.b.nodes[t].state) != C_FREE

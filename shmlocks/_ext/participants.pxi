@@ -205,24 +205,6 @@ cdef int reg_unregister(rmap_t* rm) noexcept nogil:
     return 0
 
 
-cdef bint participant_engaged(rmap_t* rm, uint32_t slot) noexcept nogil:
-    """Does the (dead) participant still hold, or wait in the queue of, a lock whose
-    user-space recovery is not built yet (clh)?"""
-    cdef uint32_t i, k, X
-    cdef shm_body b
-    for i in range(rm.L):
-        if ld32_acq(&rm.dir[i].state) != SHM_DIRENT_READY:
-            continue
-        k = ld32_rlx(&rm.dir[i].kind)
-        b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
-        if k == SHM_KIND_CLH:
-            X = ld32_acq(&b.precs[slot].mine)
-            if (ld32_acq(&b.ctl.holder) == slot + 1 or X > rm.P
-                    or ld32_acq(&b.nodes[X].state) == 1):
-                return 1
-    return 0
-
-
 cdef int repair_lock(shm_body* b) noexcept nogil:
     """Take a lock's repair mutex (bounded). 0 on success."""
     cdef timespec ts = shm_ts_of_ns(shm_now_ns() + 2000000000)
@@ -239,16 +221,12 @@ cdef bint participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
     Returns 1 if the slot may be reused.
 
     Robust and pi locks it held were marked OWNER_DIED by the kernel: only the holder
-    identity is cleared. For clh, recovery is not built yet: a slot whose dead
-    owner is still engaged in such a lock is quarantined (its token left ENOTRECOVERABLE)
-    so no new thread inherits its hold or its place in a queue."""
+    identity is cleared. If a lock's repair mutex cannot be had (a corrupt segment), the
+    slot is quarantined (its token left ENOTRECOVERABLE) rather than handed to a new
+    thread with a half-finished protocol."""
     cdef shm_participant* p = &rm.part[slot]
     cdef uint32_t i, k
     cdef shm_body b
-    if participant_engaged(rm, slot):
-        shm_op_set(&p.op_lock, 0, SHM_OP_QUARANTINED)
-        pthread_mutex_unlock(&p.token.m)         # without consistent(): unusable for good
-        return 0
     for i in range(rm.L):
         if ld32_acq(&rm.dir[i].state) != SHM_DIRENT_READY:
             continue
@@ -258,7 +236,9 @@ cdef bint participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
             cas32(&b.ctl.holder, slot + 1, 0)
             continue
         if repair_lock(&b) != 0:
-            continue
+            shm_op_set(&p.op_lock, 0, SHM_OP_QUARANTINED)
+            pthread_mutex_unlock(&p.token.m)     # without consistent(): unusable for good
+            return 0
         crashpoint("recover.locked")
         if k == SHM_KIND_TICKET:
             _ticket_recover(rm, &b, slot)
@@ -266,6 +246,8 @@ cdef bint participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
             _futex_recover(rm, &b, slot)
         elif k == SHM_KIND_MCS:
             _mcs_recover(rm, &b, slot)
+        elif k == SHM_KIND_CLH:
+            _clh_recover(rm, &b, slot)
         pthread_mutex_unlock(&b.ctl.repair.m)
     crashpoint("recover.done")
     shm_op_set(&p.op_lock, 0, 0)
