@@ -237,8 +237,8 @@ cdef class MCSLock(_Lock):
         p = _t_last(old)
         if p > self.b.P or p == me + 1:
             return R_CORRUPT
-        if p != 0:                                   # publish our predecessor's pred for it
-            cas32(&self.b.nodes[p - 1].pred, M_UNKNOWN, _t_prev(old))
+        if p != 0 and ld32_acq(&self.b.nodes[p - 1].pred) == M_UNKNOWN:
+            cas32(&self.b.nodes[p - 1].pred, M_UNKNOWN, _t_prev(old))  # publish it for p
         st32_seq(&n.pred, p)                         # then our own
         crashpoint("mcs.acquire.pred")
         if p == 0:
