@@ -1,0 +1,59 @@
+"""The shared-memory layout is an ABI: the bytes a region puts in /dev/shm must match what
+shm_layout.h documents, read here with struct, independently of the compiled code."""
+
+import os
+import struct
+
+import pytest
+from conftest import SHM_DIR, uniq
+
+import shmlocks
+
+HEADER = struct.Struct("<QIIQIIQQQQIIII")  # shm_header's fields up to glibc_mutex_size
+LINE = 128
+
+
+def geometry(locks, participants):
+    dir_off = 2 * LINE
+    part_off = dir_off + locks * LINE
+    locks_off = part_off + participants * 2 * LINE
+    stride = (3 + (participants + 1) + participants) * LINE
+    return dir_off, part_off, locks_off, stride, locks_off + locks * stride
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("locks,participants", [(1, 1), (3, 5), (64, 64)])
+def test_header_and_geometry_on_disk(locks, participants):
+    with shmlocks.Region.create(uniq("layout"), max_locks=locks,
+                                max_participants=participants) as region:
+        names = [f"l{i}" for i in range(min(locks, len(shmlocks.KINDS)))]
+        for n, kind in zip(names, shmlocks.KINDS, strict=False):
+            region.create_lock(n, kind)
+        path = os.path.join(SHM_DIR, region.name)
+        with open(path, "rb") as f:
+            data = f.read()
+    (magic, version, line, total, max_locks, max_parts, dir_off, part_off, locks_off,
+     stride, state, creator, nlocks, _mutex_size) = HEADER.unpack_from(data)
+    assert data[:8] == b"SHMLOCK1" and magic == 0x314B434F4C4D4853
+    assert version == shmlocks.LAYOUT_VERSION
+    assert line == shmlocks.CACHE_LINE == LINE
+    assert (max_locks, max_parts) == (locks, participants)
+    assert (dir_off, part_off, locks_off, stride, total) == geometry(locks, participants)
+    assert len(data) == total
+    assert state == 1 and creator == os.getpid() and nlocks == len(names)
+    codes = {"ticket": 1, "mcs": 2, "clh": 3, "futex": 4, "robust": 5, "pi": 6}
+    for i, (n, kind) in enumerate(zip(names, shmlocks.KINDS, strict=False)):
+        entry = data[dir_off + i * LINE: dir_off + (i + 1) * LINE]
+        st, code = struct.unpack_from("<II", entry)
+        assert (st, code) == (2, codes[kind])
+        assert entry[16:16 + len(n) + 1] == n.encode() + b"\0"
+        body = data[locks_off + i * stride: locks_off + (i + 1) * stride]
+        ctl_kind, _flags, holder, body_magic = struct.unpack_from("<IIII", body)
+        assert (ctl_kind, holder, body_magic) == (codes[kind], 0, 0x4B4F4C42)
+
+
+@pytest.mark.timeout(30)
+def test_every_part_starts_on_a_line():
+    dir_off, part_off, locks_off, stride, total = geometry(7, 9)
+    for off in (dir_off, part_off, locks_off, stride, total):
+        assert off % LINE == 0
