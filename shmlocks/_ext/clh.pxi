@@ -199,7 +199,8 @@ cdef class CLHLock(_Lock):
         p = <uint32_t>(old & 0xffffffffU)
         if p > self.b.P or p == X:
             return R_CORRUPT
-        if ld32_acq(&self.b.nodes[p].pred) == C_UNKNOWN:     # p has not published its pred:
+        if (ld32_acq(&self.b.nodes[p].pred) == C_UNKNOWN     # p has not published its pred
+                and ld32_acq(&self.b.nodes[p].state) != C_FREE):  # and its round goes on:
             cas32(&self.b.nodes[p].pred, C_UNKNOWN, <uint32_t>(old >> 32))  # do it for p
         st32_rlx(&r.pred, p)
         st32_seq(&self.b.nodes[X].pred, p)           # then our own

@@ -14,8 +14,11 @@
 #                    ABANDONED -> WAIT (the thread that left comes back) | -> PASSING 4
 #                    -> IDLE (a releaser passes the lock through it)
 #            pred    predecessor (0: it was first: it holds the lock); UNKNOWN until published
-#            next    successor, linked by the successor: a shortcut; a releaser can always
-#                    find its successor from the tail word or the successor's pred
+#            next    successor, linked by the successor: only a hint. A successor that was
+#                    slow to link may write it after the releaser found it by other means
+#                    and the releaser's node began a new round, so a releaser trusts the
+#                    hint only if that node names it as pred and still waits (_mcs_is_succ);
+#                    it can always find its successor from the tail word or the pred fields
 #            round   bumped at each enqueue, so a recorded pass names one round of a node
 #            value   generation of the participant (thread) that abandoned it: only that
 #                    thread rejoins in place; a new thread inheriting the slot waits for IDLE
@@ -55,6 +58,15 @@ cdef bint _mcs_not_passing(void* c) noexcept nogil:
     return st != M_PASSING and st != M_ABANDONED
 
 
+cdef inline bint _mcs_is_succ(shm_body* b, uint32_t v, uint32_t q) noexcept nogil:
+    """Is node v-1 the current successor of node q (it names q as pred and still waits)?"""
+    cdef uint32_t st
+    if v == 0 or v > b.P:
+        return 0
+    st = ld32_acq(&b.nodes[v - 1].state)
+    return (st == M_WAIT or st == M_ABANDONED) and ld32_acq(&b.nodes[v - 1].pred) == q + 1
+
+
 cdef uint32_t _mcs_find_succ(shm_body* b, uint32_t q) noexcept nogil:
     """The successor (index + 1) of node q, which is in the queue and not last: by its
     link, by the tail word (it is last and has not published), or by its published pred."""
@@ -63,7 +75,7 @@ cdef uint32_t _mcs_find_succ(shm_body* b, uint32_t q) noexcept nogil:
     cdef int i = 0
     while True:
         v = ld32_acq(&b.nodes[q].next)
-        if v != 0:
+        if _mcs_is_succ(b, v, q):
             return v
         t = ld64_seq(&b.wa.u64[0])
         if _t_prev(t) == q + 1 and _t_last(t) != 0:
@@ -103,7 +115,7 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
         elif st != M_PASSING:
             return R_CORRUPT
         nx = ld32_acq(&m.next)                       # m is ours to pass through
-        if nx == 0:
+        if not _mcs_is_succ(b, nx, s - 1):
             t = ld64_seq(&b.wa.u64[0])
             if _t_last(t) == s:
                 if cas64(&b.wa.u64[0], t, 0):        # the abandoned node was last: now free
@@ -133,7 +145,7 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     st64_rel(&rm.part[q].op_value, 0)
     while True:
         succ = ld32_acq(&n.next)
-        if succ != 0:
+        if _mcs_is_succ(b, succ, q):
             break
         t = ld64_seq(&b.wa.u64[0])
         if _t_last(t) == q + 1:
@@ -237,14 +249,16 @@ cdef class MCSLock(_Lock):
         p = _t_last(old)
         if p > self.b.P or p == me + 1:
             return R_CORRUPT
-        if p != 0 and ld32_acq(&self.b.nodes[p - 1].pred) == M_UNKNOWN:
+        if (p != 0 and ld32_acq(&self.b.nodes[p - 1].pred) == M_UNKNOWN
+                and ld32_acq(&n.state) == M_WAIT):
             cas32(&self.b.nodes[p - 1].pred, M_UNKNOWN, _t_prev(old))  # publish it for p
         st32_seq(&n.pred, p)                         # then our own
         crashpoint("mcs.acquire.pred")
         if p == 0:
             st32_rlx(&n.state, M_GRANT)
             return R_ACQ
-        st32_seq(&self.b.nodes[p - 1].next, me + 1)  # the shortcut link
+        if ld32_acq(&n.state) == M_WAIT:             # (once granted, p's round may be over)
+            st32_seq(&self.b.nodes[p - 1].next, me + 1)  # the hint link
         return R_PENDING
 
     cdef int _fast(self, uint32_t me) noexcept nogil:

@@ -24,10 +24,19 @@ cdef enum:
     W_PARK = 3
     W_TICK = 4
 
-cdef enum:
-    SPIN_NS = 4000
-    YIELD_ROUNDS = 6
-    PARK_SLICE_NS = 5000000          # 5 ms: bounds the time to notice a dead holder
+cdef int64_t SPIN_NS = 4000          # about one cross-core hand-off
+cdef int YIELD_ROUNDS = 6
+cdef int64_t PARK_SLICE_NS = 5000000  # 5 ms: bounds the time to notice a dead holder
+
+
+def _wait_policy(spin_ns=None, yield_rounds=None):
+    """Read (and for experiments, set) the wait policy: (spin_ns, yield_rounds, slice_ns)."""
+    global SPIN_NS, YIELD_ROUNDS
+    if spin_ns is not None:
+        SPIN_NS = spin_ns
+    if yield_rounds is not None:
+        YIELD_ROUNDS = yield_rounds
+    return (SPIN_NS, YIELD_ROUNDS, PARK_SLICE_NS)
 
 ctypedef bint (*ready_fn)(void* ctx) noexcept nogil
 
