@@ -41,7 +41,7 @@ KINDS = {
 # Crash points (DESIGN.md section 7): a named point between every two protocol steps.
 # SHMLOCKS_CRASHPOINT=<name>, read once at import, makes the process SIGKILL itself there.
 # name -> the kinds whose code passes through it. tests/test_crashpoints.py checks this
-# table against the crashpoint("...") calls in the sources.
+# table against the crash point calls in the sources.
 _ALL = tuple(KINDS)
 _USERSPACE = ("ticket", "mcs", "clh", "futex")   # kinds whose recovery runs in user space
 _CRASHPOINTS = {

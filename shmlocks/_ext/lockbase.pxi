@@ -48,6 +48,7 @@ cdef _raise_code(_Lock lk, int rc):
 
 cdef void _init_body(shm_body* b, uint32_t code) noexcept nogil:
     b.ctl.kind = code
+    _robust_mutex_init(&b.ctl.repair.m, 0)
     if code == SHM_KIND_CLH:
         _clh_init(b)
     elif code == SHM_KIND_ROBUST or code == SHM_KIND_PI:

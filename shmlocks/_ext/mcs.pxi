@@ -67,28 +67,56 @@ cdef inline bint _mcs_is_succ(shm_body* b, uint32_t v, uint32_t q) noexcept nogi
     return (st == M_WAIT or st == M_ABANDONED) and ld32_acq(&b.nodes[v - 1].pred) == q + 1
 
 
-cdef uint32_t _mcs_find_succ(shm_body* b, uint32_t q) noexcept nogil:
-    """The successor (index + 1) of node q, which is in the queue and not last: by its
-    link, by the tail word (it is last and has not published), or by its published pred."""
+cdef uint32_t _mcs_scan_succ(shm_body* b, uint32_t q) noexcept nogil:
+    """One look for node q's successor (index + 1), 0 if none is visible: its link, the
+    tail word (it is last and has not published its pred), or its published pred."""
     cdef uint32_t v, x, st
     cdef uint64_t t
+    v = ld32_acq(&b.nodes[q].next)
+    if _mcs_is_succ(b, v, q):
+        return v
+    t = ld64_seq(&b.wa.u64[0])
+    if _t_prev(t) == q + 1 and _t_last(t) != 0 and _t_last(t) != q + 1:
+        return _t_last(t)
+    for x in range(b.P):
+        st = ld32_acq(&b.nodes[x].state)
+        if (st == M_WAIT or st == M_ABANDONED) and ld32_acq(&b.nodes[x].pred) == q + 1:
+            return x + 1
+    return 0
+
+
+cdef uint32_t _mcs_find_succ(shm_body* b, uint32_t q) noexcept nogil:
+    """Node q is in the queue and not last, so it has a successor: wait for it to become
+    visible (a joiner between two instructions). Bounded: 0 after 5 s (corrupt)."""
+    cdef uint32_t v
     cdef int i = 0
+    cdef int64_t until = 0
     while True:
-        v = ld32_acq(&b.nodes[q].next)
-        if _mcs_is_succ(b, v, q):
+        v = _mcs_scan_succ(b, q)
+        if v != 0:
             return v
-        t = ld64_seq(&b.wa.u64[0])
-        if _t_prev(t) == q + 1 and _t_last(t) != 0:
-            return _t_last(t)
-        for x in range(b.P):
-            st = ld32_acq(&b.nodes[x].state)
-            if (st == M_WAIT or st == M_ABANDONED) and ld32_acq(&b.nodes[x].pred) == q + 1:
-                return x + 1
         i += 1
         if i < 64:
             cpu_relax()
-        else:
-            sched_yield()                            # a joiner between two instructions
+            continue
+        if until == 0:
+            until = shm_now_ns() + 5 * <int64_t>1000000000
+        elif shm_now_ns() > until:
+            return 0
+        sched_yield()
+
+
+cdef void _mcs_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """Let live participants that are joining this lock (between taking the tail and
+    publishing their pred) finish those two steps. Bounded by their progress, and 5 s."""
+    cdef uint32_t x
+    cdef uint32_t lock1 = b.index + 1
+    cdef int64_t until = shm_now_ns() + 5 * <int64_t>1000000000
+    for x in range(b.P):
+        while (x != q and participant_op(rm, x, lock1) == SHM_OP_TAKING
+               and ld32_acq(&b.nodes[x].pred) == M_UNKNOWN
+               and not participant_dead(rm, x) and shm_now_ns() < until):
+            sched_yield()
 
 
 cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nogil:
@@ -101,6 +129,7 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
         if s == 0 or s > b.P:
             return R_CORRUPT
         m = &b.nodes[s - 1]
+        st64_rel(&rm.part[q].op_value, s | (<uint64_t>ld32_acq(&m.round) << 32))
         st = ld32_seq(&m.state)
         if st == M_GRANT:
             return 0                                 # already passed (a redo)
@@ -124,7 +153,7 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
                     return 0
                 continue
             nx = _mcs_find_succ(b, s - 1)
-        if nx > b.P:
+        if nx == 0 or nx > b.P:
             return R_CORRUPT
         st64_rel(&rm.part[q].op_value,
                  nx | (<uint64_t>ld32_acq(&b.nodes[nx - 1].round) << 32))
@@ -137,8 +166,9 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
             return R_CORRUPT
 
 
-cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
-    """Release the lock held by node q (by q itself, or on behalf of dead q)."""
+cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dead=0) noexcept nogil:
+    """Release the lock held by node q (by q itself, or on behalf of dead q). For a dead q
+    that was releasing, it may already have emptied the queue: then nothing is left."""
     cdef shm_node* n = &b.nodes[q]
     cdef uint32_t succ
     cdef uint64_t t
@@ -154,13 +184,21 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
                 st32_rel(&n.state, M_IDLE)
                 return 0
             continue
-        succ = _mcs_find_succ(b, q)
+        if releasing_dead:
+            _mcs_settle_joiners(rm, b, q)
+            succ = _mcs_scan_succ(b, q)
+            if succ == 0:                            # it had emptied the queue itself
+                st32_rel(&n.state, M_IDLE)
+                return 0
+        else:
+            succ = _mcs_find_succ(b, q)
         break
-    if succ > b.P:
+    if succ == 0 or succ > b.P:
         return R_CORRUPT
     st64_rel(&rm.part[q].op_value,
              succ | (<uint64_t>ld32_acq(&b.nodes[succ - 1].round) << 32))
     st32_rel(&n.state, M_IDLE)
+    wake_if_parked(&n.state, &n.parked)
     crashpoint("mcs.release.idled")
     return _mcs_pass(rm, b, succ, q)
 
@@ -171,18 +209,24 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     cdef uint32_t lock1 = b.index + 1
     cdef uint32_t op = participant_op(rm, q, lock1)
     cdef uint32_t st = ld32_seq(&n.state)
-    cdef uint32_t pred, x, s
+    cdef uint32_t pred, s, x
     cdef uint64_t t, v
-    cdef int64_t until
     if op == SHM_OP_RELEASING:
         if ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:
             for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
         cas32(&b.ctl.holder, q + 1, 0)
         if st == M_GRANT:
-            _mcs_release_as(rm, b, q)
+            _mcs_release_as(rm, b, q, 1)
         elif st == M_IDLE:
+            # It died passing the lock on: op_value names the node it was at. Nodes it had
+            # already passed through and not yet freed are still PASSING (it was the only
+            # releaser): free them, then go on from where it was.
             v = ld64_acq(&rm.part[q].op_value)
             s = <uint32_t>(v & 0xffffffffU)
+            for x in range(b.P):
+                if x + 1 != s and ld32_acq(&b.nodes[x].state) == M_PASSING:
+                    st32_seq(&b.nodes[x].state, M_IDLE)
+                    wake_if_parked(&b.nodes[x].state, &b.nodes[x].parked)
             if s != 0 and s <= b.P and ld32_acq(&b.nodes[s - 1].round) == <uint32_t>(v >> 32):
                 _mcs_pass(rm, b, s, q)
         return
@@ -199,12 +243,7 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         else:
             # Did it join? If so, whoever joined after it publishes its pred: let the live
             # joiners finish their two steps, then decide.
-            until = shm_now_ns() + 5 * <int64_t>1000000000
-            for x in range(b.P):
-                while (x != q and participant_op(rm, x, lock1) == SHM_OP_TAKING
-                       and ld32_acq(&b.nodes[x].pred) == M_UNKNOWN
-                       and not participant_dead(rm, x) and shm_now_ns() < until):
-                    sched_yield()
+            _mcs_settle_joiners(rm, b, q)
             pred = ld32_acq(&n.pred)
             if pred == M_UNKNOWN and _t_last(ld64_seq(&b.wa.u64[0])) != q + 1:
                 st32_rel(&n.state, M_IDLE)           # it never joined the queue

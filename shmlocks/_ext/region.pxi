@@ -55,15 +55,7 @@ cdef _check_count(value, what, uint32_t hi):
 
 
 cdef int _init_pshared_mutex(pthread_mutex_t* m, bint pi) except -1:
-    cdef pthread_mutexattr_t a
-    cdef int rc
-    pthread_mutexattr_init(&a)
-    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED)
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST)
-    if pi:
-        pthread_mutexattr_setprotocol(&a, PTHREAD_PRIO_INHERIT)
-    rc = pthread_mutex_init(m, &a)
-    pthread_mutexattr_destroy(&a)
+    cdef int rc = _robust_mutex_init(m, pi)
     if rc != 0:
         raise OSError(rc, "pthread_mutex_init failed")
     return 0

@@ -9,15 +9,23 @@
 # Waiting is bounded: pthread_mutex_clocklock(CLOCK_MONOTONIC) in slices of the wait
 # policy, so timeouts and Ctrl-C work; the robust kind spins on trylock briefly first.
 
-cdef void _pmutex_init(shm_body* b, bint pi) noexcept nogil:
+cdef int _robust_mutex_init(pthread_mutex_t* m, bint pi) noexcept nogil:
+    """A process-shared robust mutex (+ priority inheritance): every pthread mutex the
+    region holds is one, so a holder's death is always reported."""
     cdef pthread_mutexattr_t a
+    cdef int rc
     pthread_mutexattr_init(&a)
     pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED)
     pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST)
     if pi:
         pthread_mutexattr_setprotocol(&a, PTHREAD_PRIO_INHERIT)
-    pthread_mutex_init(&b.wa.m, &a)
+    rc = pthread_mutex_init(m, &a)
     pthread_mutexattr_destroy(&a)
+    return rc
+
+
+cdef void _pmutex_init(shm_body* b, bint pi) noexcept nogil:
+    _robust_mutex_init(&b.wa.m, pi)
 
 
 cdef inline int _pm_code(int rc) noexcept nogil:

@@ -1,0 +1,485 @@
+"""Kill torture (``python -m shmlocks torture``): workers increment a shared counter under a
+lock while a killer SIGKILLs random workers -- holders and waiters -- and restarts them.
+
+Each worker is a forked process; all of them share, besides the lock, one anonymous shared
+mapping of int64 words (the bookkeeping below). The controller (this process) is the
+killer: every 5-50 ms it SIGKILLs a worker (half the time the current holder, sometimes two
+at once), reaps it and starts a new one in its place.
+
+Bookkeeping that makes the verdict exact. A critical section, with the lock held:
+
+    if lock.owner_died: resolve the pending marker, count a recovery, mark_consistent()
+    elif a pending marker is set: a violation (two sections at once, or a missed owner_died)
+    check counter == sum(done)                   (else a violation)
+    pending := (w, counter, done[w])             the marker, written before ...
+    counter := counter + 1                       ... the non-atomic read-modify-write
+    done[w] += 1                                 the worker's count, after the increment
+    pending := none
+
+A worker killed inside the section leaves the marker set. Its recoverer (the next holder:
+it sees owner_died) resolves it from the words themselves: if the counter was incremented
+but the count was not, the section is credited to the dead worker (one in-flight section,
+counted as such), otherwise nothing happened or all of it did. Resolution is idempotent, so
+a recoverer killed while resolving is resolved again by the next. After resolution
+``counter == sum(done)`` holds exactly, so any difference is a mutual-exclusion violation.
+
+Also measured: for every kill, the time from just before the SIGKILL to the next
+acquisition by anyone (the worst is reported); a wedge is no acquisition by anyone for more
+than 2 s while workers are alive. At the end, slots are checked: a participant slot still
+"alive" after every worker has exited, or a dead one that ``Region._recover_dead()`` cannot
+recover, is a leak. Any violation, wedge, leak or worker error makes the run fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import shmlocks
+
+#: kinds recovered by the kernel (robust futexes); the others recover in user space
+KERNEL_RECOVERED = ("robust", "pi")
+WEDGE_NS = 2_000_000_000  # no acquisition by anyone for this long: a wedge
+MAX_WORKERS = 64
+KILL_INTERVAL = (0.005, 0.050)  # seconds between kills
+
+# shared words ----------------------------------------------------------------------------
+COUNTER = 0  # the counter under the lock
+PEND_W = 1  # worker index + 1 inside the increment, or 0: the pending marker ...
+PEND_C = 2  # ... the counter when that section began
+PEND_D = 3  # ... and done[w] when it began
+STOP = 4  # workers stop
+VIOLATIONS = 5  # sections that found exclusion broken (overlap, miss, count mismatch)
+RECOVERIES = 6  # holds that saw owner_died
+INFLIGHT = 7  # sections credited to a dead worker by its recoverer
+LAST_ACQ = 8  # CLOCK_MONOTONIC ns of the last acquisition by anyone
+KILLS_ISSUED = 9  # written by the killer only
+KILLS_SEEN = 10  # kills whose next acquisition has been timed
+WORST_NS = 11  # worst kill -> next acquisition
+SUM_NS = 12  # sum of kill -> next acquisition
+ADJUST = 13  # counter - sum(done) accepted after a violation (so each counts once)
+HOLDER = 14  # worker index + 1 of the current holder (a snapshot for the killer)
+ACQUIRED = 15  # acquisitions
+DONE = 64  # + w: sections completed by worker slot w (all its incarnations)
+STALLS = DONE + MAX_WORKERS  # + w: bounded "blocking" acquires that timed out
+ERRORS = STALLS + MAX_WORKERS  # + w: unexpected exceptions (the worker then exits)
+RING = ERRORS + MAX_WORKERS  # kill times, a ring of RING_N
+RING_N = 4096
+WORDS = RING + RING_N
+
+
+def recoverable_kinds() -> tuple[str, ...]:
+    """Kinds whose owner death is recovered: the kernel's, and the user-space kinds whose
+    recoverer code exists (their crash points appear under "recover.locked")."""
+    user = set(shmlocks._crashpoints().get("recover.locked", ()))
+    return tuple(k for k in shmlocks.KINDS if k in user or k in KERNEL_RECOVERED)
+
+
+# --------------------------------------------------------------------------------------------
+# the worker (a forked child)
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process if the controller goes away (PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+def _resolve(a: memoryview) -> None:
+    """The recoverer's repair: settle a section left pending by a dead holder."""
+    w1 = a[PEND_W]
+    if w1:
+        w = w1 - 1
+        if a[COUNTER] == a[PEND_C] + 1 and a[DONE + w] == a[PEND_D]:
+            a[INFLIGHT] += 1
+            a[DONE + w] += 1  # incremented, not yet counted: credit the dead worker
+        a[PEND_W] = 0
+
+
+def _section(lock: Any, a: memoryview, w: int, nw: int, rng: random.Random) -> None:
+    """One critical section (the lock is held); releases the lock."""
+    t = time.monotonic_ns()
+    a[HOLDER] = w + 1
+    if lock.owner_died:
+        _resolve(a)
+        a[RECOVERIES] += 1
+        lock.mark_consistent()
+    elif a[PEND_W]:
+        a[VIOLATIONS] += 1  # someone else is inside, or its death went unreported
+        _resolve(a)
+    # time the kills that happened before this acquisition and are not timed yet
+    issued, seen = a[KILLS_ISSUED], a[KILLS_SEEN]
+    if seen < issued:
+        worst, total = a[WORST_NS], a[SUM_NS]
+        while seen < issued and issued - seen <= RING_N:
+            k = a[RING + seen % RING_N]
+            if k >= t:
+                break
+            worst = max(worst, t - k)
+            total += t - k
+            seen += 1
+        if issued - seen > RING_N:
+            seen = issued - RING_N  # overrun (only after a wedge): forget the oldest
+        a[WORST_NS], a[SUM_NS], a[KILLS_SEEN] = worst, total, seen
+    a[LAST_ACQ] = t
+    a[ACQUIRED] += 1
+    c = a[COUNTER]
+    diff = c - sum(a[DONE : DONE + nw])
+    if diff != a[ADJUST]:
+        a[VIOLATIONS] += 1
+        a[ADJUST] = diff
+    a[PEND_C] = c
+    a[PEND_D] = a[DONE + w]
+    a[PEND_W] = w + 1
+    if rng.random() < 0.3:
+        os.sched_yield()  # widen the read-modify-write window
+    a[COUNTER] = c + 1
+    a[DONE + w] += 1
+    a[PEND_W] = 0
+    if rng.random() < 0.25:
+        time.sleep(rng.uniform(0.0001, 0.002))  # a long hold: a target for the killer
+    a[HOLDER] = 0
+    lock.release()
+
+
+def _worker(lock: Any, a: memoryview, w: int, nw: int, seed: int, parent: int) -> None:
+    rng = random.Random(seed)
+    while not a[STOP] and os.getppid() == parent:
+        r = rng.random()
+        try:
+            if r < 0.1:
+                got = lock.acquire(False)
+            elif r < 0.35:
+                got = lock.acquire(True, rng.uniform(0.0001, 0.003))  # often abandoned
+            else:
+                got = lock.acquire(True, 5.0)  # "blocking", but bounded
+                if not got:
+                    a[STALLS + w] += 1
+            if got:
+                _section(lock, a, w, nw, rng)
+        except Exception as e:  # noqa: BLE001 - counted and shown; the worker stops
+            a[ERRORS + w] += 1
+            print(
+                f"torture worker {w} (pid {os.getpid()}): {type(e).__name__}: {e}", file=sys.stderr
+            )
+            return
+        if rng.random() < 0.3:
+            time.sleep(rng.uniform(0, 0.001))
+    lock.close()
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _start_worker(lock: Any, a: memoryview, w: int, nw: int, seed: int) -> int:
+    parent = os.getpid()
+    with _sigint_ignored():  # the child starts with Ctrl-C ignored: it is the parent's
+        pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _die_with_parent()
+        if os.getppid() == parent:
+            _worker(lock, a, w, nw, seed, parent)
+        code = 0
+    except BaseException:  # noqa: BLE001 - a forked child never returns into the caller
+        with contextlib.suppress(Exception):
+            import traceback
+
+            traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+# --------------------------------------------------------------------------------------------
+# the controller
+
+
+@dataclass
+class Result:
+    kind: str
+    seconds: float = 0.0
+    workers: int = 0
+    kills: int = 0
+    holder_kills: int = 0  # kills aimed at the worker that was holding (a snapshot)
+    recoveries: int = 0
+    inflight: int = 0
+    sections: int = 0
+    acquisitions: int = 0
+    worst_ms: float = 0.0
+    mean_ms: float = 0.0
+    untimed_kills: int = 0
+    violations: int = 0
+    wedges: int = 0
+    stalls: int = 0
+    errors: int = 0
+    leaked_alive: int = 0
+    leaked_dead: int = 0
+    skipped: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.skipped) or not (
+            self.violations
+            or self.wedges
+            or self.stalls
+            or self.errors
+            or self.leaked_alive
+            or self.leaked_dead
+            or self.untimed_kills
+        )
+
+    def line(self) -> str:
+        if self.skipped:
+            return f"{self.kind:<7} skipped: {self.skipped}"
+        verdict = "ok" if self.ok else "FAIL"
+        leaks = self.leaked_alive + self.leaked_dead
+        text = (
+            f"{self.kind:<7} {verdict:<4}  kills {self.kills} ({self.holder_kills} holding), "
+            f"recoveries {self.recoveries}, in-flight {self.inflight}, "
+            f"worst death->acquire {self.worst_ms:.1f} ms (mean {self.mean_ms:.2f}), "
+            f"sections {self.sections:,} in {self.seconds:.1f} s, "
+            f"violations {self.violations}, wedges {self.wedges}, leaked slots {leaks}"
+        )
+        extra = []
+        if self.stalls:
+            extra.append(f"stalled acquires {self.stalls}")
+        if self.errors:
+            extra.append(f"worker errors {self.errors}")
+        if self.untimed_kills:
+            extra.append(f"kills never followed by an acquisition {self.untimed_kills}")
+        return text + (f", {', '.join(extra)}" if extra else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items()}
+        d["ok"] = self.ok
+        return d
+
+
+class _Run:
+    """One kind's torture: the lock, the shared words and the workers' PIDs."""
+
+    def __init__(self, kind: str, workers: int, seed: int) -> None:
+        self.kind = kind
+        self.nw = workers
+        self.rng = random.Random(seed)
+        self.mm = mmap.mmap(-1, 8 * WORDS)  # anonymous and shared: inherited by fork
+        self.a = memoryview(self.mm).cast("q")
+        self.lock: Any = shmlocks.KINDS[kind].create(max_participants=2 * workers + 4)
+        self.pids: dict[int, int] = {}  # worker slot -> pid
+        self.res = Result(kind, workers=workers)
+
+    # -- processes (every one by its PID)
+
+    def spawn(self, w: int) -> None:
+        self.pids[w] = _start_worker(self.lock, self.a, w, self.nw, self.rng.randrange(1 << 30))
+
+    def kill(self, w: int) -> None:
+        pid = self.pids.pop(w)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+    def reap_all(self, timeout: float) -> list[int]:
+        """Wait for every worker to exit by itself; SIGKILL those that do not. Returns the
+        slots of the workers that had to be killed or did not exit with status 0."""
+        deadline = time.monotonic() + timeout
+        bad = []
+        for w, pid in list(self.pids.items()):
+            status = None
+            while status is None:
+                try:
+                    done, st = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    status = 0
+                    break
+                if done:
+                    status = st
+                elif time.monotonic() > deadline:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, 0)
+                    status = -1
+                else:
+                    time.sleep(0.002)
+            if status != 0:
+                bad.append(w)
+            del self.pids[w]
+        return bad
+
+    def cleanup(self) -> None:
+        for w in list(self.pids):
+            self.kill(w)
+        with contextlib.suppress(Exception):
+            self.lock.close()  # the creator's close() unlinks the name
+
+    # -- the run
+
+    def wedged(self) -> bool:
+        return time.monotonic_ns() - self.a[LAST_ACQ] > WEDGE_NS
+
+    def note_wedge(self, when: str) -> None:
+        self.res.wedges += 1
+        gap = (time.monotonic_ns() - self.a[LAST_ACQ]) / 1e9
+        try:
+            state: Any = self.lock.region._describe()
+        except Exception as e:  # noqa: BLE001 - diagnostics only
+            state = repr(e)
+        self.res.notes.append(f"wedge {when}: no acquisition for {gap:.1f} s; {state}")
+
+    def run(self, seconds: float) -> Result:
+        a, res = self.a, self.res
+        t0 = time.monotonic()
+        a[LAST_ACQ] = time.monotonic_ns()
+        for w in range(self.nw):
+            self.spawn(w)
+        end = t0 + seconds
+        while time.monotonic() < end:
+            time.sleep(self.rng.uniform(*KILL_INTERVAL))
+            if self.wedged():
+                self.note_wedge("during the kills")
+                break
+            holder = a[HOLDER] - 1
+            victims = []
+            if 0 <= holder < self.nw and self.rng.random() < 0.5:
+                victims.append(holder)  # the holder, as last seen
+            else:
+                victims.append(self.rng.randrange(self.nw))
+            if self.nw > 1 and self.rng.random() < 0.1:  # sometimes two at once
+                victims.append(self.rng.choice([w for w in range(self.nw) if w != victims[0]]))
+            for w in victims:
+                if w == holder:
+                    res.holder_kills += 1
+                n = a[KILLS_ISSUED]
+                a[RING + n % RING_N] = time.monotonic_ns()  # just before the SIGKILL
+                a[KILLS_ISSUED] = n + 1
+                self.kill(w)
+                res.kills += 1
+            for w in victims:
+                self.spawn(w)
+        # every kill must be followed by an acquisition
+        deadline = time.monotonic_ns() + WEDGE_NS
+        while a[KILLS_SEEN] < a[KILLS_ISSUED] and not res.wedges:
+            if time.monotonic_ns() > deadline:
+                self.note_wedge("after the last kill")
+                break
+            time.sleep(0.002)
+        res.seconds = time.monotonic() - t0
+        a[STOP] = 1
+        bad = self.reap_all(10.0)
+        if bad:
+            res.notes.append(f"workers in slots {bad} did not exit cleanly")
+        self.check_slots()
+        self.final_check()
+        return res
+
+    def check_slots(self) -> None:
+        """After every worker exited: no slot alive; every dead one recoverable."""
+        region = self.lock.region
+        parts = region._describe()["participants"]
+        alive = [p for p in parts if p["alive"]]
+        if alive:
+            self.res.leaked_alive = len(alive)
+            self.res.notes.append(f"slots alive after every worker exited: {alive}")
+        region._recover_dead()
+        parts = region._describe()["participants"]
+        dead = [p for p in parts if not p["alive"]]
+        if dead:
+            self.res.leaked_dead = len(dead)
+            self.res.notes.append(f"dead slots that _recover_dead() cannot recover: {dead}")
+
+    def final_check(self) -> None:
+        """Take the lock once more (resolving a last death) and check the books."""
+        a, res = self.a, self.res
+        try:
+            got = self.lock.acquire(True, 2.0)
+        except shmlocks.ShmLockError as e:
+            res.errors += 1
+            res.notes.append(f"final acquire: {type(e).__name__}: {e}")
+            got = False
+        else:
+            if not got:
+                self.note_wedge("at the final acquire")
+        if got:
+            if self.lock.owner_died:
+                _resolve(a)
+                res.recoveries += 1
+                self.lock.mark_consistent()
+            elif a[PEND_W]:
+                res.violations += 1
+                _resolve(a)
+            self.lock.release()
+        res.sections = sum(a[DONE : DONE + self.nw])
+        diff = a[COUNTER] - res.sections
+        if diff != a[ADJUST]:
+            res.violations += 1
+        res.violations += a[VIOLATIONS]
+        if a[ADJUST] or diff:
+            res.notes.append(f"counter {a[COUNTER]} != completed sections {res.sections}")
+        res.recoveries += a[RECOVERIES]
+        res.inflight = a[INFLIGHT]
+        res.acquisitions = a[ACQUIRED]
+        res.stalls = sum(a[STALLS : STALLS + self.nw])
+        res.errors += sum(a[ERRORS : ERRORS + self.nw])
+        seen = a[KILLS_SEEN]
+        res.untimed_kills = 0 if res.wedges else a[KILLS_ISSUED] - seen
+        res.worst_ms = a[WORST_NS] / 1e6
+        res.mean_ms = a[SUM_NS] / seen / 1e6 if seen else 0.0
+        if res.recoveries > res.kills:
+            res.violations += 1
+            res.notes.append(f"{res.recoveries} holds saw owner_died after only {res.kills} deaths")
+
+
+def torture_kind(kind: str, seconds: float, workers: int, seed: int | None = None) -> Result:
+    """Run one kind's torture (or skip it when its recovery is not built)."""
+    if kind not in recoverable_kinds():
+        return Result(kind, skipped="recovery not implemented")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"workers must be between 1 and {MAX_WORKERS}")
+    run = _Run(kind, workers, random.randrange(1 << 30) if seed is None else seed)
+    try:
+        return run.run(seconds)
+    finally:
+        run.cleanup()
+
+
+def main(
+    kinds: Sequence[str], seconds: float, workers: int, seed: int | None = None, out=None
+) -> list[Result]:
+    """Torture each kind in turn, printing one line per kind; returns the results."""
+    out = out or sys.stdout
+    print(
+        f"shmlocks torture: {workers} workers per kind, {seconds:g} s each, a SIGKILL every "
+        f"{KILL_INTERVAL[0] * 1e3:.0f}-{KILL_INTERVAL[1] * 1e3:.0f} ms "
+        f"({os.cpu_count()} CPUs)",
+        file=out,
+        flush=True,
+    )
+    results = []
+    for kind in kinds:
+        res = torture_kind(kind, seconds, workers, seed)
+        results.append(res)
+        print(res.line(), file=out, flush=True)
+        for note in res.notes:
+            print(f"    {note}", file=out, flush=True)
+    return results
