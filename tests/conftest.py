@@ -17,6 +17,7 @@ import contextlib
 import gc
 import multiprocessing as mp
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -165,7 +166,7 @@ def _trampoline(conn, func, args, kwargs):
     """Child side of Procs.call: run func and send back its result or its traceback."""
     try:
         result = func(*args, **kwargs)
-    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+    except BaseException as exc:  # everything, KeyboardInterrupt too, goes back to the parent
         conn.send(("err", "".join(traceback.format_exception(exc))))
     else:
         conn.send(("ok", result))
@@ -310,7 +311,7 @@ def outcome(func, *args, **kwargs):
     """``("ok", result)`` or the name of the exception ``func`` raised (for child reports)."""
     try:
         return ("ok", func(*args, **kwargs))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return type(exc).__name__
 
 
@@ -438,19 +439,35 @@ class ExclusionReport:
         )
 
 
-def check_mutual_exclusion(procs: Procs, lock, method: str, nprocs=3, iters=2000, timeout=90.0):
+def _hammer_threads(lock, counter, inside, violations, barrier, iters, nthreads):
+    threads = [
+        threading.Thread(target=_hammer, args=(lock, counter, inside, violations, barrier, iters))
+        for _ in range(nthreads)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def check_mutual_exclusion(
+    procs: Procs, lock, method: str, nprocs=3, iters=2000, timeout=90.0, nthreads=1
+):
     """N processes x M read-dawdle-write increments under ``lock``; report what happened.
 
+    With ``nthreads`` > 1 each process runs that many threads, each its own participant.
     A hang (a worker not finished within ``timeout``) or a worker that dies fails at once.
     """
     ctx = mp.get_context(method)
     counter = ctx.Value("q", 0, lock=False)
     inside = ctx.Value("q", 0, lock=False)
     violations = ctx.Value("q", 0, lock=False)
-    barrier = ctx.Barrier(nprocs)
+    barrier = ctx.Barrier(nprocs * nthreads)
     t0 = time.monotonic()
     workers = [
-        procs.start(_hammer, lock, counter, inside, violations, barrier, iters, ctx=ctx)
+        procs.start(
+            _hammer_threads, lock, counter, inside, violations, barrier, iters, nthreads, ctx=ctx
+        )
         for _ in range(nprocs)
     ]
     stuck = join_all(workers, timeout)
@@ -459,7 +476,8 @@ def check_mutual_exclusion(procs: Procs, lock, method: str, nprocs=3, iters=2000
     assert not stuck, f"{len(stuck)} of {nprocs} workers still running after {timeout}s"
     codes = [p.exitcode for p in workers]
     assert codes == [0] * nprocs, f"worker exit codes {codes}"
-    return ExclusionReport(counter.value, nprocs * iters, violations.value, time.monotonic() - t0)
+    expected = nprocs * nthreads * iters
+    return ExclusionReport(counter.value, expected, violations.value, time.monotonic() - t0)
 
 
 class NoLock:
@@ -497,3 +515,99 @@ def busy_for(seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         pass
+
+
+# --------------------------------------------------------------------------- abort stress
+
+
+def _stress_process(lock, counter, successes, stalls, barrier, base, nthreads, rounds, seed):
+    """Child side of abort_stress: ``nthreads`` threads, each ``rounds`` acquire attempts
+    with a random mix of try-locks, tiny timeouts and long ("blocking") timeouts."""
+
+    def worker(t):
+        rng = random.Random(seed * 1000 + t)
+        barrier.wait(60)
+        mine = 0
+        for _ in range(rounds):
+            r = rng.random()
+            if r < 0.15:
+                got = lock.acquire(False)
+            elif r < 0.25:
+                got = lock.acquire(True, 0)
+            elif r < 0.6:
+                got = lock.acquire(True, rng.uniform(0.00001, 0.002))
+            else:
+                got = lock.acquire(True, 5.0)  # "blocking", but bounded
+                if not got:
+                    stalls[base + t] += 1
+            if got:
+                v = counter.value
+                if rng.random() < 0.1:
+                    os.sched_yield()
+                counter.value = v + 1
+                mine += 1
+                lock.release()
+        successes[base + t] = mine
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(nthreads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+
+class StressReport:
+    def __init__(self, counter, successes, stalls):
+        self.counter, self.successes, self.stalls = counter, successes, stalls
+
+    @property
+    def ok(self) -> bool:
+        return (
+            -1 not in self.successes
+            and sum(self.successes) > 0
+            and self.counter == sum(self.successes)
+            and sum(self.stalls) == 0
+        )
+
+    def __repr__(self):
+        return (
+            f"StressReport(counter={self.counter}, sum(successes)={sum(self.successes)}, "
+            f"successes={self.successes}, stalled 5 s blocking acquires={self.stalls})"
+        )
+
+
+def abort_stress(
+    procs: Procs, lock, nprocs=3, nthreads=2, rounds=1500, method="fork", timeout=75.0
+) -> StressReport:
+    """Many short acquire rounds, most of them giving up early (timeouts), from threads of
+    several processes. A worker hang fails at once; the report says whether the counter
+    stayed exact (no lost or phantom critical sections) and whether any long wait stalled
+    (a stranded queue or a lost wake-up)."""
+    ctx = mp.get_context(method)
+    n = nprocs * nthreads
+    counter = ctx.Value("q", 0, lock=False)
+    successes = ctx.Array("q", [-1] * n, lock=False)
+    stalls = ctx.Array("q", [0] * n, lock=False)
+    barrier = ctx.Barrier(n)
+    workers = [
+        procs.start(
+            _stress_process,
+            lock,
+            counter,
+            successes,
+            stalls,
+            barrier,
+            i * nthreads,
+            nthreads,
+            rounds,
+            i,
+            ctx=ctx,
+        )
+        for i in range(nprocs)
+    ]
+    stuck = join_all(workers, timeout)
+    for p in stuck:
+        kill(p)
+    assert not stuck, f"stress workers hung: {len(stuck)} of {nprocs} still running"
+    assert [p.exitcode for p in workers] == [0] * nprocs
+    return StressReport(counter.value, list(successes), list(stalls))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
 import os
+import pickle
 import threading
 import time
 
@@ -489,6 +491,16 @@ def test_region_close_then_any_call_raises_value_error():
             call()
 
 
+def test_locks_of_a_closed_region_raise_value_error(kind):
+    region = shmlocks.Region.create(name=uniq(f"closed-region-{kind}"))
+    lock = region.create_lock("a", kind)
+    region.close()
+    for what, call in _closed_calls(lock).items():
+        with pytest.raises(ValueError):
+            call()
+            pytest.fail(f"{what} on a lock of a closed region did not raise")
+
+
 def test_close_of_opened_view_keeps_name_and_creator_working(new_lock, kind):
     lock = new_lock(kind)
     view = shmlocks.KINDS[kind].open(lock.name)
@@ -498,3 +510,61 @@ def test_close_of_opened_view_keeps_name_and_creator_working(new_lock, kind):
         view.acquire()
     assert lock.acquire(timeout=1) is True
     lock.release()
+
+
+def _race_create(name, idx, n, barrier, results):
+    region = shmlocks.Region.open(name)
+    kinds = list(shmlocks.KINDS)
+    barrier.wait(20)
+    for i in range(n):
+        region.create_lock(f"p{idx}-{i}", kinds[i % len(kinds)])
+    try:
+        region.create_lock("shared", kinds[idx % len(kinds)])
+        results[idx] = 1
+    except FileExistsError:
+        results[idx] = 0
+    region.close()
+
+
+def test_concurrent_create_lock_from_many_processes(procs, new_region):
+    nprocs, n = 4, 6
+    region = new_region(max_locks=nprocs * n + 1)
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(nprocs)
+    results = ctx.Array("i", [-1] * nprocs, lock=False)
+    workers = [
+        procs.start(_race_create, region.name, i, n, barrier, results, ctx=ctx)
+        for i in range(nprocs)
+    ]
+    for p in workers:
+        p.join(20)
+    assert [p.exitcode for p in workers] == [0] * nprocs
+    assert sorted(results) == [0] * (nprocs - 1) + [1], "exactly one create of 'shared' wins"
+    expected = {f"p{i}-{j}" for i in range(nprocs) for j in range(n)} | {"shared"}
+    assert sorted(region.lock_names()) == sorted(expected)
+    kinds = list(shmlocks.KINDS)
+    for i in range(nprocs):
+        for j in range(n):
+            assert region.open_lock(f"p{i}-{j}").kind == kinds[j % len(kinds)]
+    with pytest.raises(shmlocks.CapacityError):
+        region.create_lock("one-too-many", "ticket")
+
+
+def test_unicode_lock_names(new_region):
+    region = new_region()
+    names = ["ключ", "锁", "naïve-ß", "emoji-\N{LOCK}"]
+    for i, n in enumerate(names):
+        region.create_lock(n, list(shmlocks.KINDS)[i])
+    assert sorted(region.lock_names()) == sorted(names)
+    for n in names:
+        lk = region.open_lock(n)
+        with lk:
+            assert lk.locked() is True
+        assert lk.locked() is False
+
+
+def test_closed_lock_does_not_pickle(kind):
+    lock = shmlocks.KINDS[kind].create(name=uniq(f"pickle-{kind}"))
+    lock.close()
+    with pytest.raises(ValueError):
+        pickle.dumps(lock)

@@ -5,6 +5,7 @@ and the child must end by itself (never by a signal)."""
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import random
 import signal
@@ -12,10 +13,21 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import posix_ipc
 import pytest
-from conftest import KINDS, ROBUST_KINDS, run_python, shm_exists, shm_path, shm_remove, uniq
+from conftest import (
+    KINDS,
+    ROBUST_KINDS,
+    kill,
+    outcome,
+    run_python,
+    shm_exists,
+    shm_path,
+    shm_remove,
+    uniq,
+)
 
 import shmlocks
 
@@ -354,7 +366,7 @@ def test_capacity_error_single_lock(new_lock):
     assert lock.acquire()
     try:
         got = []
-        t = threading.Thread(target=lambda: got.append(_try(lambda: lock.acquire(timeout=0.5))))
+        t = threading.Thread(target=lambda: got.append(outcome(lock.acquire, timeout=0.5)))
         t.start()
         t.join(10)
         assert got == ["CapacityError"]
@@ -362,11 +374,26 @@ def test_capacity_error_single_lock(new_lock):
         lock.release()
 
 
-def _try(func):
-    try:
-        return func()
-    except Exception as exc:  # noqa: BLE001
-        return type(exc).__name__
+def _use_then_idle(lock, conn):
+    assert lock.acquire(timeout=5)
+    lock.release()
+    conn.send(os.getpid())
+    time.sleep(30)  # keeps its participant slot until killed
+
+
+@pytest.mark.timeout(30)
+def test_slot_of_a_killed_process_is_reclaimed(procs, new_lock):
+    lock = new_lock("ticket", max_participants=1)
+    r, w = mp.Pipe(duplex=False)
+    p = procs.start(_use_then_idle, lock, w)
+    assert r.poll(20)
+    r.recv()
+    with pytest.raises(shmlocks.CapacityError):
+        lock.acquire(timeout=0.5)  # the idle child still owns the only slot
+    kill(p)
+    assert p.exitcode == -signal.SIGKILL
+    assert lock.acquire(timeout=2) is True, "the dead process's slot was not reclaimed"
+    lock.release()
 
 
 # --------------------------------------------------------------------------- close while held

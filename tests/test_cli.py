@@ -19,12 +19,22 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def cli(*args, timeout=30.0):
-    return subprocess.run(
+    """Run ``python -m shmlocks ARGS``. It runs in a session of its own, so that on a
+    timeout the command and every worker it started (the demo's) are killed together."""
+    p = subprocess.Popen(
         [sys.executable, "-m", "shmlocks", *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
+        start_new_session=True,
     )
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)  # the group we created: p and its children only
+        p.communicate()
+        raise
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def lock_line(output: str, lock_name: str) -> str:

@@ -9,6 +9,9 @@ how we know the checker can fail at all.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -18,12 +21,14 @@ from conftest import (
     Holder,
     LeakyLock,
     NoLock,
+    abort_stress,
     assert_timed_out,
     check_mutual_exclusion,
     close_quietly,
     is_locked,
     timed,
     uniq,
+    wait_blocked,
 )
 
 import shmlocks
@@ -68,6 +73,27 @@ def test_checker_catches_a_broken_lock(procs, make_any_lock, broken, method):
     report = check_mutual_exclusion(procs, lock, method, nprocs=3, iters=2000)
     assert not report.ok, f"the checker missed a lock that excludes nothing: {report}"
     assert report.total < report.expected or report.violations > 0
+
+
+@pytest.mark.timeout(100)
+@pytest.mark.parametrize("lock_id", LOCK_IDS)
+def test_mutual_exclusion_threads_and_processes(procs, make_any_lock, lock_id):
+    """Each thread of each process is its own participant: 2 processes x 3 threads."""
+    lock = make_any_lock(lock_id)
+    report = check_mutual_exclusion(procs, lock, "fork", nprocs=2, iters=700, nthreads=3)
+    assert report.ok, report
+
+
+@pytest.mark.timeout(100)
+@pytest.mark.parametrize("lock_id", LOCK_IDS)
+def test_timeouts_leave_the_lock_usable(procs, make_any_lock, lock_id):
+    """Waiters that give up (try-locks, tiny timeouts) strand nothing: the counter stays
+    exact and the waits that should succeed do, without a 5 s stall."""
+    lock = make_any_lock(lock_id)
+    report = abort_stress(procs, lock, nprocs=3, nthreads=2, rounds=1500)
+    assert report.ok, report
+    assert lock.acquire(True, 2) is True
+    lock.release()
 
 
 # --------------------------------------------------------------------------- single holder
@@ -153,3 +179,69 @@ def test_blocking_acquire_waits_for_the_release(procs, make_any_lock, lock_id):
         lock.release()
     p.join(10)
     assert p.exitcode == 0
+
+
+def _interruptible_waiter(lock, conn):
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    conn.send("waiting")
+    try:
+        lock.acquire(True, 20)
+    except KeyboardInterrupt:
+        conn.send(("interrupted", time.monotonic()))
+        return
+    conn.send(("acquired", time.monotonic()))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("lock_id", LOCK_IDS)
+def test_ctrl_c_interrupts_a_blocked_acquire(procs, make_any_lock, lock_id):
+    lock = make_any_lock(lock_id)
+    assert lock.acquire()
+    try:
+        r, w = mp.Pipe(duplex=False)
+        p = procs.start(_interruptible_waiter, lock, w)
+        assert r.poll(20) and r.recv() == "waiting"
+        wait_blocked(p.pid)
+        sent = time.monotonic()
+        os.kill(p.pid, signal.SIGINT)
+        assert r.poll(5), "SIGINT did not end the blocked acquire"
+        what, when = r.recv()
+        assert what == "interrupted"
+        assert when - sent < 0.25, f"KeyboardInterrupt took {when - sent:.3f}s (SPEC: 100 ms)"
+        p.join(5)
+        assert p.exitcode == 0
+    finally:
+        lock.release()
+    # the interrupted waiter left nothing behind
+    holder = Holder(procs, lock)
+    holder.release()
+    assert lock.acquire(True, 2) is True
+    lock.release()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("lock_id", LOCK_IDS)
+def test_blocked_acquire_releases_the_gil(procs, make_any_lock, lock_id):
+    lock = make_any_lock(lock_id)
+    holder = Holder(procs, lock)
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        time.sleep(0.05)
+        before = ticks[0]
+        assert lock.acquire(True, 0.5) is False
+        during = ticks[0] - before
+    finally:
+        stop.set()
+        t.join(5)
+        holder.release()
+    # a thread that can run freely counts millions in 0.5 s; one starved by a waiter that
+    # holds the GIL gets a handful of switch intervals at most
+    assert during > 20000, f"the other thread ran only {during} loops during a 0.5 s wait"

@@ -1,0 +1,130 @@
+"""Contended throughput: P workers loop {acquire; counter += 1; release} for a fixed time.
+
+The counter lives in shared memory and is incremented by a plain read-modify-write
+(``w[0] = w[0] + 1`` on a memoryview: a load, an add and a store, with nothing atomic
+about it), so ``counter == sum(per-worker counts)`` holds only if the lock excluded.
+Reports ops/s, Jain's fairness index over the per-worker counts and the max/min share.
+
+Workers are forked processes, except for threading.Lock, which is not cross-process: it
+runs P threads of one process (and so measures the GIL as much as the lock), and every
+result for it carries ``"workers": "threads"``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from adapters import Adapter
+from common import (
+    FORK,
+    LINE,
+    BenchError,
+    Shared,
+    child_setup,
+    children,
+    cpu_share,
+    cpu_wait_share,
+    get_usage,
+    jain,
+    join_all,
+    max_min_share,
+    put_usage,
+    usage,
+)
+
+CTR, STOP = 0, 1  # slots; worker i's slot is 2 + i: [count, usage (4 words)]
+
+
+def _loop(adapter: Adapter, w: memoryview, idx: int, barrier: Any, timeout: float) -> None:
+    h = adapter.attach()
+    acquire, release = h.acquire, h.release
+    stop = STOP * LINE
+    ctr = CTR * LINE
+    n = 0
+    mine = (2 + idx) * LINE
+    start = usage()
+    try:
+        barrier.wait(timeout)
+        start = usage()
+        while not w[stop]:
+            acquire()
+            w[ctr] = w[ctr] + 1  # non-atomic on purpose: exact only under exclusion
+            release()
+            n += 1
+    finally:
+        w[mine] = n
+        put_usage(w, mine + 1, start)
+        h.detach()
+
+
+def _process_worker(adapter: Adapter, w: memoryview, idx: int, barrier: Any,
+                    timeout: float) -> None:
+    child_setup()
+    _loop(adapter, w, idx, barrier, timeout)
+
+
+def measure(adapter: Adapter, nworkers: int, duration: float, timeout: float = 10.0) -> dict:
+    """One run of ``duration`` seconds with ``nworkers`` workers; raises BenchError."""
+    shared = Shared(2 + nworkers)
+    w = shared.w
+    try:
+        if adapter.cross_process:
+            barrier: Any = FORK.Barrier(nworkers + 1)
+            procs = [FORK.Process(target=_process_worker, args=(adapter, w, i, barrier, timeout),
+                                  daemon=True) for i in range(nworkers)]
+            with children(procs):
+                t0, t1 = _drive(barrier, w, duration, timeout)
+                join_all(procs, time.monotonic() + timeout, f"{adapter.name} x{nworkers}")
+        else:
+            barrier = threading.Barrier(nworkers + 1)
+            threads = [threading.Thread(target=_loop, args=(adapter, w, i, barrier, timeout),
+                                        daemon=True) for i in range(nworkers)]
+            for t in threads:
+                t.start()
+            try:
+                t0, t1 = _drive(barrier, w, duration, timeout)
+            finally:
+                w[STOP * LINE] = 1
+                deadline = time.monotonic() + timeout
+                for t in threads:
+                    t.join(max(0.0, deadline - time.monotonic()))
+            if any(t.is_alive() for t in threads):
+                raise BenchError(f"{adapter.name} x{nworkers}: thread(s) still running")
+        counts = [w[(2 + i) * LINE] for i in range(nworkers)]
+        use = [get_usage(w, (2 + i) * LINE + 1) for i in range(nworkers)]
+        counter = w[CTR * LINE]
+    finally:
+        del w
+        shared.close()
+    total = sum(counts)
+    elapsed = t1 - t0
+    return {
+        "workers": "processes" if adapter.cross_process else "threads",
+        "n": nworkers,
+        "seconds": elapsed,
+        "ops": total,
+        "ops_per_s": total / elapsed if elapsed > 0 else 0.0,
+        "counts": counts,
+        "counter": counter,
+        "exclusion_ok": counter == total,
+        "jain": jain(counts),
+        "max_min": max_min_share(counts),
+        "usage": use,
+        "cpu_share": cpu_share(use),
+        "cpu_wait_share": cpu_wait_share(use),
+    }
+
+
+def _drive(barrier: Any, w: memoryview, duration: float, timeout: float) -> tuple[float, float]:
+    """Release the workers together, let them run ``duration``, then raise the stop flag."""
+    try:
+        barrier.wait(timeout)
+    except threading.BrokenBarrierError:
+        raise BenchError("workers did not reach the start barrier in time") from None
+    t0 = time.perf_counter()
+    time.sleep(duration)
+    w[STOP * LINE] = 1
+    t1 = time.perf_counter()
+    return t0, t1

@@ -1,0 +1,307 @@
+"""shmlocks benchmark suite: every kind beside the locks a user would otherwise pick.
+
+    python bench/run.py            quick run (about a minute)
+    python bench/run.py --full     the complete run (several minutes)
+    python bench/run.py --smoke    a few seconds: every code path, for CI
+    python -m shmlocks bench [--full] [--out DIR]
+
+Measures, in one run, for the six shmlocks kinds and the anchors threading.Lock (the
+in-process floor, measured with threads), multiprocessing.Lock, posix_ipc.Semaphore and
+fcntl.flock:
+
+  1. uncontended acquire()+release() and ``with lock:`` (pyperf)      uncontended.py
+  2. contended throughput, fairness and exclusion, P workers          contended.py
+  3. hand-off latency through the lock, with 0, ~1 and ~10 us inside  handoff.py
+  4. owner death: SIGKILL of the holder to a waiter's acquisition      owner_death.py
+
+(the locks come from adapters.py, one factory per name; report.py turns the raw figures
+into tables, targets, plots and JSON) and writes, to bench/results/<YYYYmmdd-HHMMSS>/ (or --out DIR): results.md (the machine,
+tables of medians with min-max and ratios to multiprocessing.Lock from the same run, the
+issue's targets, met or not), results.json (every raw figure), pyperf.json (pyperf's own
+output), and throughput.png / handoff.png when matplotlib is importable. The markdown is
+printed to stdout; progress goes to stderr.
+
+Repeats are interleaved (round r of every lock, then round r+1, each round starting at
+the next lock), so slow drift on a busy machine spreads over all locks rather than landing
+on one. Nothing is pinned.
+
+Exit status: 0, or 1 if any measurement failed, any exclusion check failed, or the run
+left a segment, semaphore or file behind (2 for a usage error). Targets not met do not
+change the exit status: they are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import adapters
+import contended
+import handoff
+import owner_death
+import report
+import uncontended
+from common import BenchError, Mode, cpu_snapshot
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+CORES = os.cpu_count() or 1
+REF = adapters.REFERENCE
+
+
+def _procs(*ps: int) -> tuple[int, ...]:
+    return tuple(sorted(set(ps)))
+
+
+CS = (0, 1000, 10000)
+MODES = {
+    "smoke": Mode("smoke", _procs(1, 2, 2 * CORES), 0.03, 0.03, CS, 1, 1, 1, 0.02, 0.05, 120),
+    "quick": Mode("quick", _procs(1, 2, 2 * CORES), 0.2, 0.1, CS, 3, 5, 3, 0.05, 0.25, 300),
+    "full": Mode("full", _procs(1, 2, CORES, CORES + 1, 2 * CORES, 4 * CORES), 0.5, 0.4, CS,
+                 5, 9, 10, 0.1, 1.0, 3600),
+}
+
+
+def rotated(xs: Sequence[str], r: int) -> list[str]:
+    """Round r starts at a different lock, so no lock always follows the same neighbour."""
+    k = r % len(xs) if xs else 0
+    return list(xs[k:]) + list(xs[:k])
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ==========================================================================================
+# orchestration
+
+
+class Run:
+    def __init__(self, mode: Mode, locks: Sequence[str], out: Path) -> None:
+        self.mode = mode
+        self.locks = list(locks)
+        self.out = out
+        self.tag = adapters.new_tag()
+        self.problems: list[str] = []
+        self.raw: dict[str, Any] = {"uncontended": {}, "contended": {}, "handoff": {},
+                                    "owner_death": {}}
+
+    def problem(self, msg: str) -> None:
+        self.problems.append(msg)
+        log("PROBLEM: " + msg)
+
+    def attempt(self, what: str, name: str, fn: Callable[[adapters.Adapter], Any]) -> Any:
+        """fn(a fresh lock called name); the lock is closed whatever happens."""
+        a = None
+        try:
+            a = adapters.make(name, self.tag)
+            return fn(a)
+        except BenchError as e:
+            self.problem(f"{what}: {e}")
+        except Exception as e:  # a bench bug or a lock raising: report, go on, exit 1
+            self.problem(f"{what}: {type(e).__name__}: {e}")
+            traceback.print_exc(file=sys.stderr)
+        finally:
+            if a is not None:
+                try:
+                    a.close()
+                except Exception as e:
+                    self.problem(f"{what}: close failed: {type(e).__name__}: {e}")
+        return None
+
+    def all(self) -> None:
+        t0 = time.monotonic()
+        self.self_check()
+        self.uncontended()
+        self.contended()
+        self.handoff()
+        self.owner_death()
+        self.raw["seconds"] = time.monotonic() - t0
+
+    def self_check(self) -> None:
+        """The exclusion check must be able to fail: run a lock that does not lock (two
+        processes, short runs, at most ~2 s) until the check catches it."""
+        log("self-check: the exclusion check must catch a lock that does not lock")
+        deadline = time.monotonic() + 2.0
+        runs = 0
+        while time.monotonic() < deadline:
+            out = self.attempt("self-check", adapters.BROKEN,
+                               lambda a: contended.measure(a, 2, 0.05))
+            if out is None:
+                return
+            runs += 1
+            if not out["exclusion_ok"]:
+                self.raw["self_check"] = {"caught": True, "runs": runs,
+                                          "counter": out["counter"], "sum": out["ops"]}
+                return
+        self.raw["self_check"] = {"caught": False, "runs": runs}
+        self.problem(f"self-check: {runs} runs of a no-op lock never broke the counter: the "
+                     "exclusion check cannot be trusted")
+
+    def uncontended(self) -> None:
+        try:
+            self.raw["uncontended"] = uncontended.measure(
+                self.mode.name, self.locks, self.tag, self.out / "pyperf.json",
+                self.out / "pyperf.log", self.mode.pyperf_timeout_s, progress=log)
+        except Exception as e:
+            self.problem(f"uncontended (pyperf): {e}")
+
+    def contended(self) -> None:
+        m = self.mode
+        res = self.raw["contended"]
+        for r in range(m.repeats):
+            for p in m.procs:
+                log(f"contended: round {r + 1}/{m.repeats}, {p} worker(s), {m.contended_s} s each")
+                for name in rotated(self.locks, r):
+                    out = self.attempt(f"contended {name} x{p}", name,
+                                       lambda a, p=p: contended.measure(a, p, m.contended_s))
+                    if out is None:
+                        continue
+                    res.setdefault(name, {}).setdefault(str(p), []).append(out)
+                    if not out["exclusion_ok"]:
+                        self.problem(f"EXCLUSION VIOLATED: {name} x{p}: counter "
+                                     f"{out['counter']} != sum of counts {out['ops']}")
+
+    def handoff(self) -> None:
+        m = self.mode
+        res = self.raw["handoff"]
+        for r in range(m.handoff_repeats):
+            for cs in m.cs_ns:
+                log(f"hand-off: round {r + 1}/{m.handoff_repeats}, critical section {cs} ns")
+                for name in rotated(self.locks, r):
+                    out = self.attempt(f"hand-off {name} cs={cs}ns", name,
+                                       lambda a, cs=cs: handoff.measure(a, m.handoff_s, cs))
+                    if out is None:
+                        continue
+                    res.setdefault(name, {}).setdefault(str(cs), []).append(out)
+                    if not out["exclusion_ok"]:
+                        self.problem(f"EXCLUSION VIOLATED: {name} hand-off cs={cs}: turn "
+                                     f"flips {out['flips']} differ by more than one")
+
+    def owner_death(self) -> None:
+        m = self.mode
+        log("owner death: SIGKILL the holder, time the blocked waiter's acquisition")
+        res = self.raw["owner_death"]
+        for name in self.locks:
+            for _ in range(m.death_repeats):
+                out = self.attempt(f"owner death {name}", name,
+                                   lambda a: owner_death.measure(a, m.settle_s, m.wedge_s))
+                if out is None:
+                    break
+                res.setdefault(name, []).append(out)
+                if out["outcome"] == "recovered" and name in adapters.KINDS \
+                        and not out["owner_died"]:
+                    self.problem(f"owner death {name}: recovered but owner_died was False")
+                if out["outcome"] != "recovered":
+                    break  # a wedge (or n/a) is the same every time: once is enough
+
+    def check_leftovers(self) -> None:
+        left = adapters.leftovers(self.tag)
+        if left:
+            self.problem(f"the run left {len(left)} name(s) behind: {left}")
+            for path in left:
+                try:
+                    os.unlink(path)
+                except OSError as e:
+                    self.problem(f"could not remove {path}: {e}")
+
+
+def default_out(mode: Mode) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if mode.name == "smoke":
+        return RESULTS / "tmp" / f"smoke-{stamp}"  # git-ignored: CI runs leave no record
+    return RESULTS / stamp
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/run.py",
+                                description="shmlocks benchmarks beside the usual anchors")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--full", action="store_true", help="the complete run (several minutes)")
+    g.add_argument("--smoke", action="store_true", help="a few seconds: every path, for CI")
+    p.add_argument("--out", metavar="DIR", type=Path,
+                   help="output directory (default bench/results/<YYYYmmdd-HHMMSS>/)")
+    p.add_argument("--repeats", metavar="N", type=int,
+                   help="runs per contended and hand-off cell (default: by mode)")
+    p.add_argument("--locks", metavar="A,B",
+                   help=f"only these locks (multiprocessing.Lock is always added); from "
+                        f"{', '.join(adapters.NAMES)}")
+    # no positional arguments here, so a "--" (`shmlocks bench --out D -- --smoke` passes
+    # its separator through) means nothing: drop it
+    argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--"]
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    mode = MODES["full" if args.full else "smoke" if args.smoke else "quick"]
+    if args.repeats is not None:
+        if args.repeats < 1:
+            print("bench/run.py: error: --repeats must be at least 1", file=sys.stderr)
+            return 2
+        mode = replace(mode, repeats=args.repeats, handoff_repeats=args.repeats)
+    locks = list(adapters.NAMES)
+    if args.locks:
+        want = [x.strip() for x in args.locks.split(",") if x.strip()]
+        bad = [x for x in want if x not in adapters.NAMES]
+        if bad:
+            print(f"bench/run.py: error: unknown lock(s) {bad}; choose from "
+                  f"{', '.join(adapters.NAMES)}", file=sys.stderr)
+            return 2
+        locks = [n for n in adapters.NAMES if n in want or n == REF]
+    out = (args.out or default_out(mode)).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+
+    mach = report.machine()
+    snap = cpu_snapshot()
+    run = Run(mode, locks, out)
+    log(f"{mode.name} run, {len(locks)} locks, output in {out}")
+    interrupted = False
+    try:
+        run.all()
+    except KeyboardInterrupt:
+        interrupted = True
+        run.problem("interrupted (Ctrl-C): partial results")
+    finally:
+        run.check_leftovers()
+        mach["load_average_end"] = list(os.getloadavg())
+        end = cpu_snapshot()
+        wall = end[2] - snap[2]
+        if wall > 0:
+            # CPUs kept busy, on average, by this run and by everything else on the machine
+            mach["cpus_busy_ours"] = (end[1] - snap[1]) / wall
+            mach["cpus_busy_others"] = max(0.0, (end[0] - snap[0]) / wall
+                                           - mach["cpus_busy_ours"])
+
+    s = report.summarize(run.raw, mode)
+    targets = report.check_targets(s, mode)
+    notes: list[str] = []
+    try:
+        notes += report.plots(s, mode, out)
+    except Exception as e:
+        run.problem(f"plots: {type(e).__name__}: {e}")
+    md = report.markdown(mode, mach, s, targets, run.problems, notes,
+                         run.raw.get("seconds", 0.0), run.raw.get("self_check"))
+    (out / "results.md").write_text(md + "\n")
+    doc = {"mode": asdict(mode), "machine": mach, "locks": locks, "reference": REF,
+           "raw": run.raw, "summary": s, "targets": targets, "problems": run.problems,
+           "notes": notes,
+           "files": sorted({p.name for p in out.iterdir()} | {"results.json"})}
+    (out / "results.json").write_text(json.dumps(report.jsonable(doc), indent=1) + "\n")
+    print(md)
+    log(f"wrote {out}")
+    if interrupted:
+        return 130
+    return 1 if run.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
