@@ -308,6 +308,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cmd = [sys.executable, str(script)]
     if args.full:
         cmd.append("--full")
+    if args.smoke:
+        cmd.append("--smoke")
     if args.out:
         cmd += ["--out", os.path.abspath(args.out)]  # relative to the caller, not the repo
     cmd += args.bench_args
@@ -771,6 +773,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="the cross-process benchmark suite (bench/run.py)")
     p.add_argument("--full", action="store_true", help="the full suite rather than the quick one")
+    p.add_argument("--smoke", action="store_true", help="a few seconds, every code path (CI)")
     p.add_argument("--out", metavar="DIR", help="where to write the JSON and plots")
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_bench)
