@@ -143,6 +143,8 @@ def _section(lock: Any, a: memoryview, w: int, nw: int, rng: random.Random) -> N
     if rng.random() < 0.3:
         os.sched_yield()  # widen the read-modify-write window
     a[COUNTER] = c + 1
+    if rng.random() < 0.05:
+        time.sleep(0.0002)  # now and then a kill lands between the increment and the count
     a[DONE + w] += 1
     a[PEND_W] = 0
     if rng.random() < 0.25:

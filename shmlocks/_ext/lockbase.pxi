@@ -267,12 +267,13 @@ cdef class _Lock:
         if ld32_rlx(&self.b.ctl.holder) == me + 1:
             shm_op_set(r.op, 0, 0)
             self._raise_deadlock()
-        wait_init(&w, deadline)
+        wait_init(&w, deadline, &self.b.precs[me].spin_ns)
         shm_op_set(r.op, self._lock1, SHM_OP_WAITING)     # "me waits for this lock"
         crashpoint("lock.wait.waiting")
         with nogil:
             rc = self._wait(me, rc, &w)
         if rc == R_ACQ or rc == R_ACQ_DIED:
+            wait_adapt(&w, &self.b.precs[me].spin_ns)
             if PyErr_Occurred() != NULL:
                 # granted while a signal handler raised: hand the lock back, then raise
                 shm_op_set(r.op, self._lock1, SHM_OP_RELEASING)

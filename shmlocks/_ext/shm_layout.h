@@ -132,7 +132,8 @@ typedef struct shm_prec {
     uint64_t ticket;           /* ticket: current ticket + 1, 0 = none */
     uint64_t abandoned;        /* ticket: ticket + 1 it abandoned and may rejoin, 0 = none */
     uint64_t abandoned_gen;    /* ticket: participant generation that abandoned it */
-    char     _pad[SHM_LINE - 32];
+    uint32_t spin_ns;          /* adaptive spin budget of this participant on this lock */
+    char     _pad[SHM_LINE - 36];
 } SHM_LINE_ALIGNED shm_prec;
 
 _Static_assert(sizeof(shm_header) == 2 * SHM_LINE, "header is two lines");

@@ -152,6 +152,7 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t ticket
         uint64_t abandoned
         uint64_t abandoned_gen
+        uint32_t spin_ns
 
     ctypedef struct shm_body:
         shm_lockctl* ctl

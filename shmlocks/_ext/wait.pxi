@@ -1,6 +1,9 @@
 # wait.pxi -- the one waiting policy every kind uses (DESIGN.md section 5).
 #
-#   spin   cpu_relax for about one hand-off (SPIN_NS), checking the condition;
+#   spin   cpu_relax for about one hand-off, checking the condition. The budget adapts per
+#          participant and lock: doubled (to SPIN_MAX_NS) when a wait ended while spinning,
+#          halved (to SPIN_MIN_NS) when it had to yield or park, so a waiter that shares a
+#          CPU with the holder stops burning the holder's time slice;
 #   yield  sched_yield a few times (lets a descheduled holder run on an oversubscribed box);
 #   park   announce (parked += 1), re-check, FUTEX_WAIT on the word for at most PARK_SLICE_NS,
 #          then check the deadline (CLOCK_MONOTONIC) and, with the GIL re-taken briefly,
@@ -24,7 +27,9 @@ cdef enum:
     W_PARK = 3
     W_TICK = 4
 
-cdef int64_t SPIN_NS = 4000          # about one cross-core hand-off
+cdef int64_t SPIN_NS = 4000          # first budget: about one cross-core hand-off
+cdef int64_t SPIN_MIN_NS = 200
+cdef int64_t SPIN_MAX_NS = 16000
 cdef int YIELD_ROUNDS = 6
 cdef int64_t PARK_SLICE_NS = 5000000  # 5 ms: bounds the time to notice a dead holder
 
@@ -43,12 +48,16 @@ ctypedef bint (*ready_fn)(void* ctx) noexcept nogil
 cdef struct wait_t:
     int64_t deadline        # absolute CLOCK_MONOTONIC ns; -1 = wait forever; 0 = do not wait
     int64_t spin_until
+    int64_t spin_ns         # this wait's spin budget
     int phase               # 0 spin, 1 yield, 2 park
     int yields
 
 
-cdef inline void wait_init(wait_t* w, int64_t deadline) noexcept nogil:
+cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) noexcept nogil:
     w.deadline = deadline
+    w.spin_ns = SPIN_NS
+    if budget != NULL and budget[0] != 0:
+        w.spin_ns = budget[0]
     w.spin_until = 0
     w.phase = 0
     w.yields = 0
@@ -84,7 +93,7 @@ cdef int wait_pause(wait_t* w) noexcept nogil:
             cpu_relax()
         now = shm_now_ns()
         if w.spin_until == 0:
-            w.spin_until = now + SPIN_NS
+            w.spin_until = now + w.spin_ns
         if w.deadline >= 0 and now >= w.deadline:
             return W_TIMEOUT
         if now >= w.spin_until:
@@ -140,6 +149,16 @@ cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
             return r
         if ticks:
             return W_TICK
+
+
+cdef inline void wait_adapt(wait_t* w, uint32_t* budget) noexcept nogil:
+    """After a successful wait: spin longer next time if spinning was enough, else less."""
+    cdef int64_t s = w.spin_ns
+    if w.phase == 0:
+        s = s * 2 if s * 2 < SPIN_MAX_NS else SPIN_MAX_NS
+    else:
+        s = s // 2 if s // 2 > SPIN_MIN_NS else SPIN_MIN_NS
+    budget[0] = <uint32_t>s
 
 
 cdef inline void wake_if_parked(uint32_t* word, uint32_t* parked) noexcept nogil:
