@@ -14,7 +14,11 @@ Bookkeeping that makes the verdict exact. A critical section, with the lock held
     pending := (w, counter, done[w])             the marker, written before ...
     counter := counter + 1                       ... the non-atomic read-modify-write
     done[w] += 1                                 the worker's count, after the increment
-    pending := none
+    (sometimes hold a while)
+    pending := none                              just before release()
+
+A marker found set by a holder that did not see owner_died means two sections overlapped or
+a death in a critical section went unreported: both are violations.
 
 A worker killed inside the section leaves the marker set. Its recoverer (the next holder:
 it sees owner_died) resolves it from the words themselves: if the counter was incremented
@@ -40,7 +44,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +58,7 @@ KILL_INTERVAL = (0.005, 0.050)  # seconds between kills
 
 # shared words ----------------------------------------------------------------------------
 COUNTER = 0  # the counter under the lock
-PEND_W = 1  # worker index + 1 inside the increment, or 0: the pending marker ...
+PEND_W = 1  # worker index + 1 inside its section, or 0: the pending marker ...
 PEND_C = 2  # ... the counter when that section began
 PEND_D = 3  # ... and done[w] when it began
 STOP = 4  # workers stop
@@ -146,9 +150,9 @@ def _section(lock: Any, a: memoryview, w: int, nw: int, rng: random.Random) -> N
     if rng.random() < 0.05:
         time.sleep(0.0002)  # now and then a kill lands between the increment and the count
     a[DONE + w] += 1
-    a[PEND_W] = 0
     if rng.random() < 0.25:
         time.sleep(rng.uniform(0.0001, 0.002))  # a long hold: a target for the killer
+    a[PEND_W] = 0  # the marker spans the section, so an unreported death is caught
     a[HOLDER] = 0
     lock.release()
 
@@ -179,24 +183,25 @@ def _worker(lock: Any, a: memoryview, w: int, nw: int, seed: int, parent: int) -
     lock.close()
 
 
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
 def _start_worker(lock: Any, a: memoryview, w: int, nw: int, seed: int) -> int:
+    """Fork one worker; its PID. Ctrl-C is the controller's: SIGINT is blocked across the
+    fork (a Ctrl-C then is delivered to the parent once it unblocks, never lost), and
+    the child ignores it before unblocking."""
     parent = os.getpid()
-    with _sigint_ignored():  # the child starts with Ctrl-C ignored: it is the parent's
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
         pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        raise
     if pid:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         return pid
     code = 1
     try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         _die_with_parent()
         if os.getppid() == parent:
             _worker(lock, a, w, nw, seed, parent)
@@ -220,7 +225,7 @@ class Result:
     seconds: float = 0.0
     workers: int = 0
     kills: int = 0
-    holder_kills: int = 0  # kills aimed at the worker that was holding (a snapshot)
+    holder_kills: int = 0  # kills aimed at the worker last seen holding (approximate)
     recoveries: int = 0
     inflight: int = 0
     sections: int = 0
@@ -255,7 +260,7 @@ class Result:
         verdict = "ok" if self.ok else "FAIL"
         leaks = self.leaked_alive + self.leaked_dead
         text = (
-            f"{self.kind:<7} {verdict:<4}  kills {self.kills} ({self.holder_kills} holding), "
+            f"{self.kind:<7} {verdict:<4}  kills {self.kills} ({self.holder_kills} aimed at the holder), "
             f"recoveries {self.recoveries}, in-flight {self.inflight}, "
             f"worst death->acquire {self.worst_ms:.1f} ms (mean {self.mean_ms:.2f}), "
             f"sections {self.sections:,} in {self.seconds:.1f} s, "

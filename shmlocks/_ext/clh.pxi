@@ -112,15 +112,54 @@ cdef void _clh_release_as(shm_body* b, uint32_t q) noexcept nogil:
         st32_rel(&r.mine, r.pred)                    # adopt the predecessor's node
 
 
+cdef bint _clh_in_queue(shm_body* b, uint32_t X) noexcept nogil:
+    """Is node X in the queue: last, or some queued node's predecessor?"""
+    cdef uint64_t t = ld64_seq(&b.wa.u64[0])
+    cdef uint32_t y, st
+    if <uint32_t>(t & 0xffffffffU) == X or <uint32_t>(t >> 32) == X:
+        return 1
+    for y in range(b.P + 1):
+        if y == X:
+            continue
+        st = ld32_acq(&b.nodes[y].state)
+        if ((st == C_BUSY or st == C_ABANDONED or st == C_RECLAIMING)
+                and ld32_acq(&b.nodes[y].pred) == X):
+            return 1
+    return 0
+
+
+cdef void _clh_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """Let live participants that are joining this lock (between taking the tail and
+    publishing their pred) finish those two steps. Bounded by their progress, and 5 s."""
+    cdef uint32_t x, m
+    cdef uint32_t lock1 = b.index + 1
+    cdef int64_t until = shm_now_ns() + 5 * <int64_t>1000000000
+    for x in range(b.P):
+        m = ld32_acq(&b.precs[x].mine)
+        if m > b.P:
+            continue
+        while (x != q and participant_op(rm, x, lock1) == SHM_OP_TAKING
+               and ld32_acq(&b.nodes[m].pred) == C_UNKNOWN
+               and not participant_dead(rm, x) and shm_now_ns() < until):
+            sched_yield()
+
+
+cdef bint _clh_owned_by_other(shm_body* b, uint32_t X, uint32_t q) noexcept nogil:
+    cdef uint32_t y
+    for y in range(b.P):
+        if y != q and ld32_acq(&b.precs[y].mine) == X:
+            return 1
+    return 0
+
+
 cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     """Participant q is dead and ours to recover (repair mutex held)."""
     cdef shm_prec* r = &b.precs[q]
     cdef uint32_t lock1 = b.index + 1
     cdef uint32_t op = participant_op(rm, q, lock1)
     cdef uint32_t X = ld32_acq(&r.mine)
-    cdef uint32_t p, x, pn
+    cdef uint32_t p
     cdef uint64_t t, v
-    cdef int64_t until
     cdef shm_node* xn
     if X > b.P:
         return
@@ -129,7 +168,13 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         if ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:
             for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
         cas32(&b.ctl.holder, q + 1, 0)
-        _clh_release_as(b, q)
+        if X != r.pred and r.pred <= b.P:
+            # Free its node only if it had not yet: once freed, the node passes to its
+            # successor, who may already have adopted and reused it.
+            if ld32_seq(&xn.state) == C_BUSY and not _clh_owned_by_other(b, X, q):
+                st32_seq(&xn.state, C_FREE)
+                wake_if_parked(&xn.state, &xn.parked)
+            st32_rel(&r.mine, r.pred)                # adopt the predecessor's node
         return
     if ld32_seq(&xn.state) != C_BUSY:
         return                                       # not queued
@@ -144,12 +189,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         else:
             # Did it join? If so, whoever joined after it publishes its pred: let the live
             # joiners finish their two steps, then decide.
-            until = shm_now_ns() + 5 * <int64_t>1000000000
-            for x in range(b.P):
-                while (x != q and participant_op(rm, x, lock1) == SHM_OP_TAKING
-                       and ld32_acq(&b.nodes[b.precs[x].mine].pred) == C_UNKNOWN
-                       and not participant_dead(rm, x) and shm_now_ns() < until):
-                    sched_yield()
+            _clh_settle_joiners(rm, b, q)
             p = ld32_acq(&xn.pred)
             if p == C_UNKNOWN:
                 if <uint32_t>(ld64_seq(&b.wa.u64[0]) & 0xffffffffU) == X:
@@ -162,6 +202,11 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         st32_rel(&xn.pred, p)
     if p > b.P:
         return
+    if not _clh_in_queue(b, X):
+        _clh_settle_joiners(rm, b, q)
+        if not _clh_in_queue(b, X):                  # it had stepped out (abort) already
+            st32_rel(&xn.state, C_RECLAIMED)
+            return
     st32_rlx(&r.pred, p)
     if ld32_seq(&b.nodes[p].state) != C_FREE:
         if _clh_abort_as(rm, b, q, 1) == R_TIMEOUT:  # it waits: abandon its place for it
