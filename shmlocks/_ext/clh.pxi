@@ -248,7 +248,7 @@ cdef class CLHLock(_Lock):
                 and ld32_acq(&self.b.nodes[p].state) != C_FREE):  # and its round goes on:
             cas32(&self.b.nodes[p].pred, C_UNKNOWN, <uint32_t>(old >> 32))  # do it for p
         st32_rlx(&r.pred, p)
-        st32_seq(&self.b.nodes[X].pred, p)           # then our own
+        st32_rel(&self.b.nodes[X].pred, p)           # then our own
         crashpoint("clh.acquire.pred")
         if ld32_acq(&self.b.nodes[p].state) == C_FREE:
             return R_ACQ

@@ -291,13 +291,13 @@ cdef class MCSLock(_Lock):
         if (p != 0 and ld32_acq(&self.b.nodes[p - 1].pred) == M_UNKNOWN
                 and ld32_acq(&n.state) == M_WAIT):
             cas32(&self.b.nodes[p - 1].pred, M_UNKNOWN, _t_prev(old))  # publish it for p
-        st32_seq(&n.pred, p)                         # then our own
+        st32_rel(&n.pred, p)                         # then our own
         crashpoint("mcs.acquire.pred")
         if p == 0:
             st32_rlx(&n.state, M_GRANT)
             return R_ACQ
         if ld32_acq(&n.state) == M_WAIT:             # (once granted, p's round may be over)
-            st32_seq(&self.b.nodes[p - 1].next, me + 1)  # the hint link
+            st32_rel(&self.b.nodes[p - 1].next, me + 1)  # the hint link
         return R_PENDING
 
     cdef int _fast(self, uint32_t me) noexcept nogil:
