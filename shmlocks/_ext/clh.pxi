@@ -165,13 +165,13 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         return
     xn = &b.nodes[X]
     if op == SHM_OP_RELEASING:
-        if ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:
-            for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
         cas32(&b.ctl.holder, q + 1, 0)
         if X != r.pred and r.pred <= b.P:
             # Free its node only if it had not yet: once freed, the node passes to its
             # successor, who may already have adopted and reused it.
             if ld32_seq(&xn.state) == C_BUSY and not _clh_owned_by_other(b, X, q):
+                if ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:    # it still held the lock:
+                    for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)  # its release decides
                 st32_seq(&xn.state, C_FREE)
                 wake_if_parked(&xn.state, &xn.parked)
             st32_rel(&r.mine, r.pred)                # adopt the predecessor's node

@@ -212,10 +212,10 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     cdef uint32_t pred, s, x
     cdef uint64_t t, v
     if op == SHM_OP_RELEASING:
-        if ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:
-            for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
         cas32(&b.ctl.holder, q + 1, 0)
-        if st == M_GRANT:
+        if st == M_GRANT:                            # it still held the lock: its release
+            if ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:    # decides recoverability
+                for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
             _mcs_release_as(rm, b, q, 1)
         elif st == M_IDLE:
             # It died passing the lock on: op_value names the node it was at. Nodes it had
