@@ -26,7 +26,7 @@ import threading
 import time
 
 import pytest
-from conftest import FIFO_KINDS, Holder, join_all, kill, wait_blocked
+from conftest import FIFO_KINDS, Holder, join_all, kill, uniq, wait_blocked
 
 import shmlocks
 
@@ -428,3 +428,55 @@ def test_torture_interrupted_cleans_up(procs, sig):
     left = [w for w in workers if not _gone(w)]
     assert not left, f"worker processes left running after the torture was interrupted: {left}"
     assert not _my_segments(p.pid), "the torture left its segment in /dev/shm"
+
+
+def _hold_then_die(lock, ready, go):
+    lock.acquire()
+    lock.release()  # registered: its slot sits below the one that dies next
+    ready.set()
+    go.wait(20)
+    lock.acquire()
+    os.kill(os.getpid(), signal.SIGKILL)  # dies inside its critical section
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", shmlocks.KINDS)
+def test_late_recovery_of_a_finished_releaser_keeps_the_lock_recoverable(kind):
+    """A participant that died after its release had finished (at lock.release.unlocked)
+    and is recovered only later, while the lock's owner_died belongs to another death,
+    must not make the lock unrecoverable (found by a 10-minute CLH torture run)."""
+    lock = shmlocks.KINDS[kind].create(uniq(f"late-{kind}"), max_participants=4)
+    ctx = mp.get_context("fork")
+    ready, go = ctx.Event(), ctx.Event()
+    h = ctx.Process(target=_hold_then_die, args=(lock, ready, go))
+    try:
+        assert lock.acquire(timeout=5)
+        lock.release()
+        h.start()
+        assert ready.wait(20)
+        code = (
+            "import shmlocks, sys\n"
+            f"l = shmlocks.KINDS[{kind!r}].open(sys.argv[1])\n"
+            "l.acquire(); l.release()\n"
+            "print('not reached')\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code, lock.name], capture_output=True, text=True,
+            timeout=30, env={**os.environ, "SHMLOCKS_CRASHPOINT": "lock.release.unlocked"},
+        )
+        assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+        go.set()
+        h.join(20)
+        assert h.exitcode == -signal.SIGKILL
+        assert lock.acquire(timeout=5)
+        assert lock.owner_died
+        lock.region._recover_dead()  # now recover the releaser that finished, then died
+        lock.mark_consistent()
+        lock.release()
+        assert lock.acquire(timeout=2)
+        assert not lock.owner_died
+        lock.release()
+    finally:
+        if h.is_alive():
+            kill(h)
+        lock.close()
