@@ -128,20 +128,14 @@ cdef bint _clh_in_queue(shm_body* b, uint32_t X) noexcept nogil:
     return 0
 
 
-cdef void _clh_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
-    """Let live participants that are joining this lock (between taking the tail and
-    publishing their pred) finish those two steps. Bounded by their progress, and 5 s."""
-    cdef uint32_t x, m
-    cdef uint32_t lock1 = b.index + 1
-    cdef int64_t until = shm_now_ns() + 5 * <int64_t>1000000000
-    for x in range(b.P):
-        m = ld32_acq(&b.precs[x].mine)
-        if m > b.P:
-            continue
-        while (x != q and participant_op(rm, x, lock1) == SHM_OP_TAKING
-               and ld32_acq(&b.nodes[m].pred) == C_UNKNOWN
-               and not participant_dead(rm, x) and shm_now_ns() < until):
-            sched_yield()
+cdef bint _clh_pred_unknown(shm_body* b, uint32_t x) noexcept nogil:
+    cdef uint32_t m = ld32_acq(&b.precs[x].mine)
+    return m <= b.P and ld32_acq(&b.nodes[m].pred) == C_UNKNOWN
+
+
+cdef inline void _clh_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """Let live joiners (tail taken, pred not yet published) finish those two steps."""
+    participants_settle(rm, b, q, SHM_OP_TAKING, _clh_pred_unknown)
 
 
 cdef bint _clh_owned_by_other(shm_body* b, uint32_t X, uint32_t q) noexcept nogil:

@@ -16,7 +16,6 @@
 # holder identity (ctl.holder, DeadlockError, NotOwnerError), owner_died/mark_consistent/
 # not-recoverable, pickling, close.
 
-cimport cython
 from cpython.exc cimport PyErr_Occurred
 from cpython.float cimport PyFloat_AsDouble
 
@@ -54,11 +53,6 @@ cdef void _init_body(shm_body* b, uint32_t code) noexcept nogil:
     elif code == SHM_KIND_ROBUST or code == SHM_KIND_PI:
         _pmutex_init(b, code == SHM_KIND_PI)
     b.ctl.magic = SHM_BODY_MAGIC
-
-
-@cython.final
-cdef class _Sentinel:
-    pass
 
 
 cdef class _Lock:

@@ -106,17 +106,13 @@ cdef uint32_t _mcs_find_succ(shm_body* b, uint32_t q) noexcept nogil:
         sched_yield()
 
 
-cdef void _mcs_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
-    """Let live participants that are joining this lock (between taking the tail and
-    publishing their pred) finish those two steps. Bounded by their progress, and 5 s."""
-    cdef uint32_t x
-    cdef uint32_t lock1 = b.index + 1
-    cdef int64_t until = shm_now_ns() + 5 * <int64_t>1000000000
-    for x in range(b.P):
-        while (x != q and participant_op(rm, x, lock1) == SHM_OP_TAKING
-               and ld32_acq(&b.nodes[x].pred) == M_UNKNOWN
-               and not participant_dead(rm, x) and shm_now_ns() < until):
-            sched_yield()
+cdef bint _mcs_pred_unknown(shm_body* b, uint32_t x) noexcept nogil:
+    return ld32_acq(&b.nodes[x].pred) == M_UNKNOWN
+
+
+cdef inline void _mcs_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """Let live joiners (tail taken, pred not yet published) finish those two steps."""
+    participants_settle(rm, b, q, SHM_OP_TAKING, _mcs_pred_unknown)
 
 
 cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nogil:

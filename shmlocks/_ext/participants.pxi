@@ -269,6 +269,32 @@ cdef void participant_try_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
         pthread_mutex_unlock(&rm.part[slot].token.m)     # already recovered and free
 
 
+ctypedef bint (*midstep_fn)(shm_body* b, uint32_t x) noexcept nogil
+
+
+cdef void participants_settle(rmap_t* rm, shm_body* b, uint32_t q, uint32_t step,
+                              midstep_fn midstep) noexcept nogil:
+    """Recovery by elimination needs the live participants that are between two steps of
+    `step` on this lock (midstep(b, x): e.g. took a ticket but has not published it) to
+    finish them. Waits for each, bounded by its progress (a death ends the wait) and 5 s."""
+    cdef uint32_t x
+    cdef uint32_t lock1 = b.index + 1
+    cdef int64_t until = shm_now_ns() + 5 * <int64_t>1000000000
+    for x in range(b.P):
+        if x == q:
+            continue
+        while (_op_is(participant_op(rm, x, lock1), step) and midstep(b, x)
+               and not participant_dead(rm, x) and shm_now_ns() < until):
+            sched_yield()
+
+
+cdef inline bint _op_is(uint32_t op, uint32_t step) noexcept nogil:
+    """step matches op; SHM_OP_WAITING as `step` means "taking or waiting"."""
+    if step == SHM_OP_WAITING:
+        return op == SHM_OP_TAKING or op == SHM_OP_WAITING
+    return op == step
+
+
 cdef inline bint participant_dead(rmap_t* rm, uint32_t slot) noexcept nogil:
     """Cheap liveness check from the token's futex word (no syscall, no lock)."""
     return (ld32_acq(<uint32_t*>&rm.part[slot].token.m) & FUTEX_OWNER_DIED_) != 0

@@ -33,10 +33,6 @@ static inline uint32_t xchg32(uint32_t *p, uint32_t v) { return __atomic_exchang
 static inline int cas32(uint32_t *p, uint32_t expected, uint32_t desired) {
     return __atomic_compare_exchange_n(p, &expected, desired, 0, SEQ, SEQ);
 }
-static inline uint32_t cas32_val(uint32_t *p, uint32_t expected, uint32_t desired) {
-    __atomic_compare_exchange_n(p, &expected, desired, 0, SEQ, SEQ);
-    return expected;   /* the value seen: == expected on success */
-}
 static inline uint32_t fadd32(uint32_t *p, uint32_t v) { return __atomic_fetch_add(p, v, SEQ); }
 static inline uint32_t fsub32(uint32_t *p, uint32_t v) { return __atomic_fetch_sub(p, v, SEQ); }
 static inline uint32_t for32(uint32_t *p, uint32_t v) { return __atomic_fetch_or(p, v, SEQ); }
@@ -52,7 +48,6 @@ static inline uint64_t fadd64(uint64_t *p, uint64_t v) { return __atomic_fetch_a
 static inline int cas64(uint64_t *p, uint64_t expected, uint64_t desired) {
     return __atomic_compare_exchange_n(p, &expected, desired, 0, SEQ, SEQ);
 }
-static inline void fence_seq(void) { __atomic_thread_fence(SEQ); }
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -51,6 +51,10 @@ cdef inline bint _taking(uint32_t op) noexcept nogil:
     return op == SHM_OP_TAKING or op == SHM_OP_WAITING
 
 
+cdef bint _ticket_unpublished(shm_body* b, uint32_t x) noexcept nogil:
+    return ld64_acq(&b.precs[x].ticket) == 0
+
+
 cdef void _ticket_grant(shm_body* b, uint64_t s) noexcept nogil:
     """Serve ticket s, skipping abandoned tickets, and wake its waiter. The release step;
     idempotent for the current `serving`, so a recoverer may redo it."""
@@ -96,7 +100,6 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     cdef uint32_t op = participant_op(rm, q, lock1)
     cdef uint64_t t, s, n0, u
     cdef uint32_t x
-    cdef int64_t until
     cdef bint seen
     if r.ticket != 0:
         t = r.ticket - 1
@@ -120,12 +123,7 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     # It may have died between fetch_add and publishing its ticket. Let the live ones in
     # that same window publish theirs, then serve or abandon whatever is unaccounted for.
     n0 = ld64_seq(&b.wa.u64[0])
-    until = shm_now_ns() + 5 * <int64_t>1000000000
-    for x in range(b.P):
-        while (x != q and ld64_acq(&b.precs[x].ticket) == 0
-               and _taking(participant_op(rm, x, lock1))
-               and not participant_dead(rm, x) and shm_now_ns() < until):
-            sched_yield()
+    participants_settle(rm, b, q, SHM_OP_WAITING, _ticket_unpublished)
     s = ld64_seq(&b.wb.u64[0])
     if n0 - s > b.P + 1:
         return                                       # more outstanding than possible: corrupt
