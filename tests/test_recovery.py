@@ -26,7 +26,7 @@ import threading
 import time
 
 import pytest
-from conftest import FIFO_KINDS, Holder, join_all, kill, uniq, wait_blocked
+from conftest import FIFO_KINDS, Holder, LeakyLock, join_all, kill, uniq, wait_blocked
 
 import shmlocks
 
@@ -292,20 +292,8 @@ def test_kill_torture(rkind):
         assert re.search(rf"{word} 0\b", line), line
 
 
-class _Leaky:
-    """A broken lock over a real one: acquire takes the real lock and lets go at once."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def acquire(self, blocking=True, timeout=-1):
-        got = self.inner.acquire(blocking, timeout)
-        if got:
-            self.inner.release()
-        return got
-
-    def release(self):
-        pass
+class _Leaky(LeakyLock):
+    """conftest's LeakyLock (no exclusion), with the rest of the lock API torture uses."""
 
     owner_died = property(lambda self: False)
 
@@ -461,8 +449,11 @@ def test_late_recovery_of_a_finished_releaser_keeps_the_lock_recoverable(kind):
             "print('not reached')\n"
         )
         proc = subprocess.run(
-            [sys.executable, "-c", code, lock.name], capture_output=True, text=True,
-            timeout=30, env={**os.environ, "SHMLOCKS_CRASHPOINT": "lock.release.unlocked"},
+            [sys.executable, "-c", code, lock.name],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "SHMLOCKS_CRASHPOINT": "lock.release.unlocked"},
         )
         assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
         go.set()
