@@ -37,11 +37,11 @@ cdef enum:
     C_UNKNOWN = 0xffffffff
 
 
-cdef bint _clh_not_busy(void* c) noexcept nogil:
+cdef int _clh_not_busy(void* c) noexcept nogil:
     return ld32_seq(&(<shm_node*>c).state) != C_BUSY
 
 
-cdef bint _clh_not_reclaiming(void* c) noexcept nogil:
+cdef int _clh_not_reclaiming(void* c) noexcept nogil:
     cdef uint32_t st = ld32_seq(&(<shm_node*>c).state)
     return st != C_RECLAIMING and st != C_ABANDONED
 

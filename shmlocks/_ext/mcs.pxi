@@ -49,11 +49,25 @@ cdef inline uint32_t _t_prev(uint64_t t) noexcept nogil:
     return <uint32_t>(t >> 32)
 
 
-cdef bint _mcs_not_waiting(void* c) noexcept nogil:
-    return ld32_seq(&(<shm_node*>c).state) != M_WAIT
+cdef struct _mcs_wctx:
+    shm_node* n            # the waiter's own node
+    shm_node* nodes
+    uint32_t P
 
 
-cdef bint _mcs_not_passing(void* c) noexcept nogil:
+cdef int _mcs_not_waiting(void* c) noexcept nogil:
+    """READY once granted (or abandoned under us); FAR while the predecessor waits too."""
+    cdef _mcs_wctx* x = <_mcs_wctx*>c
+    cdef uint32_t p
+    if ld32_seq(&x.n.state) != M_WAIT:
+        return Q_READY
+    p = ld32_rlx(&x.n.pred)                          # a hint: bounds-checked, never trusted
+    if p != 0 and p <= x.P and ld32_rlx(&x.nodes[p - 1].state) == M_WAIT:
+        return Q_FAR
+    return Q_NEAR
+
+
+cdef int _mcs_not_passing(void* c) noexcept nogil:
     cdef uint32_t st = ld32_seq(&(<shm_node*>c).state)
     return st != M_PASSING and st != M_ABANDONED
 
@@ -331,6 +345,7 @@ cdef class MCSLock(_Lock):
 
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         cdef shm_node* n = &self.b.nodes[me]
+        cdef _mcs_wctx ctx
         cdef uint32_t st
         cdef int res
         if rc == R_BUSY:
@@ -354,8 +369,11 @@ cdef class MCSLock(_Lock):
                 rc = self._enqueue(me)
                 if rc != R_PENDING:
                     return rc
+        ctx.n = n
+        ctx.nodes = self.b.nodes
+        ctx.P = self.b.P
         while True:
-            res = wait_for(_mcs_not_waiting, n, &n.state, &n.parked, w, 1)
+            res = wait_for(_mcs_not_waiting, &ctx, &n.state, &n.parked, w, 1)
             if res != W_TICK:
                 break
             self._check_ahead(me)

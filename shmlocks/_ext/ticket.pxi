@@ -37,12 +37,17 @@ cdef struct _ticket_ctx:
     uint64_t t
 
 
-cdef bint _ticket_ready(void* c) noexcept nogil:
+cdef int _ticket_ready(void* c) noexcept nogil:
     cdef _ticket_ctx* x = <_ticket_ctx*>c
-    return ld64_seq(x.serving) == x.t
+    cdef uint64_t ahead = x.t - ld64_seq(x.serving)   # tickets still to be served first
+    if ahead == 0:
+        return Q_READY
+    if ahead >= 2 and ahead <= <uint64_t>SHM_MAX_PARTICIPANTS:
+        return Q_FAR
+    return Q_NEAR
 
 
-cdef bint _ticket_marker_gone(void* c) noexcept nogil:
+cdef int _ticket_marker_gone(void* c) noexcept nogil:
     cdef _ticket_ctx* x = <_ticket_ctx*>c      # serving points at the marker here
     return ld64_seq(x.serving) != x.t
 

@@ -1,9 +1,15 @@
 # wait.pxi -- the one waiting policy every kind uses (DESIGN.md section 5).
 #
-#   spin   cpu_relax for about one hand-off, checking the condition. The budget adapts per
-#          participant and lock: doubled (to SPIN_MAX_NS) when a wait ended while spinning,
-#          halved (to SPIN_MIN_NS) when it had to yield or park, so a waiter that shares a
-#          CPU with the holder stops burning the holder's time slice;
+#   spin   poll the condition with one cpu_relax between polls (a pause is ~26 ns on Zen,
+#          so batching them delays every hand-off). The budget adapts per participant and
+#          lock: doubled (to SPIN_MAX_NS) when a wait ended while spinning, or while
+#          yielding with the CPU to itself (the holder ran elsewhere: a longer spin would
+#          have caught it); halved (to SPIN_MIN_NS) when a yield let another task run or it
+#          had to park, so a waiter that shares a CPU with the holder stops burning the
+#          holder's time slice;
+#   far    a waiter that knows others are ahead of it (ticket: two or more tickets to be
+#          served first; MCS: its predecessor waits too) yields instead of spinning, for up
+#          to FAR_YIELD_NS: on an oversubscribed machine the next holder may need this CPU;
 #   yield  sched_yield a few times (lets a descheduled holder run on an oversubscribed box);
 #   park   announce (parked += 1), re-check, FUTEX_WAIT on the word for at most PARK_SLICE_NS,
 #          then check the deadline (CLOCK_MONOTONIC) and, with the GIL re-taken briefly,
@@ -31,6 +37,9 @@ cdef int64_t SPIN_NS = 4000          # first budget: about one cross-core hand-o
 cdef int64_t SPIN_MIN_NS = 200
 cdef int64_t SPIN_MAX_NS = 16000
 cdef int YIELD_ROUNDS = 6
+cdef int64_t FAR_YIELD_NS = 2000000  # 2 ms of yielding behind other waiters, then park
+cdef int64_t YIELD_SWITCHED_NS = 1500  # a sched_yield this long ran another task (bare: 0.5 us)
+cdef uint32_t SPIN_CLOCK_EVERY = 8   # polls per clock read while spinning (~25 ns each)
 cdef int64_t PARK_SLICE_NS = 5000000  # 5 ms: bounds the time to notice a dead holder
 
 
@@ -43,7 +52,14 @@ def _wait_policy(spin_ns=None, yield_rounds=None):
         YIELD_ROUNDS = yield_rounds
     return (SPIN_NS, YIELD_ROUNDS, PARK_SLICE_NS)
 
-ctypedef bint (*ready_fn)(void* ctx) noexcept nogil
+# A ready function answers READY (1), NEAR (0: not yet, but next in line or unknown) or
+# FAR (2: at least one other waiter is ahead, so the lock cannot come within one hand-off).
+ctypedef int (*ready_fn)(void* ctx) noexcept nogil
+
+cdef enum:
+    Q_NEAR = 0
+    Q_READY = 1
+    Q_FAR = 2
 
 cdef struct wait_t:
     int64_t deadline        # absolute CLOCK_MONOTONIC ns; -1 = wait forever; 0 = do not wait
@@ -51,6 +67,10 @@ cdef struct wait_t:
     int64_t spin_ns         # this wait's spin budget
     int phase               # 0 spin, 1 yield, 2 park
     int yields
+    uint32_t polls          # spin polls so far (the clock is read every SPIN_CLOCK_EVERY)
+    int64_t far_until       # end of the far-waiter yield phase (0 = not started)
+    int far                 # 1 once this wait yielded as a far waiter
+    int switched            # 1 once a yield of this wait let another task run here
 
 
 cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) noexcept nogil:
@@ -61,6 +81,10 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
     w.spin_until = 0
     w.phase = 0
     w.yields = 0
+    w.polls = 0
+    w.far_until = 0
+    w.far = 0
+    w.switched = 0
 
 
 cdef int wait_check(wait_t* w) noexcept nogil:
@@ -86,11 +110,14 @@ cdef int64_t wait_slice(wait_t* w) noexcept nogil:
 
 cdef int wait_pause(wait_t* w) noexcept nogil:
     """One step of the spin and yield phases: W_CONT (poll again), W_PARK or W_TIMEOUT."""
-    cdef int i
     cdef int64_t now
     if w.phase == 0:
-        for i in range(16):
-            cpu_relax()
+        # one pause per poll: a pause is ~26 ns on this EPYC (Zen), so a batch of them
+        # between two polls adds its length to every hand-off
+        cpu_relax()
+        w.polls += 1
+        if w.polls % SPIN_CLOCK_EVERY != 0:
+            return W_CONT
         now = shm_now_ns()
         if w.spin_until == 0:
             w.spin_until = now + w.spin_ns
@@ -100,8 +127,11 @@ cdef int wait_pause(wait_t* w) noexcept nogil:
             w.phase = 1
         return W_CONT
     if w.phase == 1:
+        now = shm_now_ns()
         sched_yield()
         w.yields += 1
+        if shm_now_ns() - now > YIELD_SWITCHED_NS:
+            w.switched = 1                  # something else ran on this CPU meanwhile
         if w.deadline >= 0 and shm_now_ns() >= w.deadline:
             return W_TIMEOUT
         if w.yields >= YIELD_ROUNDS:
@@ -118,32 +148,55 @@ cdef int wait_park(wait_t* w, uint32_t* word, uint32_t expected) noexcept nogil:
     return wait_check(w)
 
 
+cdef int wait_far(wait_t* w) noexcept nogil:
+    """One step for a waiter with others ahead of it: yield the CPU to them (on an
+    oversubscribed machine the next holder may be waiting for this very CPU) rather than
+    spin; park after FAR_YIELD_NS of that. W_CONT, W_PARK or W_TIMEOUT."""
+    cdef int64_t now
+    sched_yield()
+    now = shm_now_ns()
+    if w.far_until == 0:
+        w.far_until = now + FAR_YIELD_NS
+    if w.deadline >= 0 and now >= w.deadline:
+        return W_TIMEOUT
+    return W_PARK if now >= w.far_until else W_CONT
+
+
 cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
                   wait_t* w, bint ticks=0) noexcept nogil:
     """Wait until ready(ctx). The waker changes *word and wakes it when *parked != 0.
     With ticks, returns W_TICK after each park slice (call again to go on waiting)."""
     cdef int r
+    cdef int q
     cdef uint32_t v
-    if ready(ctx):
+    q = ready(ctx)
+    if q == Q_READY:
         return W_READY
     if w.deadline == 0:
         return W_TIMEOUT
     while True:
-        r = wait_pause(w)
+        if q == Q_FAR and w.phase < 2:
+            r = wait_far(w)
+            w.far = 1
+        else:
+            r = wait_pause(w)
         if r == W_CONT:
-            if ready(ctx):
+            q = ready(ctx)
+            if q == Q_READY:
                 return W_READY
             continue
         if r != W_PARK:
             return r
+        w.phase = 2
         fadd32(parked, 1)                   # announce, SC: the waker reads parked after its change
         v = ld32_seq(word)
-        if ready(ctx):
+        if ready(ctx) == Q_READY:
             fsub32(parked, 1)
             return W_READY
         r = wait_park(w, word, v)
         fsub32(parked, 1)
-        if ready(ctx):
+        q = ready(ctx)
+        if q == Q_READY:
             return W_READY
         if r != 0:
             return r
@@ -154,7 +207,11 @@ cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
 cdef inline void wait_adapt(wait_t* w, uint32_t* budget) noexcept nogil:
     """After a successful wait: spin longer next time if spinning was enough, else less."""
     cdef int64_t s = w.spin_ns
-    if w.phase == 0:
+    if w.far and w.phase == 0:
+        return                              # it yielded behind others: says nothing of spinning
+    if w.phase == 0 or (w.phase == 1 and not w.switched):
+        # it came while spinning, or while yielding with this CPU to ourselves (so the
+        # holder ran elsewhere and a longer spin would have caught it): spin longer
         s = s * 2 if s * 2 < SPIN_MAX_NS else SPIN_MAX_NS
     else:
         s = s // 2 if s // 2 > SPIN_MIN_NS else SPIN_MIN_NS
