@@ -61,6 +61,7 @@ _CRASHPOINTS = {
     "ticket.recover.flagged": ("ticket",),  # recoverer set owner_died, before the grant
     "mcs.acquire.joined": ("mcs",),         # tail taken, own pred not yet published
     "mcs.acquire.pred": ("mcs",),           # pred published, not yet linked behind it
+    "mcs.try.armed": ("mcs",),              # try-lock node armed, before its tail CAS
     "mcs.release.emptied": ("mcs",),        # tail emptied, own node not yet idle
     "mcs.release.idled": ("mcs",),          # successor recorded, own node idle, before the pass
     "mcs.release.passing": ("mcs",),        # passing through an abandoned node, next recorded

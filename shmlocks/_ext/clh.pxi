@@ -101,14 +101,14 @@ cdef int _clh_abort_as(rmap_t* rm, shm_body* b, uint32_t q, bint dead) noexcept 
     return R_TIMEOUT
 
 
-cdef void _clh_release_as(shm_body* b, uint32_t q) noexcept nogil:
+cdef inline void _clh_release_as(shm_body* b, uint32_t q, bint armed) noexcept nogil:
     """Release for q: free its node for its successor, then adopt its predecessor's."""
     cdef shm_prec* r = &b.precs[q]
     cdef uint32_t X = r.mine
     if X != r.pred and X <= b.P:
         st32_seq(&b.nodes[X].state, C_FREE)          # our successor may go
         wake_if_parked(&b.nodes[X].state, &b.nodes[X].parked)
-        crashpoint("clh.release.freed")
+        crashpoint_at(armed, "clh.release.freed")
         st32_rel(&r.mine, r.pred)                    # adopt the predecessor's node
 
 
@@ -205,13 +205,13 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     if ld32_seq(&b.nodes[p].state) != C_FREE:
         if _clh_abort_as(rm, b, q, 1) == R_TIMEOUT:  # it waits: abandon its place for it
             return
-        _clh_release_as(b, q)                        # granted meanwhile: pass it on
+        _clh_release_as(b, q, shm_crash_armed)       # granted meanwhile: pass it on
         return
     if op == 0:                                      # it holds the lock
         for32(&b.ctl.flags, SHM_F_OWNER_DIED)        # it was in its critical section
     cas32(&b.ctl.holder, q + 1, 0)
     crashpoint("clh.recover.flagged")
-    _clh_release_as(b, q)
+    _clh_release_as(b, q, shm_crash_armed)
 
 
 cdef class CLHLock(_Lock):
@@ -221,7 +221,7 @@ cdef class CLHLock(_Lock):
     cdef inline uint64_t* _tail(self) noexcept nogil:
         return &self.b.wa.u64[0]
 
-    cdef int _enqueue(self, uint32_t me) noexcept nogil:
+    cdef inline int _enqueue(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
         cdef uint32_t X = ld32_rlx(&r.mine)
         cdef uint32_t p
@@ -234,7 +234,7 @@ cdef class CLHLock(_Lock):
             old = ld64_seq(self._tail())
             if cas64(self._tail(), old, _clh_tail(X, <uint32_t>(old & 0xffffffffU))):
                 break
-        crashpoint("clh.acquire.joined")
+        crashpoint_at(armed, "clh.acquire.joined")
         p = <uint32_t>(old & 0xffffffffU)
         if p > self.b.P or p == X:
             return R_CORRUPT
@@ -243,12 +243,12 @@ cdef class CLHLock(_Lock):
             cas32(&self.b.nodes[p].pred, C_UNKNOWN, <uint32_t>(old >> 32))  # do it for p
         st32_rlx(&r.pred, p)
         st32_rel(&self.b.nodes[X].pred, p)           # then our own
-        crashpoint("clh.acquire.pred")
+        crashpoint_at(armed, "clh.acquire.pred")
         if ld32_acq(&self.b.nodes[p].state) == C_FREE:
             return R_ACQ
         return R_PENDING
 
-    cdef int _fast(self, uint32_t me) noexcept nogil:
+    cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
         cdef uint32_t X = ld32_rlx(&self.b.precs[me].mine)
         cdef uint32_t st
         if X > self.b.P:
@@ -256,10 +256,10 @@ cdef class CLHLock(_Lock):
         st = ld32_acq(&self.b.nodes[X].state)
         if st == C_BUSY or st == C_ABANDONED or st == C_RECLAIMING:
             return R_BUSY
-        return self._enqueue(me)
+        return self._enqueue(me, armed)
 
     cdef int _try(self, uint32_t me) noexcept nogil:
-        cdef int rc = self._fast(me)
+        cdef int rc = self._fast(me, shm_crash_armed)
         if rc == R_PENDING:
             rc = _clh_abort_as(self.rm, &self.b, me, 0)
             return R_ACQ if rc == R_ACQ else R_BUSY
@@ -300,7 +300,7 @@ cdef class CLHLock(_Lock):
                         self._check_ahead(ld32_acq(&x.pred))
                     if res != W_READY:
                         return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
-                rc = self._enqueue(me)
+                rc = self._enqueue(me, shm_crash_armed)
                 if rc != R_PENDING:
                     return rc
         while True:
@@ -326,11 +326,11 @@ cdef class CLHLock(_Lock):
             if st != C_BUSY:
                 return R_CORRUPT
 
-    cdef int _unlock(self, uint32_t me) noexcept nogil:
+    cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
         if r.mine > self.b.P or r.pred > self.b.P:
             return R_CORRUPT
-        _clh_release_as(&self.b, me)
+        _clh_release_as(&self.b, me, armed)
         return 0
 
     cdef bint _is_locked(self) noexcept nogil:

@@ -45,7 +45,7 @@ cdef class FutexMutex(_Lock):
     cdef inline uint32_t* _word(self) noexcept nogil:
         return &self.b.wa.u32[0]
 
-    cdef int _fast(self, uint32_t me) noexcept nogil:
+    cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
         return R_ACQ if cas32(self._word(), 0, me + 1) else R_BUSY
 
     cdef int _try(self, uint32_t me) noexcept nogil:
@@ -89,10 +89,10 @@ cdef class FutexMutex(_Lock):
                 return R_SIGNAL
             self._check_owner(ld32_acq(word))
 
-    cdef int _unlock(self, uint32_t me) noexcept nogil:
+    cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef uint32_t* word = self._word()
         cdef uint32_t v = xchg32(word, 0)
-        crashpoint("futex.release.swapped")
+        crashpoint_at(armed, "futex.release.swapped")
         if v & FX_W:                                 # someone may be parked
             shm_futex_wake(word, 1)
         return 0 if _fx_owner1(v) == me + 1 else R_CORRUPT

@@ -3,14 +3,16 @@
 #
 # A kind subclasses _Lock and provides, all `noexcept nogil` so they run with or without
 # the GIL:
-#   _fast(me)          uncontended attempt. R_ACQ, or R_PENDING (enqueued, _wait goes on),
+#   _fast(me, armed)   uncontended attempt. R_ACQ, or R_PENDING (enqueued, _wait goes on),
 #                      or R_BUSY (nothing changed). Must return R_BUSY without side effects
 #                      when `me` is already engaged on this lock (holding or queued).
 #   _try(me)           non-blocking attempt that leaves no trace: R_ACQ or R_BUSY.
 #   _wait(me, rc, w)   the slow path, after _fast returned rc (R_PENDING or R_BUSY), under
 #                      the wait policy w: R_ACQ / R_ACQ_DIED / R_TIMEOUT / R_SIGNAL, leaving
 #                      the lock fully usable for others whatever the outcome.
-#   _unlock(me)        release by the holder `me` (holder field already cleared).
+#   _unlock(me, armed) release by the holder `me` (holder field already cleared).
+#                      `armed`: crash points are armed (shm_crash_armed, read once per
+#                      Python call), so the fast path tests no global at each point.
 #   _is_locked(), _waiters()   snapshots for locked() and inspect.
 # The base class owns everything the kinds share: argument checks, participant lookup,
 # holder identity (ctl.holder, DeadlockError, NotOwnerError), owner_died/mark_consistent/
@@ -134,7 +136,7 @@ cdef class _Lock:
 
     # -- the internal interface (overridden by each kind) ---------------------------------
 
-    cdef int _fast(self, uint32_t me) noexcept nogil:
+    cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
         return R_BUSY
 
     cdef int _try(self, uint32_t me) noexcept nogil:
@@ -143,7 +145,7 @@ cdef class _Lock:
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         return R_TIMEOUT
 
-    cdef int _unlock(self, uint32_t me) noexcept nogil:
+    cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         return 0
 
     cdef bint _is_locked(self) noexcept nogil:
@@ -164,10 +166,10 @@ cdef class _Lock:
 
     # -- acquire ------------------------------------------------------------------------
 
-    cdef inline object _got(self, reg_t* r, int rc):
-        crashpoint("lock.acquire.got")
+    cdef inline object _got(self, reg_t* r, int rc, bint armed):
+        crashpoint_at(armed, "lock.acquire.got")
         st32_rlx(&self.b.ctl.holder, r.slot + 1)     # publish HOLDING ...
-        crashpoint("lock.acquire.holder")
+        crashpoint_at(armed, "lock.acquire.holder")
         shm_op_set(r.op, 0, 0)                       # ... then end the acquire step
         r.held += 1
         if rc == R_ACQ and ld32_rlx(&self.b.ctl.flags) == 0:
@@ -183,7 +185,7 @@ cdef class _Lock:
             shm_op_set(r.op, self._lock1, SHM_OP_RELEASING)
             st32_rlx(&self.b.ctl.holder, 0)
             r.held -= 1
-            self._unlock(r.slot)
+            self._unlock(r.slot, shm_crash_armed)
             shm_op_set(r.op, 0, 0)
             _raise_code(self, R_NOTREC)
         return True
@@ -197,15 +199,19 @@ cdef class _Lock:
         inconsistent after an owner death. Blocking releases the GIL and runs signal
         handlers (Ctrl-C raises KeyboardInterrupt out of it)."""
         cdef reg_t* r = self._me()
-        cdef int rc
         if blocking is True and (timeout is _NEG1 or timeout is None):
-            shm_op_set(r.op, self._lock1, SHM_OP_TAKING)
-            crashpoint("lock.acquire.taking")
-            rc = self._fast(r.slot)
-            if rc == R_ACQ:
-                return self._got(r, rc)
-            return self._acquire_slow(r, rc, -1)
+            return self._acquire_forever(r)
         return self._acquire_args(r, blocking, timeout)
+
+    cdef inline object _acquire_forever(self, reg_t* r):
+        cdef bint armed = shm_crash_armed            # one load of the global per call
+        cdef int rc
+        shm_op_set(r.op, self._lock1, SHM_OP_TAKING)
+        crashpoint_at(armed, "lock.acquire.taking")
+        rc = self._fast(r.slot, armed)
+        if rc == R_ACQ:
+            return self._got(r, rc, armed)
+        return self._acquire_slow(r, rc, -1)
 
     cdef object _acquire_args(self, reg_t* r, blocking, timeout):
         cdef double t
@@ -226,7 +232,7 @@ cdef class _Lock:
             crashpoint("lock.acquire.taking")
             rc = self._try(r.slot)
             if rc == R_ACQ or rc == R_ACQ_DIED:
-                return self._got(r, rc)
+                return self._got(r, rc, shm_crash_armed)
             shm_op_set(r.op, 0, 0)
             if rc < 0:
                 _raise_code(self, rc)
@@ -241,9 +247,9 @@ cdef class _Lock:
             deadline = shm_now_ns() + <int64_t>(t * 1e9)
         shm_op_set(r.op, self._lock1, SHM_OP_TAKING)
         crashpoint("lock.acquire.taking")
-        rc = self._fast(r.slot)
+        rc = self._fast(r.slot, shm_crash_armed)
         if rc == R_ACQ:
-            return self._got(r, rc)
+            return self._got(r, rc, shm_crash_armed)
         return self._acquire_slow(r, rc, deadline)
 
     cdef _raise_deadlock(self):
@@ -254,7 +260,7 @@ cdef class _Lock:
         cdef wait_t w
         cdef uint32_t me = r.slot
         if rc == R_ACQ_DIED:
-            return self._got(r, rc)
+            return self._got(r, rc, shm_crash_armed)
         if rc < 0:
             shm_op_set(r.op, 0, 0)
             _raise_code(self, rc)
@@ -271,10 +277,10 @@ cdef class _Lock:
             if PyErr_Occurred() != NULL:
                 # granted while a signal handler raised: hand the lock back, then raise
                 shm_op_set(r.op, self._lock1, SHM_OP_RELEASING)
-                self._unlock(me)
+                self._unlock(me, shm_crash_armed)
                 shm_op_set(r.op, 0, 0)
                 return _raise_pending()
-            return self._got(r, rc)
+            return self._got(r, rc, shm_crash_armed)
         shm_op_set(r.op, 0, 0)
         if rc == R_TIMEOUT:
             return False
@@ -285,6 +291,7 @@ cdef class _Lock:
     # -- release ------------------------------------------------------------------------
 
     cdef inline int _release(self) except -1:
+        cdef bint armed = shm_crash_armed            # one load of the global per call
         cdef reg_t* r
         cdef int rc
         if self._closed or self.rm.closed:
@@ -294,7 +301,7 @@ cdef class _Lock:
             raise NotOwnerError(f"release of {self.kind_name} lock {self._name!r} by a "
                                 "thread that does not hold it")
         shm_op_set(r.op, self._lock1, SHM_OP_RELEASING)
-        crashpoint("lock.release.releasing")
+        crashpoint_at(armed, "lock.release.releasing")
         if ld32_rlx(&self.b.ctl.flags) & SHM_F_OWNER_DIED:
             # released inconsistent: unusable from now on, in every process. The flag in
             # the body is the one source of truth for every kind; a pthread mutex is made
@@ -303,10 +310,10 @@ cdef class _Lock:
             for32(&self.b.ctl.flags, SHM_F_NOTRECOVERABLE)
             self._consistent()
         st32_rlx(&self.b.ctl.holder, 0)
-        crashpoint("lock.release.unholder")
+        crashpoint_at(armed, "lock.release.unholder")
         r.held -= 1
-        rc = self._unlock(r.slot)
-        crashpoint("lock.release.unlocked")
+        rc = self._unlock(r.slot, armed)
+        crashpoint_at(armed, "lock.release.unlocked")
         shm_op_set(r.op, 0, 0)
         if rc < 0:
             _raise_code(self, rc)
@@ -318,13 +325,7 @@ cdef class _Lock:
 
     def __enter__(self):
         cdef reg_t* r = self._me()
-        cdef int rc
-        shm_op_set(r.op, self._lock1, SHM_OP_TAKING)
-        crashpoint("lock.acquire.taking")
-        rc = self._fast(r.slot)
-        if rc == R_ACQ:
-            self._got(r, rc)
-        elif not self._acquire_slow(r, rc, -1):
+        if not self._acquire_forever(r):
             raise ShmLockError(f"{self.kind_name} lock {self._name!r}: a wait without "
                                "timeout returned without the lock")
         return self

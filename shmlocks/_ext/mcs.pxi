@@ -176,7 +176,8 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
             return R_CORRUPT
 
 
-cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dead=0) noexcept nogil:
+cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dead,
+                         bint armed) noexcept nogil:
     """Release the lock held by node q (by q itself, or on behalf of dead q). For a dead q
     that was releasing, it may already have emptied the queue: then nothing is left."""
     cdef shm_node* n = &b.nodes[q]
@@ -190,7 +191,7 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
         t = ld64_seq(&b.wa.u64[0])
         if _t_last(t) == q + 1:
             if cas64(&b.wa.u64[0], t, 0):            # no one behind: free
-                crashpoint("mcs.release.emptied")
+                crashpoint_at(armed, "mcs.release.emptied")
                 st32_rel(&n.state, M_IDLE)
                 return 0
             continue
@@ -209,7 +210,7 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
              succ | (<uint64_t>ld32_acq(&b.nodes[succ - 1].round) << 32))
     st32_rel(&n.state, M_IDLE)
     wake_if_parked(&n.state, &n.parked)
-    crashpoint("mcs.release.idled")
+    crashpoint_at(armed, "mcs.release.idled")
     return _mcs_pass(rm, b, succ, q)
 
 
@@ -226,7 +227,7 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         if st == M_GRANT:                            # it still held the lock: its release
             if ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:    # decides recoverability
                 for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
-            _mcs_release_as(rm, b, q, 1)
+            _mcs_release_as(rm, b, q, 1, shm_crash_armed)
         elif st == M_IDLE:
             # It died passing the lock on: op_value names the node it was at. Nodes it had
             # already passed through and not yet freed are still PASSING (it was the only
@@ -266,11 +267,11 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         cas32(&b.ctl.holder, q + 1, 0)
         crashpoint("mcs.recover.flagged")
         st32_rel(&n.state, M_GRANT)
-        _mcs_release_as(rm, b, q)
+        _mcs_release_as(rm, b, q, 0, shm_crash_armed)
         return
     st64_rel(&n.value, ld64_rlx(&rm.part[q].generation))
     if not cas32(&n.state, M_WAIT, M_ABANDONED):     # it waits: abandon its place for it
-        _mcs_release_as(rm, b, q)                    # granted meanwhile: pass it on
+        _mcs_release_as(rm, b, q, 0, shm_crash_armed)     # granted meanwhile: pass it on
     else:
         wake_if_parked(&n.state, &n.parked)
 
@@ -282,19 +283,20 @@ cdef class MCSLock(_Lock):
     cdef inline uint64_t* _tail(self) noexcept nogil:
         return &self.b.wa.u64[0]
 
-    cdef int _enqueue(self, uint32_t me) noexcept nogil:
+    cdef inline int _enqueue(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_node* n = &self.b.nodes[me]
-        cdef uint64_t old
+        cdef uint64_t old = 0, seen
         cdef uint32_t p
         st32_rlx(&n.next, 0)
         st32_rlx(&n.pred, M_UNKNOWN)
         st32_rlx(&n.round, n.round + 1)
         st32_rlx(&n.state, M_WAIT)
         while True:                                  # join: tail := (me, old last)
-            old = ld64_seq(self._tail())
-            if cas64(self._tail(), old, (me + 1) | (<uint64_t>_t_last(old) << 32)):
+            seen = cmpxchg64(self._tail(), old, (me + 1) | (<uint64_t>_t_last(old) << 32))
+            if seen == old:                          # (first guess: an empty queue)
                 break
-        crashpoint("mcs.acquire.joined")
+            old = seen
+        crashpoint_at(armed, "mcs.acquire.joined")
         p = _t_last(old)
         if p > self.b.P or p == me + 1:
             return R_CORRUPT
@@ -302,7 +304,7 @@ cdef class MCSLock(_Lock):
                 and ld32_acq(&n.state) == M_WAIT):
             cas32(&self.b.nodes[p - 1].pred, M_UNKNOWN, _t_prev(old))  # publish it for p
         st32_rel(&n.pred, p)                         # then our own
-        crashpoint("mcs.acquire.pred")
+        crashpoint_at(armed, "mcs.acquire.pred")
         if p == 0:
             st32_rlx(&n.state, M_GRANT)
             return R_ACQ
@@ -310,22 +312,28 @@ cdef class MCSLock(_Lock):
             st32_rel(&self.b.nodes[p - 1].next, me + 1)  # the hint link
         return R_PENDING
 
-    cdef int _fast(self, uint32_t me) noexcept nogil:
+    cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
         if ld32_acq(&self.b.nodes[me].state) != M_IDLE:
             return R_BUSY
-        return self._enqueue(me)
+        return self._enqueue(me, armed)
 
     cdef int _try(self, uint32_t me) noexcept nogil:
         cdef shm_node* n = &self.b.nodes[me]
         if ld32_acq(&n.state) != M_IDLE:
             return R_BUSY
+        # Armed like a joiner (WAIT, pred unknown), so that a death before or after the
+        # CAS reads right to recovery: not in the tail word and pred unknown = never joined;
+        # last in the tail word with prev 0 = it holds the lock.
         st32_rlx(&n.next, 0)
-        st32_rlx(&n.pred, 0)
+        st32_rlx(&n.pred, M_UNKNOWN)
         st32_rlx(&n.round, n.round + 1)
-        st32_rlx(&n.state, M_GRANT)
+        st32_seq(&n.state, M_WAIT)
+        crashpoint("mcs.try.armed")
         if cas64(self._tail(), 0, me + 1):
+            st32_rel(&n.pred, 0)
+            st32_rlx(&n.state, M_GRANT)
             return R_ACQ
-        st32_rlx(&n.state, M_IDLE)
+        st32_rel(&n.state, M_IDLE)
         return R_BUSY
 
     cdef void _check_ahead(self, uint32_t me) noexcept nogil:
@@ -366,7 +374,7 @@ cdef class MCSLock(_Lock):
                         return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
                 if ld32_acq(&n.state) != M_IDLE:
                     return R_CORRUPT
-                rc = self._enqueue(me)
+                rc = self._enqueue(me, shm_crash_armed)
                 if rc != R_PENDING:
                     return rc
         ctx.n = n
@@ -384,8 +392,17 @@ cdef class MCSLock(_Lock):
             return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
         return R_ACQ                                 # granted as we were leaving
 
-    cdef int _unlock(self, uint32_t me) noexcept nogil:
-        return _mcs_release_as(self.rm, &self.b, me)
+    cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
+        cdef shm_node* n = &self.b.nodes[me]
+        if ld32_acq(&n.next) == 0:
+            # No successor linked: if we are still last, the tail word is (us, our pred)
+            # and one CAS empties the queue (the first step of _mcs_release_as, inline)
+            st64_rel(&self.rm.part[me].op_value, 0)
+            if cas64(self._tail(), (me + 1) | (<uint64_t>ld32_rlx(&n.pred) << 32), 0):
+                crashpoint_at(armed, "mcs.release.emptied")
+                st32_rel(&n.state, M_IDLE)
+                return 0
+        return _mcs_release_as(self.rm, &self.b, me, 0, armed)
 
     cdef bint _is_locked(self) noexcept nogil:
         return ld64_acq(self._tail()) != 0

@@ -46,7 +46,7 @@ cdef class _PthreadMutexLock(_Lock):
     cdef bint _spin(self) noexcept nogil:
         return 1
 
-    cdef int _fast(self, uint32_t me) noexcept nogil:
+    cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
         return _pm_code(pthread_mutex_trylock(&self.b.wa.m))
 
     cdef int _try(self, uint32_t me) noexcept nogil:
@@ -86,7 +86,7 @@ cdef class _PthreadMutexLock(_Lock):
             if r == W_SIGNAL:
                 return R_SIGNAL
 
-    cdef int _unlock(self, uint32_t me) noexcept nogil:
+    cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         return 0 if pthread_mutex_unlock(&self.b.wa.m) == 0 else R_CORRUPT
 
     cdef int _consistent(self) noexcept nogil:

@@ -48,6 +48,11 @@ static inline uint64_t fadd64(uint64_t *p, uint64_t v) { return __atomic_fetch_a
 static inline int cas64(uint64_t *p, uint64_t expected, uint64_t desired) {
     return __atomic_compare_exchange_n(p, &expected, desired, 0, SEQ, SEQ);
 }
+/* compare-and-swap that returns the value it found (== expected: it swapped) */
+static inline uint64_t cmpxchg64(uint64_t *p, uint64_t expected, uint64_t desired) {
+    __atomic_compare_exchange_n(p, &expected, desired, 0, SEQ, SEQ);
+    return expected;
+}
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -92,13 +97,17 @@ static inline uint32_t shm_gettid(void) { return (uint32_t)syscall(SYS_gettid); 
 /* ---- crash points (DESIGN.md section 7): armed once at import, one branch when unarmed ---- */
 static int shm_crash_armed = 0;
 static char shm_crash_name[64];
-static inline void shm_crashpoint(const char *name) {
-    if (__builtin_expect(shm_crash_armed, 0)) {
+static inline void shm_crashpoint_at(int armed, const char *name) {
+    if (__builtin_expect(armed, 0)) {
         const char *a = shm_crash_name, *b = name;
         while (*a && *a == *b) { a++; b++; }
         if (*a == 0 && *b == 0) kill(getpid(), SIGKILL);
     }
 }
+/* off the fast path: the global, read at each point */
+static inline void shm_crashpoint(const char *name) { shm_crashpoint_at(shm_crash_armed, name); }
+/* On the fast path the caller reads shm_crash_armed once per Python call and passes it down
+ * as `armed`: each point is then a test of a register, not a load of the global. */
 
 /* publish (lock index + 1, step) in a participant's op_lock/op_step pair with one store;
  * release order: everything before it is visible first, and the SC atomics that follow

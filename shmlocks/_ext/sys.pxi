@@ -187,6 +187,7 @@ cdef extern from "shm_sys.h" nogil:
     void st64_seq(uint64_t*, uint64_t)
     uint64_t fadd64(uint64_t*, uint64_t)
     bint cas64(uint64_t*, uint64_t, uint64_t)
+    uint64_t cmpxchg64(uint64_t*, uint64_t, uint64_t)
     void cpu_relax()
     int shm_futex_wait(uint32_t* word, uint32_t expected, int64_t timeout_ns)
     int shm_futex_wake(uint32_t* word, int n)
@@ -196,6 +197,7 @@ cdef extern from "shm_sys.h" nogil:
     int shm_crash_armed
     char shm_crash_name[64]
     void crashpoint "shm_crashpoint"(const char* name)
+    void crashpoint_at "shm_crashpoint_at"(bint armed, const char* name)
     void shm_op_set(uint32_t* op_lock, uint32_t lock1, uint32_t step)
 
 cdef extern from "Python.h":

@@ -60,14 +60,14 @@ cdef bint _ticket_unpublished(shm_body* b, uint32_t x) noexcept nogil:
     return ld64_acq(&b.precs[x].ticket) == 0
 
 
-cdef void _ticket_grant(shm_body* b, uint64_t s) noexcept nogil:
+cdef void _ticket_grant(shm_body* b, uint64_t s, bint armed) noexcept nogil:
     """Serve ticket s, skipping abandoned tickets, and wake its waiter. The release step;
     idempotent for the current `serving`, so a recoverer may redo it."""
     cdef shm_node* nd
     cdef uint32_t guard = 0
     while True:
         st64_seq(&b.wb.u64[0], s)                    # grant ticket s ...
-        crashpoint("ticket.release.served")
+        crashpoint_at(armed, "ticket.release.served")
         nd = &b.nodes[s % b.P]
         if ld64_seq(&nd.value) == s + 1 and cas64(&nd.value, s + 1, 0):
             if ld32_seq(&nd.parked) != 0:            # a slot's new owner waits for this
@@ -92,7 +92,7 @@ cdef void _ticket_abandon_for(rmap_t* rm, shm_body* b, uint32_t q, uint64_t t) n
     if not cas64(&nd.value, 0, t + 1) and ld64_seq(&nd.value) != t + 1:
         return                                       # marker slot taken: corrupt; leave it
     if ld64_seq(&b.wb.u64[0]) == t and cas64(&nd.value, t + 1, 0):
-        _ticket_grant(b, t + 1)                      # it had just been granted: pass it on
+        _ticket_grant(b, t + 1, shm_crash_armed)                      # it had just been granted: pass it on
         return
     r.abandoned_gen = ld64_rlx(&rm.part[q].generation)   # the slot's next owner waits for it
     st64_rel(&r.abandoned, t + 1)
@@ -116,9 +116,9 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
                 for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
             cas32(&b.ctl.holder, q + 1, 0)
             crashpoint("ticket.recover.flagged")
-            _ticket_grant(b, t + 1)
+            _ticket_grant(b, t + 1, shm_crash_armed)
         elif s > t:                                  # it died releasing: redo the grant
-            _ticket_grant(b, s)
+            _ticket_grant(b, s, shm_crash_armed)
         else:                                        # it was waiting
             _ticket_abandon_for(rm, b, q, t)
         st64_rel(&r.ticket, 0)
@@ -141,7 +141,7 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             x += 1
         if not seen:
             if u == ld64_seq(&b.wb.u64[0]):
-                _ticket_grant(b, u + 1)              # taken, never entered: pass it on
+                _ticket_grant(b, u + 1, shm_crash_armed)              # taken, never entered: pass it on
             else:
                 _ticket_abandon_for(rm, b, q, u)
         u += 1
@@ -157,13 +157,13 @@ cdef class TicketLock(_Lock):
     cdef inline uint64_t* _serving(self) noexcept nogil:
         return &self.b.wb.u64[0]
 
-    cdef int _fast(self, uint32_t me) noexcept nogil:
+    cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
         cdef uint64_t t
         if r.ticket != 0 or r.abandoned != 0:
             return R_BUSY                            # holding, or a ticket to take back
         t = fadd64(self._next(), 1)                  # take a ticket
-        crashpoint("ticket.acquire.took")
+        crashpoint_at(armed, "ticket.acquire.took")
         st64_rel(&r.ticket, t + 1)                   # publish it
         if ld64_acq(self._serving()) == t:
             return R_ACQ
@@ -271,13 +271,13 @@ cdef class TicketLock(_Lock):
             return R_SIGNAL
         return rc
 
-    cdef int _unlock(self, uint32_t me) noexcept nogil:
+    cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
         cdef uint64_t s = r.ticket                   # = our ticket + 1: the next to serve
         if s == 0:
             return R_CORRUPT
-        _ticket_grant(&self.b, s)
-        crashpoint("ticket.release.granted")
+        _ticket_grant(&self.b, s, armed)
+        crashpoint_at(armed, "ticket.release.granted")
         st64_rel(&r.ticket, 0)                       # last: a death before it is redone
         return 0
 
