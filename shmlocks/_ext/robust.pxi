@@ -7,7 +7,7 @@
 # the mutex ENOTRECOVERABLE for everyone (LockNotRecoverableError).
 #
 # Waiting is bounded: pthread_mutex_clocklock(CLOCK_MONOTONIC) in slices of the wait
-# policy, so timeouts and Ctrl-C work; the robust kind spins on trylock briefly first.
+# policy, so timeouts and Ctrl-C work; a waiter spins on trylock briefly first.
 
 cdef int _robust_mutex_init(pthread_mutex_t* m, bint pi) noexcept nogil:
     """A process-shared robust mutex (+ priority inheritance): every pthread mutex the
@@ -43,7 +43,7 @@ cdef inline int _pm_code(int rc) noexcept nogil:
 
 
 cdef class _PthreadMutexLock(_Lock):
-    cdef bint _spin(self) noexcept nogil:
+    cdef bint _spins(self) noexcept nogil:
         return 1
 
     cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
@@ -62,16 +62,15 @@ cdef class _PthreadMutexLock(_Lock):
             return R_NOTREC
         if w.deadline == 0:
             return R_TIMEOUT
-        if self._spin():
-            while True:
-                rc = _pm_code(pthread_mutex_trylock(&self.b.wa.m))
-                if rc != R_BUSY:
-                    return rc
-                r = wait_pause(w)
-                if r == W_PARK:
-                    break
-                if r != W_CONT:
-                    return R_TIMEOUT
+        while self._spins():
+            rc = _pm_code(pthread_mutex_trylock(&self.b.wa.m))
+            if rc != R_BUSY:
+                return rc
+            r = wait_pause(w)
+            if r == W_PARK:
+                break
+            if r != W_CONT:
+                return R_TIMEOUT
         while True:
             sl = wait_slice(w)
             if sl <= 0:

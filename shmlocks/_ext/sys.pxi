@@ -26,6 +26,9 @@ cdef extern from "<unistd.h>" nogil:
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
+    int sched_getscheduler(int pid)
+    enum: SCHED_FIFO
+    enum: SCHED_RR
 
 cdef extern from "<sys/mman.h>" nogil:
     int shm_unlink(const char* name)
