@@ -37,8 +37,23 @@ cdef enum:
     C_UNKNOWN = 0xffffffff
 
 
+cdef struct _clh_wctx:
+    shm_node* pn           # the node we wait on
+    shm_node* nodes
+    uint32_t P
+
+
 cdef int _clh_not_busy(void* c) noexcept nogil:
-    return ld32_seq(&(<shm_node*>c).state) != C_BUSY
+    """READY once the node we wait on is not BUSY; FAR while its own predecessor is BUSY
+    too (its owner waits: someone is ahead of us)."""
+    cdef _clh_wctx* x = <_clh_wctx*>c
+    cdef uint32_t pp
+    if ld32_seq(&x.pn.state) != C_BUSY:
+        return Q_READY
+    pp = ld32_rlx(&x.pn.pred)                        # a hint: bounds-checked, never trusted
+    if pp <= x.P and ld32_rlx(&x.nodes[pp].state) == C_BUSY:
+        return Q_FAR
+    return Q_NEAR
 
 
 cdef int _clh_not_reclaiming(void* c) noexcept nogil:
@@ -280,9 +295,12 @@ cdef class CLHLock(_Lock):
         cdef uint32_t p, st
         cdef shm_node* x
         cdef shm_node* pn
+        cdef _clh_wctx ctx
         cdef int res
         if X > self.b.P:
             return R_CORRUPT
+        ctx.nodes = self.b.nodes
+        ctx.P = self.b.P
         x = &self.b.nodes[X]
         if rc == R_BUSY:
             st = ld32_acq(&x.state)
@@ -308,7 +326,8 @@ cdef class CLHLock(_Lock):
             if p > self.b.P:
                 return R_CORRUPT
             pn = &self.b.nodes[p]
-            res = wait_for(_clh_not_busy, pn, &pn.state, &pn.parked, w, 1)
+            ctx.pn = pn
+            res = wait_for(_clh_not_busy, &ctx, &pn.state, &pn.parked, w, 1)
             if res == W_TICK:
                 self._check_ahead(p)
                 continue

@@ -394,11 +394,13 @@ cdef class MCSLock(_Lock):
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_node* n = &self.b.nodes[me]
-        if ld32_acq(&n.next) == 0:
-            # No successor linked: if we are still last, the tail word is (us, our pred)
-            # and one CAS empties the queue (the first step of _mcs_release_as, inline)
+        cdef uint64_t t = (me + 1) | (<uint64_t>ld32_rlx(&n.pred) << 32)
+        if ld32_acq(&n.next) == 0 and ld64_seq(self._tail()) == t:
+            # No successor linked and we are still last (the tail word is (us, our pred)):
+            # one CAS empties the queue (the first step of _mcs_release_as, inline). A
+            # plain load first: a CAS bound to fail would still steal the joiner's line.
             st64_rel(&self.rm.part[me].op_value, 0)
-            if cas64(self._tail(), (me + 1) | (<uint64_t>ld32_rlx(&n.pred) << 32), 0):
+            if cas64(self._tail(), t, 0):
                 crashpoint_at(armed, "mcs.release.emptied")
                 st32_rel(&n.state, M_IDLE)
                 return 0

@@ -8,7 +8,7 @@
 #          had to park, so a waiter that shares a CPU with the holder stops burning the
 #          holder's time slice;
 #   far    a waiter that knows others are ahead of it (ticket: two or more tickets to be
-#          served first; MCS: its predecessor waits too) yields instead of spinning, for up
+#          served first; MCS, CLH: its predecessor waits too) yields instead of spinning, for up
 #          to FAR_YIELD_NS: on an oversubscribed machine the next holder may need this CPU;
 #   yield  sched_yield a few times (lets a descheduled holder run on an oversubscribed box);
 #   park   announce (parked += 1), re-check, FUTEX_WAIT on the word for at most PARK_SLICE_NS,
