@@ -173,7 +173,14 @@ class Run:
     def handoff(self) -> None:
         m = self.mode
         res = self.raw["handoff"]
+        floor = self.raw.setdefault("handoff_floor", [])
         for r in range(m.handoff_repeats):
+            # The harness floor: the same loop with a lock that does nothing. The turn word
+            # has one writer at a time (whoever holds the turn), so it still ping-pongs.
+            out = self.attempt("hand-off floor", adapters.BROKEN,
+                               lambda a: handoff.measure(a, m.handoff_s, 0))
+            if out is not None:
+                floor.append(out)
             for cs in m.cs_ns:
                 log(f"hand-off: round {r + 1}/{m.handoff_repeats}, critical section {cs} ns")
                 for name in rotated(self.locks, r):
