@@ -270,8 +270,15 @@ cdef class _Lock:
         wait_init(&w, deadline, &self.b.precs[me].spin_ns)
         shm_op_set(r.op, self._lock1, SHM_OP_WAITING)     # "me waits for this lock"
         crashpoint("lock.wait.waiting")
-        with nogil:
+        if self.rm.nthreads <= 1:
+            # no other thread of ours is registered here, so none can hold this lock and
+            # need our GIL: spin with it, release it only to yield or park (wait.pxi)
+            w.gil = 1
             rc = self._wait(me, rc, &w)
+            wait_regil(&w)
+        else:
+            with nogil:
+                rc = self._wait(me, rc, &w)
         if rc == R_ACQ or rc == R_ACQ_DIED:
             wait_adapt(&w, &self.b.precs[me].spin_ns)
             if PyErr_Occurred() != NULL:

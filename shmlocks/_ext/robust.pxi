@@ -71,6 +71,7 @@ cdef class _PthreadMutexLock(_Lock):
                 break
             if r != W_CONT:
                 return R_TIMEOUT
+        wait_nogil(w)
         while True:
             sl = wait_slice(w)
             if sl <= 0:

@@ -23,7 +23,10 @@
 # the announcement, or the waiter's re-check sees the condition; a FUTEX_WAIT on a stale
 # value returns EAGAIN at once.
 #
-# Callers hold no GIL here: the kind's slow path runs inside `with nogil`.
+# The GIL: a kind's _wait starts with the caller's GIL held when w.gil is set (no other
+# thread of this process is registered on the region, so the holder cannot need our GIL);
+# it is released (wait_nogil) before the first yield, park or blocking call, and re-taken
+# by the caller (wait_regil) after _wait returns. Otherwise _wait runs without it.
 
 cdef enum:
     W_READY = 1
@@ -61,7 +64,14 @@ cdef enum:
     Q_READY = 1
     Q_FAR = 2
 
+cdef extern from "Python.h":
+    ctypedef struct PyThreadState
+    PyThreadState* PyEval_SaveThread() nogil
+    void PyEval_RestoreThread(PyThreadState*) nogil
+
 cdef struct wait_t:
+    PyThreadState* saved    # the GIL, released by wait_nogil (NULL: not released here)
+    int gil                 # 1 while the caller's GIL is still held (see wait_nogil)
     int64_t deadline        # absolute CLOCK_MONOTONIC ns; -1 = wait forever; 0 = do not wait
     int64_t spin_until
     int64_t spin_ns         # this wait's spin budget
@@ -74,6 +84,8 @@ cdef struct wait_t:
 
 
 cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) noexcept nogil:
+    w.saved = NULL
+    w.gil = 0
     w.deadline = deadline
     w.spin_ns = SPIN_NS
     if budget != NULL and budget[0] != 0:
@@ -85,6 +97,21 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
     w.far_until = 0
     w.far = 0
     w.switched = 0
+
+
+cdef inline void wait_nogil(wait_t* w) noexcept nogil:
+    """Release the GIL if the caller still holds it: before the first yield, far yield,
+    park or blocking call. The spin phase keeps it (a release and re-take would add
+    ~0.1 us to every contended hand-off); the caller re-takes it with wait_regil."""
+    if w.gil:
+        w.gil = 0
+        w.saved = PyEval_SaveThread()
+
+
+cdef inline void wait_regil(wait_t* w) noexcept nogil:
+    if w.saved != NULL:
+        PyEval_RestoreThread(w.saved)
+        w.saved = NULL
 
 
 cdef int wait_check(wait_t* w) noexcept nogil:
@@ -127,6 +154,7 @@ cdef int wait_pause(wait_t* w) noexcept nogil:
             w.phase = 1
         return W_CONT
     if w.phase == 1:
+        wait_nogil(w)
         now = shm_now_ns()
         sched_yield()
         w.yields += 1
@@ -143,6 +171,7 @@ cdef int wait_pause(wait_t* w) noexcept nogil:
 cdef int wait_park(wait_t* w, uint32_t* word, uint32_t expected) noexcept nogil:
     """Sleep on word while it holds `expected` (one slice), then check deadline and signals."""
     cdef int64_t sl = wait_slice(w)
+    wait_nogil(w)
     if sl > 0:
         shm_futex_wait(word, expected, sl)
     return wait_check(w)
@@ -153,6 +182,7 @@ cdef int wait_far(wait_t* w) noexcept nogil:
     oversubscribed machine the next holder may be waiting for this very CPU) rather than
     spin; park after FAR_YIELD_NS of that. W_CONT, W_PARK or W_TIMEOUT."""
     cdef int64_t now
+    wait_nogil(w)
     sched_yield()
     now = shm_now_ns()
     if w.far_until == 0:
@@ -188,6 +218,7 @@ cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
         if r != W_PARK:
             return r
         w.phase = 2
+        wait_nogil(w)
         fadd32(parked, 1)                   # announce, SC: the waker reads parked after its change
         v = ld32_seq(word)
         if ready(ctx) == Q_READY:
