@@ -46,7 +46,7 @@ cdef enum:
 
 
 cdef inline reg_t* reg_lookup(rmap_t* rm) noexcept nogil:
-    cdef reg_t* r = <reg_t*>pthread_getspecific(g_key)
+    cdef reg_t* r = <reg_t*>shm_tls_get()
     while r != NULL:
         if r.rm == rm:
             return r
@@ -93,6 +93,7 @@ cdef void thread_exit(void* head) noexcept nogil:
     """pthread key destructor: this thread is exiting. Give back clean slots."""
     cdef reg_t* r = <reg_t*>head
     cdef reg_t* nx
+    shm_tls_set(NULL)
     pthread_mutex_lock(&g_mutex)
     while r != NULL:
         nx = r.next
@@ -120,13 +121,14 @@ cdef void atfork_parent() noexcept nogil:
 cdef void atfork_child() noexcept nogil:
     """A forked child is one new thread that owns no slot: forget the parent's threads."""
     cdef rmap_t* rm = g_rmaps
-    cdef reg_t* r = <reg_t*>pthread_getspecific(g_key)
+    cdef reg_t* r = <reg_t*>shm_tls_get()
     cdef reg_t* nx
     while r != NULL:
         nx = r.next
         free(r)
         r = nx
     pthread_setspecific(g_key, NULL)
+    shm_tls_set(NULL)
     while rm != NULL:
         rm.nthreads = 0
         rm = rm.gnext
@@ -170,8 +172,9 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
             r.slot = i
             r.op = &p.op_lock
             r.held = 0
-            r.next = <reg_t*>pthread_getspecific(g_key)
+            r.next = <reg_t*>shm_tls_get()
             pthread_setspecific(g_key, r)
+            shm_tls_set(r)
             pthread_mutex_lock(&g_mutex)
             rm.nthreads += 1
             pthread_mutex_unlock(&g_mutex)
@@ -184,7 +187,7 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
 cdef int reg_unregister(rmap_t* rm) noexcept nogil:
     """The calling thread leaves the region (close). Returns 1 if it left. A thread that
     still holds a lock here keeps its slot: its robust list may run through the mapping."""
-    cdef reg_t* head = <reg_t*>pthread_getspecific(g_key)
+    cdef reg_t* head = <reg_t*>shm_tls_get()
     cdef reg_t** pp = &head
     cdef reg_t* r
     while pp[0] != NULL:
@@ -194,6 +197,7 @@ cdef int reg_unregister(rmap_t* rm) noexcept nogil:
                 return 0
             pp[0] = r.next
             pthread_setspecific(g_key, head)
+            shm_tls_set(head)
             pthread_mutex_lock(&g_mutex)
             if rm.base != NULL:
                 token_unlock(rm, r.slot)

@@ -199,6 +199,8 @@ cdef extern from "shm_sys.h" nogil:
     uint32_t shm_gettid()
     int shm_crash_armed
     char shm_crash_name[64]
+    void* shm_tls_get()
+    void shm_tls_set(void*)
     void crashpoint "shm_crashpoint"(const char* name)
     void crashpoint_at "shm_crashpoint_at"(bint armed, const char* name)
     void shm_op_set(uint32_t* op_lock, uint32_t lock1, uint32_t step)
