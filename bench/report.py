@@ -39,14 +39,17 @@ def summarize(raw: dict[str, Any], mode: Mode) -> dict[str, Any]:
     un = raw["uncontended"]
     loop = un.get(uncontended.LOOP, {}).get("median_ns")
     s["loop_overhead_ns"] = loop
+    rounds = uncontended.PYPERF[mode.name][0]
     for name in adapters.NAMES:
         for form in uncontended.FORMS:
             b = un.get(uncontended.bench_name(name, form))
             if b:
+                ref = un.get(uncontended.bench_name(REF, form))
                 s["uncontended"].setdefault(name, {})[form] = {
                     "median": b["median_ns"], "min": b["min_ns"], "max": b["max_ns"],
                     "n": len(b["values_ns"]),
                     "corrected": (b["median_ns"] - loop) if loop is not None else None,
+                    "paired": paired_ratio(b["values_ns"], ref and ref["values_ns"], rounds),
                 }
     for name, byp in raw["contended"].items():
         for p, runs in byp.items():
@@ -107,6 +110,33 @@ def ratio(x: float | None, ref: float | None) -> float | None:
 # targets (issue 4), each checked per lock against multiprocessing.Lock from the same run
 
 
+def paired_ratio(vals: list[float], ref: list[float] | None, rounds: int) -> float | None:
+    """The median over pyperf rounds of (this lock's median / mp.Lock's median) within the
+    same round. The rounds interleave the locks in time, so a change in the machine's speed
+    (the host's other load: threading.Lock's values span 2x in one run) cancels out."""
+    if not ref or rounds < 1 or len(vals) != len(ref) or len(vals) % rounds:
+        return None
+    k = len(vals) // rounds
+    rs = sorted(_med(vals[i * k:(i + 1) * k]) / _med(ref[i * k:(i + 1) * k])
+                for i in range(rounds))
+    return _med(rs)
+
+
+def _med(xs: Sequence[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def uncontended_ratio(f: dict[str, Any] | None, ref: dict[str, Any] | None) -> float | None:
+    """The paired ratio when the rounds allow it, else the ratio of the medians."""
+    if not f:
+        return None
+    if f.get("paired") is not None:
+        return f["paired"]
+    return ratio(f["median"], ref and ref.get("median"))
+
+
 def check_targets(s: dict[str, Any], mode: Mode) -> list[dict[str, Any]]:
     """One entry per (target, kind): what was measured, what was wanted, met or not
     (None: not measured in this run)."""
@@ -118,11 +148,11 @@ def check_targets(s: dict[str, Any], mode: Mode) -> list[dict[str, Any]]:
 
     un = s["uncontended"]
     for form, limit in (("acquire+release", 1.0), ("with", 0.6)):
-        ref = un.get(REF, {}).get(form, {}).get("median")
+        ref = un.get(REF, {}).get(form)
         t = f"uncontended {'`with lock:`' if form == 'with' else 'acquire()+release()'}, " \
-            "time vs mp.Lock"
+            "time vs mp.Lock (paired by round)"
         for k in adapters.KINDS:
-            r = ratio(un.get(k, {}).get(form, {}).get("median"), ref)
+            r = uncontended_ratio(un.get(k, {}).get(form), ref)
             add(t, k, _x(r), f"≤ {limit}×", None if r is None else r <= limit)
 
     def thr(p: int, k: str) -> tuple[float | None, float | None]:
@@ -315,7 +345,7 @@ def markdown(mode: Mode, mach: dict, s: dict, targets: list[dict], problems: lis
         row = [name]
         for form in uncontended.FORMS:
             f = u.get(form)
-            row += [_cell(f), _x(ratio(f and f["median"], ref.get(form, {}).get("median")))]
+            row += [_cell(f), _x(uncontended_ratio(f, ref.get(form)))]
         for form in uncontended.FORMS:
             f = u.get(form)
             row.append(_num(f["corrected"], 1) if f and f["corrected"] is not None else "–")
@@ -327,7 +357,10 @@ def markdown(mode: Mode, mach: dict, s: dict, targets: list[dict], problems: lis
     rounds = uncontended.PYPERF[mode.name][0]
     L.append(f"Raw figures: the whole timed loop divided by its count ({n_vals} pyperf "
              f"value(s) per cell, from {rounds} round(s) of pyperf interleaving the locks; "
-             "min–max over values). The last two columns are the same "
+             "min–max over values). ×mp: the median over rounds of the ratio of this lock's "
+             "median to multiprocessing.Lock's in the same round (paired, so that the "
+             "machine's speed changing during the run cancels out). The last two columns "
+             "are the same "
              "medians minus the empty loop's "
              f"({_num(loop, 1) if loop is not None else '–'} ns, pyperf `loop overhead`): "
              "loop-corrected, for reading only; ratios and targets use the raw figures.")
