@@ -471,3 +471,64 @@ def test_late_recovery_of_a_finished_releaser_keeps_the_lock_recoverable(kind):
         if h.is_alive():
             kill(h)
         lock.close()
+
+
+@pytest.mark.timeout(60)
+def test_inherited_ticket_waiter_is_not_mistaken_for_a_taker_mid_step():
+    """Recovery by elimination (a ticket taker died between fetch_add and publishing its
+    ticket) waits for the live participants in that window. A thread that inherited a slot
+    with an abandoned ticket and waits for it to pass also has no published ticket, but it
+    is not in that window: waiting for it stalled recovery for its 5 s bound (and held the
+    lock's repair mutex that long, so other recoveries timed out and quarantined slots;
+    found by a kill torture of the ticket kind). Here it is the recoverer itself."""
+    lock = shmlocks.TicketLock.create(uniq("inherit"), max_participants=4)
+    registered, go_abandon, abandoned = threading.Event(), threading.Event(), threading.Event()
+    got: list[float] = []
+
+    def abandoner() -> None:  # slot 1: takes ticket 2 (behind the dead one's 1), leaves it
+        assert not lock.acquire(False)
+        registered.set()
+        assert go_abandon.wait(20)
+        assert not lock.acquire(timeout=0.05)
+        abandoned.set()  # then the thread exits: its slot is free, its ticket still queued
+
+    def inheritor() -> None:  # takes slot 1 again: waits for the abandoned ticket to pass
+        if lock.acquire(timeout=20):
+            got.append(time.monotonic())
+            lock.release()
+
+    try:
+        assert lock.acquire()  # main thread, slot 0: ticket 0, held
+        a = threading.Thread(target=abandoner)
+        a.start()
+        assert registered.wait(20)
+        code = (
+            "import shmlocks, sys\n"
+            "l = shmlocks.TicketLock.open(sys.argv[1])\n"
+            "l.acquire()\n"
+            "print('not reached')\n"
+        )
+        proc = subprocess.run(  # slot 2: takes ticket 1 and dies before publishing it
+            [sys.executable, "-c", code, lock.name],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "SHMLOCKS_CRASHPOINT": "ticket.acquire.took"},
+        )
+        assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+        go_abandon.set()
+        assert abandoned.wait(20)
+        a.join(20)
+        b = threading.Thread(target=inheritor)
+        b.start()
+        time.sleep(0.1)  # b is waiting for ticket 2 to pass
+        t0 = time.monotonic()
+        lock.release()  # serving 1: the dead taker's; b's tick finds it and recovers it
+        b.join(30)
+        assert got, "the inheriting thread never got the lock"
+        assert got[0] - t0 < 2.0, f"recovery stalled {got[0] - t0:.2f} s behind a waiter"
+        assert lock.acquire(timeout=2)
+        assert not lock.owner_died  # the dead one never held it
+        lock.release()
+    finally:
+        lock.close()

@@ -57,7 +57,10 @@ cdef inline bint _taking(uint32_t op) noexcept nogil:
 
 
 cdef bint _ticket_unpublished(shm_body* b, uint32_t x) noexcept nogil:
-    return ld64_acq(&b.precs[x].ticket) == 0
+    """x may be between fetch_add and publishing its ticket. Not if it still has an
+    abandoned ticket: then it is waiting for an inherited one to pass (_settle_inherited)
+    or taking one back, and takes no new ticket before clearing `abandoned`."""
+    return ld64_acq(&b.precs[x].ticket) == 0 and ld64_acq(&b.precs[x].abandoned) == 0
 
 
 cdef void _ticket_grant(shm_body* b, uint64_t s, bint armed) noexcept nogil:
@@ -134,6 +137,10 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         return                                       # more outstanding than possible: corrupt
     u = s
     while u < n0:
+        s = ld64_seq(&b.wb.u64[0])
+        if u < s:                                    # served or skipped meanwhile (a grant
+            u = s                                    # below passes abandoned ones too):
+            continue                                 # never mark a passed ticket again
         seen = ld64_seq(&b.nodes[u % b.P].value) == u + 1
         x = 0
         while not seen and x < b.P:
@@ -141,7 +148,7 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             x += 1
         if not seen:
             if u == ld64_seq(&b.wb.u64[0]):
-                _ticket_grant(b, u + 1, shm_crash_armed)              # taken, never entered: pass it on
+                _ticket_grant(b, u + 1, shm_crash_armed)     # taken, never entered: pass it on
             else:
                 _ticket_abandon_for(rm, b, q, u)
         u += 1
