@@ -653,7 +653,9 @@ def _source_points() -> dict[str, list[str]]:
     for path in files:
         with open(path) as f:
             text = f.read()
-        for name in re.findall(r'\bcrashpoint(?:_at)?\(\s*(?:armed\s*,\s*)?"([a-z_]+(?:\.[a-z_]+)+)"\s*\)', text):
+        for name in re.findall(
+            r'\bcrashpoint(?:_at)?\(\s*(?:armed\s*,\s*)?"([a-z_]+(?:\.[a-z_]+)+)"\s*\)', text
+        ):
             found.setdefault(name, []).append(os.path.basename(path))
     return found
 

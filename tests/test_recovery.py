@@ -427,6 +427,25 @@ def _hold_then_die(lock, ready, go):
     os.kill(os.getpid(), signal.SIGKILL)  # dies inside its critical section
 
 
+def die_at(lock, point: str) -> None:
+    """A fresh interpreter opens ``lock``, acquires and releases it, and SIGKILLs itself
+    at crash point ``point`` on the way."""
+    code = (
+        "import shmlocks, sys\n"
+        "l = shmlocks.KINDS[sys.argv[1]].open(sys.argv[2])\n"
+        "l.acquire(); l.release()\n"
+        "print('not reached')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, lock.kind, lock.name],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "SHMLOCKS_CRASHPOINT": point},
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", shmlocks.KINDS)
 def test_late_recovery_of_a_finished_releaser_keeps_the_lock_recoverable(kind):
@@ -442,20 +461,7 @@ def test_late_recovery_of_a_finished_releaser_keeps_the_lock_recoverable(kind):
         lock.release()
         h.start()
         assert ready.wait(20)
-        code = (
-            "import shmlocks, sys\n"
-            f"l = shmlocks.KINDS[{kind!r}].open(sys.argv[1])\n"
-            "l.acquire(); l.release()\n"
-            "print('not reached')\n"
-        )
-        proc = subprocess.run(
-            [sys.executable, "-c", code, lock.name],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env={**os.environ, "SHMLOCKS_CRASHPOINT": "lock.release.unlocked"},
-        )
-        assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+        die_at(lock, "lock.release.unlocked")
         go.set()
         h.join(20)
         assert h.exitcode == -signal.SIGKILL
@@ -502,20 +508,7 @@ def test_inherited_ticket_waiter_is_not_mistaken_for_a_taker_mid_step():
         a = threading.Thread(target=abandoner)
         a.start()
         assert registered.wait(20)
-        code = (
-            "import shmlocks, sys\n"
-            "l = shmlocks.TicketLock.open(sys.argv[1])\n"
-            "l.acquire()\n"
-            "print('not reached')\n"
-        )
-        proc = subprocess.run(  # slot 2: takes ticket 1 and dies before publishing it
-            [sys.executable, "-c", code, lock.name],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env={**os.environ, "SHMLOCKS_CRASHPOINT": "ticket.acquire.took"},
-        )
-        assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+        die_at(lock, "ticket.acquire.took")  # slot 2: takes ticket 1, dies before publishing
         go_abandon.set()
         assert abandoned.wait(20)
         a.join(20)
