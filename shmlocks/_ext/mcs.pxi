@@ -183,6 +183,7 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
     cdef shm_node* n = &b.nodes[q]
     cdef uint32_t succ
     cdef uint64_t t
+    cdef int rc
     st64_rel(&rm.part[q].op_value, 0)
     while True:
         succ = ld32_acq(&n.next)
@@ -211,7 +212,9 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
     st32_rel(&n.state, M_IDLE)
     wake_if_parked(&n.state, &n.parked)
     crashpoint_at(armed, "mcs.release.idled")
-    return _mcs_pass(rm, b, succ, q)
+    rc = _mcs_pass(rm, b, succ, q)
+    st64_rel(&rm.part[q].op_value, 0)                # the pass is over: no record is left
+    return rc
 
 
 cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
@@ -399,7 +402,8 @@ cdef class MCSLock(_Lock):
             # No successor linked and we are still last (the tail word is (us, our pred)):
             # one CAS empties the queue (the first step of _mcs_release_as, inline). A
             # plain load first: a CAS bound to fail would still steal the joiner's line.
-            st64_rel(&self.rm.part[me].op_value, 0)
+            # op_value (a pass record) is 0 here: every release, and the recovery of a
+            # participant, clears it when done.
             if cas64(self._tail(), t, 0):
                 crashpoint_at(armed, "mcs.release.emptied")
                 st32_rel(&n.state, M_IDLE)

@@ -167,6 +167,7 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
             st32_rlx(&p.pid, <uint32_t>getpid())
             st32_rlx(&p.tid, shm_gettid())
             shm_op_set(&p.op_lock, 0, 0)
+            st64_rel(&p.op_value, 0)
             st64_rel(&p.generation, ld64_rlx(&p.generation) + 1)
             r.rm = rm
             r.slot = i
@@ -254,6 +255,7 @@ cdef bint participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
             _clh_recover(rm, &b, slot)
         pthread_mutex_unlock(&b.ctl.repair.m)
     crashpoint("recover.done")
+    st64_rel(&p.op_value, 0)                     # no half-done pass survives its recovery
     shm_op_set(&p.op_lock, 0, 0)
     pthread_mutex_consistent(&p.token.m)
     return 1
