@@ -11,6 +11,7 @@ import os
 import resource
 import signal
 import statistics
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -124,6 +125,46 @@ def join_all(procs: Sequence[Any], deadline: float, what: str) -> None:
     bad = [(p.pid, p.exitcode) for p in procs if p.exitcode != 0]
     if bad:
         raise BenchError(f"{what}: worker(s) failed (pid, exit code): {bad}")
+
+
+def _in_child(loop: Any, *args: Any) -> None:
+    child_setup()
+    loop(*args)
+
+
+BARRIER = object()  # in run_workers' argument tuples: the barrier, filled in there
+
+
+def run_workers(cross_process: bool, loop: Any, argsets: Sequence[tuple], drive: Any,
+                drive_args: tuple, w: memoryview, stop_at: int, timeout: float,
+                what: str) -> Any:
+    """Run one worker ``loop(*args)`` per tuple of ``argsets`` (BARRIER in it becomes
+    the start barrier): forked processes, or (for an in-process anchor) threads of this
+    one, while ``drive(barrier, *drive_args)`` times them; then join them (the threads
+    after raising ``w[stop_at]``). Returns drive's result; a worker still running at
+    ``timeout``, or failed, is a BenchError."""
+    barrier: Any = (FORK if cross_process else threading).Barrier(len(argsets) + 1)
+    argsets = [tuple(barrier if a is BARRIER else a for a in args) for args in argsets]
+    if cross_process:
+        procs = [FORK.Process(target=_in_child, args=(loop, *args), daemon=True)
+                 for args in argsets]
+        with children(procs):
+            out = drive(barrier, *drive_args)
+            join_all(procs, time.monotonic() + timeout, what)
+        return out
+    threads = [threading.Thread(target=loop, args=args, daemon=True) for args in argsets]
+    for t in threads:
+        t.start()
+    try:
+        out = drive(barrier, *drive_args)
+    finally:
+        w[stop_at] = 1
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        raise BenchError(f"{what}: thread(s) still running")
+    return out
 
 
 USAGE_WORDS = 5

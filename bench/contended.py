@@ -18,19 +18,17 @@ from typing import Any
 
 from adapters import Adapter
 from common import (
-    FORK,
+    BARRIER,
     LINE,
     BenchError,
     Shared,
-    child_setup,
-    children,
     cpu_share,
     cpu_wait_share,
     get_usage,
     jain,
-    join_all,
     max_min_share,
     put_usage,
+    run_workers,
     usage,
 )
 
@@ -59,39 +57,16 @@ def _loop(adapter: Adapter, w: memoryview, idx: int, barrier: Any, timeout: floa
         h.detach()
 
 
-def _process_worker(adapter: Adapter, w: memoryview, idx: int, barrier: Any,
-                    timeout: float) -> None:
-    child_setup()
-    _loop(adapter, w, idx, barrier, timeout)
-
-
 def measure(adapter: Adapter, nworkers: int, duration: float, timeout: float = 10.0) -> dict:
     """One run of ``duration`` seconds with ``nworkers`` workers; raises BenchError."""
     shared = Shared(2 + nworkers)
     w = shared.w
     try:
-        if adapter.cross_process:
-            barrier: Any = FORK.Barrier(nworkers + 1)
-            procs = [FORK.Process(target=_process_worker, args=(adapter, w, i, barrier, timeout),
-                                  daemon=True) for i in range(nworkers)]
-            with children(procs):
-                t0, t1 = _drive(barrier, w, duration, timeout)
-                join_all(procs, time.monotonic() + timeout, f"{adapter.name} x{nworkers}")
-        else:
-            barrier = threading.Barrier(nworkers + 1)
-            threads = [threading.Thread(target=_loop, args=(adapter, w, i, barrier, timeout),
-                                        daemon=True) for i in range(nworkers)]
-            for t in threads:
-                t.start()
-            try:
-                t0, t1 = _drive(barrier, w, duration, timeout)
-            finally:
-                w[STOP * LINE] = 1
-                deadline = time.monotonic() + timeout
-                for t in threads:
-                    t.join(max(0.0, deadline - time.monotonic()))
-            if any(t.is_alive() for t in threads):
-                raise BenchError(f"{adapter.name} x{nworkers}: thread(s) still running")
+        t0, t1 = run_workers(
+            adapter.cross_process, _loop,
+            [(adapter, w, i, BARRIER, timeout) for i in range(nworkers)],
+            _drive, (w, duration, timeout), w, STOP * LINE, timeout,
+            f"{adapter.name} x{nworkers}")
         counts = [w[(2 + i) * LINE] for i in range(nworkers)]
         use = [get_usage(w, (2 + i) * LINE + 1) for i in range(nworkers)]
         counter = w[CTR * LINE]

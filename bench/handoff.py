@@ -23,19 +23,17 @@ from typing import Any
 
 from adapters import Adapter
 from common import (
-    FORK,
+    BARRIER,
     LINE,
     BenchError,
     Shared,
     busy_wait_ns,
-    child_setup,
-    children,
     cpu_share,
     cpu_wait_share,
     get_usage,
-    join_all,
     percentile,
     put_usage,
+    run_workers,
     usage,
 )
 
@@ -78,11 +76,6 @@ def _loop(adapter: Adapter, w: memoryview, me: int, cap: int, cs_ns: int, barrie
         h.detach()
 
 
-def _process_worker(*args: Any) -> None:
-    child_setup()
-    _loop(*args)
-
-
 def measure(adapter: Adapter, duration: float, cs_ns: int = 0, cap: int = 200_000,
             timeout: float = 10.0) -> dict:
     """One run: up to ``duration`` seconds or ``cap`` round trips. Latencies in ns. A run
@@ -93,30 +86,10 @@ def measure(adapter: Adapter, duration: float, cs_ns: int = 0, cap: int = 200_00
     base = shared.extra_base
     what = f"{adapter.name} hand-off cs={cs_ns}ns"
     try:
-        if adapter.cross_process:
-            barrier: Any = FORK.Barrier(3)
-            procs = [FORK.Process(target=_process_worker,
-                                  args=(adapter, w, me, cap, cs_ns, barrier, timeout, base),
-                                  daemon=True) for me in (0, 1)]
-            with children(procs):
-                elapsed = _drive(barrier, w, duration, timeout)
-                join_all(procs, time.monotonic() + timeout, what)
-        else:
-            barrier = threading.Barrier(3)
-            threads = [threading.Thread(target=_loop,
-                                        args=(adapter, w, me, cap, cs_ns, barrier, timeout, base),
-                                        daemon=True) for me in (0, 1)]
-            for t in threads:
-                t.start()
-            try:
-                elapsed = _drive(barrier, w, duration, timeout)
-            finally:
-                w[STOP * LINE] = 1
-                deadline = time.monotonic() + timeout
-                for t in threads:
-                    t.join(max(0.0, deadline - time.monotonic()))
-            if any(t.is_alive() for t in threads):
-                raise BenchError(f"{what}: thread(s) still running")
+        elapsed = run_workers(
+            adapter.cross_process, _loop,
+            [(adapter, w, me, cap, cs_ns, BARRIER, timeout, base) for me in (0, 1)],
+            _drive, (w, duration, timeout), w, STOP * LINE, timeout, what)
         k = w[NSTAMPS * LINE]
         stamps = w[base:base + k].tolist()
         flips = (w[FLIPS0 * LINE], w[FLIPS1 * LINE])
