@@ -11,6 +11,7 @@ import datetime as _dt
 import math
 import os
 import platform
+import statistics
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -117,15 +118,9 @@ def paired_ratio(vals: list[float], ref: list[float] | None, rounds: int) -> flo
     if not ref or rounds < 1 or len(vals) != len(ref) or len(vals) % rounds:
         return None
     k = len(vals) // rounds
-    rs = sorted(_med(vals[i * k:(i + 1) * k]) / _med(ref[i * k:(i + 1) * k])
-                for i in range(rounds))
-    return _med(rs)
-
-
-def _med(xs: Sequence[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+    return statistics.median(statistics.median(vals[i * k:(i + 1) * k])
+                             / statistics.median(ref[i * k:(i + 1) * k])
+                             for i in range(rounds))
 
 
 def uncontended_ratio(f: dict[str, Any] | None, ref: dict[str, Any] | None) -> float | None:

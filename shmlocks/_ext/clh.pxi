@@ -37,20 +37,14 @@ cdef enum:
     C_UNKNOWN = 0xffffffff
 
 
-cdef struct _clh_wctx:
-    shm_node* pn           # the node we wait on
-    shm_node* nodes
-    uint32_t P
-
-
 cdef int _clh_not_busy(void* c) noexcept nogil:
     """READY once the node we wait on is not BUSY; FAR while its own predecessor is BUSY
     too (its owner waits: someone is ahead of us)."""
-    cdef _clh_wctx* x = <_clh_wctx*>c
+    cdef node_wait_t* x = <node_wait_t*>c        # x.n: the node we wait on
     cdef uint32_t pp
-    if ld32_seq(&x.pn.state) != C_BUSY:
+    if ld32_seq(&x.n.state) != C_BUSY:
         return Q_READY
-    pp = ld32_rlx(&x.pn.pred)                        # a hint: bounds-checked, never trusted
+    pp = ld32_rlx(&x.n.pred)                        # a hint: bounds-checked, never trusted
     if pp <= x.P and ld32_rlx(&x.nodes[pp].state) == C_BUSY:
         return Q_FAR
     return Q_NEAR
@@ -295,7 +289,7 @@ cdef class CLHLock(_Lock):
         cdef uint32_t p, st
         cdef shm_node* x
         cdef shm_node* pn
-        cdef _clh_wctx ctx
+        cdef node_wait_t ctx
         cdef int res
         if X > self.b.P:
             return R_CORRUPT
@@ -326,7 +320,7 @@ cdef class CLHLock(_Lock):
             if p > self.b.P:
                 return R_CORRUPT
             pn = &self.b.nodes[p]
-            ctx.pn = pn
+            ctx.n = pn
             res = wait_for(_clh_not_busy, &ctx, &pn.state, &pn.parked, w, 1)
             if res == W_TICK:
                 self._check_ahead(p)

@@ -49,15 +49,9 @@ cdef inline uint32_t _t_prev(uint64_t t) noexcept nogil:
     return <uint32_t>(t >> 32)
 
 
-cdef struct _mcs_wctx:
-    shm_node* n            # the waiter's own node
-    shm_node* nodes
-    uint32_t P
-
-
 cdef int _mcs_not_waiting(void* c) noexcept nogil:
     """READY once granted (or abandoned under us); FAR while the predecessor waits too."""
-    cdef _mcs_wctx* x = <_mcs_wctx*>c
+    cdef node_wait_t* x = <node_wait_t*>c        # x.n: the waiter's own node
     cdef uint32_t p
     if ld32_seq(&x.n.state) != M_WAIT:
         return Q_READY
@@ -356,7 +350,7 @@ cdef class MCSLock(_Lock):
 
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         cdef shm_node* n = &self.b.nodes[me]
-        cdef _mcs_wctx ctx
+        cdef node_wait_t ctx
         cdef uint32_t st
         cdef int res
         if rc == R_BUSY:

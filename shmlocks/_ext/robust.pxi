@@ -58,11 +58,13 @@ cdef class _PthreadMutexLock(_Lock):
         cdef timespec ts
         cdef int r
         cdef int64_t sl
+        cdef bint spins
         if ld32_acq(&self.b.ctl.flags) & SHM_F_NOTRECOVERABLE:
             return R_NOTREC
         if w.deadline == 0:
             return R_TIMEOUT
-        while self._spins():
+        spins = self._spins()                        # once per wait (pi: a system call)
+        while spins:
             rc = _pm_code(pthread_mutex_trylock(&self.b.wa.m))
             if rc != R_BUSY:
                 return rc

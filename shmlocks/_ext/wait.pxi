@@ -64,6 +64,11 @@ cdef enum:
     Q_READY = 1
     Q_FAR = 2
 
+cdef struct node_wait_t:   # a queue lock's ready-function context (MCS, CLH)
+    shm_node* n            # the node whose state the waiter watches
+    shm_node* nodes        # the lock's nodes, for the far hint (an index read from shm)
+    uint32_t P
+
 cdef extern from "Python.h":
     ctypedef struct PyThreadState
     PyThreadState* PyEval_SaveThread() nogil
@@ -183,6 +188,7 @@ cdef int wait_far(wait_t* w) noexcept nogil:
     spin; park after FAR_YIELD_NS of that. W_CONT, W_PARK or W_TIMEOUT."""
     cdef int64_t now
     wait_nogil(w)
+    w.far = 1
     sched_yield()
     now = shm_now_ns()
     if w.far_until == 0:
@@ -207,7 +213,6 @@ cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
     while True:
         if q == Q_FAR and w.phase < 2:
             r = wait_far(w)
-            w.far = 1
         else:
             r = wait_pause(w)
         if r == W_CONT:
