@@ -4,9 +4,10 @@
 #          so batching them delays every hand-off). The budget adapts per participant and
 #          lock: doubled (to SPIN_MAX_NS) when a wait ended while spinning, or while
 #          yielding with the CPU to itself (the holder ran elsewhere: a longer spin would
-#          have caught it); halved (to SPIN_MIN_NS) when a yield let another task run or it
-#          had to park, so a waiter that shares a CPU with the holder stops burning the
-#          holder's time slice;
+#          have caught it), or parked but was over within PARKED_SHORT_NS (the wake-up cost
+#          more than the spin would have); halved (to SPIN_MIN_NS) when a yield let another
+#          task run or a park was long, so a waiter that shares a CPU with the holder stops
+#          burning the holder's time slice;
 #   far    a waiter that knows others are ahead of it (ticket: two or more tickets to be
 #          served first; MCS, CLH: its predecessor waits too) yields instead of spinning, for up
 #          to FAR_YIELD_NS: on an oversubscribed machine the next holder may need this CPU;
@@ -39,6 +40,7 @@ cdef enum:
 cdef int64_t SPIN_NS = 4000          # first budget: about one cross-core hand-off
 cdef int64_t SPIN_MIN_NS = 200
 cdef int64_t SPIN_MAX_NS = 16000
+cdef int64_t PARKED_SHORT_NS = 32000  # a wait this short, park and wake-up included, came within a spin
 cdef int YIELD_ROUNDS = 6
 cdef int64_t FAR_YIELD_NS = 2000000  # 2 ms of yielding behind other waiters, then park
 cdef int64_t YIELD_SWITCHED_NS = 1500  # a sched_yield this long ran another task (bare: 0.5 us)
@@ -78,6 +80,7 @@ cdef struct wait_t:
     PyThreadState* saved    # the GIL, released by wait_nogil (NULL: not released here)
     int gil                 # 1 while the caller's GIL is still held (see wait_nogil)
     int64_t deadline        # absolute CLOCK_MONOTONIC ns; -1 = wait forever; 0 = do not wait
+    int64_t t0              # when the wait began (its first clock read; 0 = not yet)
     int64_t spin_until
     int64_t spin_ns         # this wait's spin budget
     int phase               # 0 spin, 1 yield, 2 park
@@ -95,6 +98,7 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
     w.spin_ns = SPIN_NS
     if budget != NULL and budget[0] != 0:
         w.spin_ns = budget[0]
+    w.t0 = 0
     w.spin_until = 0
     w.phase = 0
     w.yields = 0
@@ -152,6 +156,7 @@ cdef int wait_pause(wait_t* w) noexcept nogil:
             return W_CONT
         now = shm_now_ns()
         if w.spin_until == 0:
+            w.t0 = now
             w.spin_until = now + w.spin_ns
         if w.deadline >= 0 and now >= w.deadline:
             return W_TIMEOUT
@@ -192,6 +197,8 @@ cdef int wait_far(wait_t* w) noexcept nogil:
     sched_yield()
     now = shm_now_ns()
     if w.far_until == 0:
+        if w.t0 == 0:
+            w.t0 = now
         w.far_until = now + FAR_YIELD_NS
     if w.deadline >= 0 and now >= w.deadline:
         return W_TIMEOUT
@@ -241,14 +248,28 @@ cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
 
 
 cdef inline void wait_adapt(wait_t* w, uint32_t* budget) noexcept nogil:
-    """After a successful wait: spin longer next time if spinning was enough, else less."""
+    """After a successful wait: spin longer next time if a spin would have caught the lock,
+    else less. It would have when the wait ended while spinning; or when no yield of it let
+    another task run here (so the holder ran on another CPU) and either it ended while
+    yielding, or the whole wait, park and wake-up included, took less than PARKED_SHORT_NS.
+    A wake-up costs ~10 us on this VM, so a critical section of ~10 us made every wait
+    park once the budget was halved for it, and kept it parking: 2x the hand-off time."""
     cdef int64_t s = w.spin_ns
+    cdef int64_t took = 0
+    cdef bint longer
     if w.far and w.phase == 0:
         return                              # it yielded behind others: says nothing of spinning
-    if w.phase == 0 or (w.phase == 1 and not w.switched):
-        # it came while spinning, or while yielding with this CPU to ourselves (so the
-        # holder ran elsewhere and a longer spin would have caught it): spin longer
-        s = s * 2 if s * 2 < SPIN_MAX_NS else SPIN_MAX_NS
+    if w.far or w.switched:
+        longer = 0                          # it waited behind others, or shared this CPU
+    elif w.phase < 2:
+        longer = 1
+    else:
+        took = shm_now_ns() - w.t0 if w.t0 != 0 else PARKED_SHORT_NS
+        longer = took < PARKED_SHORT_NS
+    if longer:
+        # double, and at least half again what this wait took (it may have parked)
+        s = s * 2 if s * 2 > took + took // 2 else took + took // 2
+        s = s if s < SPIN_MAX_NS else SPIN_MAX_NS
     else:
         s = s // 2 if s // 2 > SPIN_MIN_NS else SPIN_MIN_NS
     budget[0] = <uint32_t>s
