@@ -293,6 +293,7 @@ class _Run:
         self.lock: Any = shmlocks.KINDS[kind].create(max_participants=2 * workers + 4)
         self.pids: dict[int, int] = {}  # worker slot -> pid
         self.res = Result(kind, workers=workers)
+        self.raw_noted = False
 
     # -- processes (every one by its PID)
 
@@ -353,6 +354,18 @@ class _Run:
         except Exception as e:  # noqa: BLE001 - diagnostics only
             state = repr(e)
         self.res.notes.append(f"wedge {when}: no acquisition for {gap:.1f} s; {state}")
+        self.note_raw()
+
+    def note_raw(self) -> None:
+        """The lock's raw shared words, once per run: what the next fix needs to know."""
+        if self.raw_noted:
+            return
+        self.raw_noted = True
+        try:
+            raw: Any = self.lock._raw()
+        except Exception as e:  # noqa: BLE001 - diagnostics only
+            raw = repr(e)
+        self.res.notes.append(f"raw lock state: {raw}")
 
     def run(self, seconds: float) -> Result:
         a, res = self.a, self.res
@@ -423,6 +436,7 @@ class _Run:
         except shmlocks.ShmLockError as e:
             res.errors += 1
             res.notes.append(f"final acquire: {type(e).__name__}: {e}")
+            self.note_raw()
             got = False
         else:
             if not got:

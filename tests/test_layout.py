@@ -57,3 +57,25 @@ def test_every_part_starts_on_a_line():
     dir_off, part_off, locks_off, stride, total = geometry(7, 9)
     for off in (dir_off, part_off, locks_off, stride, total):
         assert off % LINE == 0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", list(shmlocks.KINDS))
+def test_raw_snapshot_shows_the_holder(kind):
+    """Lock._raw() (what the torture prints on a wedge or a corrupt state) reads the body
+    it claims to: P+1 nodes, P records, the holder word set to our slot + 1 while we hold
+    the lock and cleared at release, and our PID in our participant record."""
+    lock = shmlocks.KINDS[kind](uniq("raw"), max_participants=3)
+    try:
+        with lock:
+            raw = lock._raw()
+        after = lock._raw()
+    finally:
+        lock.close()
+    nodes = raw["nodes (state, next, pred, parked, value, round)"]
+    precs = raw["precs (mine, pred, ticket, abandoned, abandoned_gen)"]
+    parts = raw["participants (pid, op_lock, op_step, op_value, generation)"]
+    assert (len(nodes), len(precs), len(parts)) == (4, 3, 3)
+    slot = raw["holder"] - 1
+    assert 0 <= slot < 3 and parts[slot][0] == os.getpid()
+    assert after["holder"] == 0

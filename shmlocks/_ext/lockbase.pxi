@@ -425,6 +425,33 @@ cdef class _Lock:
                 "owner_died": bool(f & SHM_F_OWNER_DIED),
                 "not_recoverable": bool(f & SHM_F_NOTRECOVERABLE)}
 
+    def _raw(self):
+        """Every shared word of this lock's body and its participants' published steps, as
+        plain numbers: for diagnosing a wedge or a corrupt state (torture prints it). A
+        snapshot read without the repair mutex, so it may be mid-change."""
+        cdef uint32_t i
+        cdef shm_node* n
+        cdef shm_prec* r
+        cdef shm_participant* q
+        self._check()
+        nodes, precs, parts = [], [], []
+        for i in range(self.b.P + 1):
+            n = &self.b.nodes[i]
+            nodes.append((ld32_acq(&n.state), ld32_acq(&n.next), ld32_acq(&n.pred),
+                          ld32_acq(&n.parked), ld64_acq(&n.value), ld32_acq(&n.round)))
+        for i in range(self.b.P):
+            r = &self.b.precs[i]
+            q = &self.rm.part[i]
+            precs.append((ld32_acq(&r.mine), ld32_acq(&r.pred), ld64_acq(&r.ticket),
+                          ld64_acq(&r.abandoned), ld64_acq(&r.abandoned_gen)))
+            parts.append((ld32_acq(&q.pid), ld32_acq(&q.op_lock), ld32_acq(&q.op_step),
+                          ld64_acq(&q.op_value), ld64_acq(&q.generation)))
+        return {"flags": ld32_acq(&self.b.ctl.flags), "holder": ld32_acq(&self.b.ctl.holder),
+                "wa": ld64_acq(&self.b.wa.u64[0]), "wb": ld64_acq(&self.b.wb.u64[0]),
+                "nodes (state, next, pred, parked, value, round)": nodes,
+                "precs (mine, pred, ticket, abandoned, abandoned_gen)": precs,
+                "participants (pid, op_lock, op_step, op_value, generation)": parts}
+
 
 def _open_standalone(cls, name):
     return cls.open(name)
