@@ -113,6 +113,10 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         t = r.ticket - 1
         s = ld64_seq(&b.wb.u64[0])
         if s == t:                                   # it holds the lock (or was just granted)
+            # Granted just before it marked t abandoned (it died between the mark and its
+            # serving check): the mark is its own and means nothing now. Left, it would
+            # block the abandon of ticket t + P one lap later (R_CORRUPT).
+            cas64(&b.nodes[t % b.P].value, t + 1, 0)
             if op == 0:
                 for32(&b.ctl.flags, SHM_F_OWNER_DIED)
             elif op == SHM_OP_RELEASING and ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:
