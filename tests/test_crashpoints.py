@@ -50,7 +50,7 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import join_all, kill
+from conftest import join_all, kill, uniq
 
 import shmlocks
 
@@ -727,3 +727,86 @@ def test_an_armed_point_fires_there_and_nowhere_else(new_lock):
     assert lock.acquire(True, 2.0), "the futex lock was not recovered after its releaser died"
     assert lock.owner_died is False
     lock.release()
+
+
+# ------------------------------------------------------------- deaths in a row in the queue
+
+#: points on the way into the queue: the dying joiner is between taking its place and
+#: waiting (for MCS and CLH, between the tail CAS and publishing its pred, or just after)
+_QUEUE_STEPS = (".acquire.took", ".acquire.joined", ".acquire.pred", "lock.wait.waiting")
+QUEUE_POINTS = [(k, p) for k, p in CASES if p.endswith(_QUEUE_STEPS) or p == "futex.wait.announced"]
+
+_JOINER = r"""
+import sys
+import shmlocks
+region = shmlocks.Region.open(sys.argv[1])
+lock, other = region.open_lock("lock"), region.open_lock("other")
+other.acquire(); other.release()    # take a participant slot before the point is armed
+print("ready", flush=True)
+sys.stdin.readline()
+lock.acquire()                      # dies on the way in (SHMLOCKS_CRASHPOINT)
+print("not reached", flush=True)
+"""
+
+
+def _queued_waiter(lock, conn) -> None:
+    try:
+        t0 = time.monotonic()
+        ok = lock.acquire(timeout=10)
+        conn.send((ok, time.monotonic() - t0, ok and lock.owner_died))
+        if ok:
+            lock.release()
+    except BaseException as e:  # noqa: BLE001 -- reported to the test
+        conn.send((repr(e), None, None))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("kind", "point"), QUEUE_POINTS, ids=[f"{k}-{p}" for k, p in QUEUE_POINTS])
+def test_joiners_dying_in_a_row_do_not_wedge_the_queue(procs, kind, point):
+    """Three joiners, one after the other, die on the way into the queue while the lock is
+    held, and none is recovered before the next joins (their slots were taken beforehand,
+    so no registration recovers them). For MCS and CLH the later ones replace the tail
+    word that recorded the earlier one's predecessor before publishing it (found by a CI
+    torture run: CLH then reported a corrupt lock, MCS a corrupt release, and a thread
+    inheriting a dead slot waited out its timeout). A live waiter queued behind them must
+    get the lock soon after the holder releases, without owner_died, and the lock must
+    stay usable."""
+    region = shmlocks.Region.create(uniq(f"row-{kind}"), max_locks=2, max_participants=6)
+    try:
+        lock = region.create_lock("lock", kind)
+        region.create_lock("other", "futex")
+        joiners = []
+        for _ in range(3):
+            p = procs.popen(
+                [sys.executable, "-c", _JOINER, region.name],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "SHMLOCKS_CRASHPOINT": point},
+            )
+            joiners.append(p)
+            assert p.stdout.readline().strip() == "ready"
+        assert lock.acquire(timeout=5)
+        try:
+            for p in joiners:  # one at a time: each is queued (and dead) before the next
+                p.stdin.write("go\n")
+                p.stdin.flush()
+                assert p.wait(10) == -signal.SIGKILL, f"{point} not reached"
+            here, there = mp.get_context("fork").Pipe()
+            w = procs.start(_queued_waiter, lock, there)
+            time.sleep(0.2)  # queued behind the dead
+        finally:
+            lock.release()
+        assert here.poll(15), "the live waiter neither acquired nor timed out"
+        ok, took, owner_died = here.recv()
+        assert ok is True, f"the live waiter did not get the lock: {ok}"
+        assert took < 5, f"the live waiter waited {took:.1f} s"
+        assert owner_died is False
+        assert not join_all([w], 10)
+        assert lock.acquire(timeout=5), "the lock is wedged after the deaths"
+        assert not lock.owner_died
+        lock.release()
+        assert not lock.locked()
+    finally:
+        region.unlink()
+        region.close()

@@ -72,7 +72,7 @@ def test_raw_snapshot_shows_the_holder(kind):
         after = lock._raw()
     finally:
         lock.close()
-    nodes = raw["nodes (state, next, pred, parked, value, round)"]
+    nodes = raw["nodes (state, next, pred, parked, value, round, guess)"]
     precs = raw["precs (mine, pred, ticket, abandoned, abandoned_gen)"]
     parts = raw["participants (pid, op_lock, op_step, op_value, generation)"]
     assert (len(nodes), len(precs), len(parts)) == (4, 3, 3)

@@ -18,12 +18,17 @@
 #                    next joiner from the tail word it replaced)
 #             value  generation of the participant (thread) that abandoned it: only that
 #                    thread rejoins in place; a new thread inheriting the slot waits
+#             guess  the tail's last as its owner CASed the tail: its pred once joined
+#                    (queue.pxi), when the owners of several joiners in a row died
+#                    before publishing or helping
 #   prec[p]   mine   the node p owns;  pred: the node p waits on and adopts at release
 #
 # Abandonment (Scott & Scherer, PPoPP 2001, "CLH-try"): if p is last, CAS the tail back to
 # its predecessor and keep its node; else publish pred, then ABANDONED. The successor that
 # sees ABANDONED takes it (ABANDONED -> RECLAIMING, so its owner cannot rejoin with a stale
-# pred), reads pred, hands the node back (RECLAIMED) and waits on pred. Death: a waiter
+# pred), reads pred, hands the node back (RECLAIMED) and waits on pred. A thread waiting
+# for its node to come back checks on the successor that owes it, or steps the node out of
+# the tail itself if nothing is queued behind it. Death: a waiter
 # checks the owner of the node it waits on each park slice; a dead holder is released on
 # its behalf (owner_died if it had returned from acquire), a dead waiter abandoned on its
 # behalf, a dead releaser's adoption or a dead reclaimer's hand-back finished.
@@ -121,20 +126,27 @@ cdef inline void _clh_release_as(shm_body* b, uint32_t q, bint armed) noexcept n
         st32_rel(&r.mine, r.pred)                    # adopt the predecessor's node
 
 
-cdef bint _clh_in_queue(shm_body* b, uint32_t X) noexcept nogil:
-    """Is node X in the queue: last, or some queued node's predecessor?"""
-    cdef uint64_t t = ld64_seq(&b.wa.u64[0])
+cdef uint32_t _clh_succ_of(shm_body* b, uint32_t X) noexcept nogil:
+    """The queued node waiting on node X (QUEUE_NONE if none): one naming X as its pred,
+    else found by the walk back from the tail (the successor's pred is not published)."""
     cdef uint32_t y, st
-    if <uint32_t>(t & 0xffffffffU) == X or <uint32_t>(t >> 32) == X:
-        return 1
     for y in range(b.P + 1):
         if y == X:
             continue
         st = ld32_acq(&b.nodes[y].state)
         if ((st == C_BUSY or st == C_ABANDONED or st == C_RECLAIMING)
                 and ld32_acq(&b.nodes[y].pred) == X):
-            return 1
-    return 0
+            return y
+    return queue_succ_of(&b.wa.u64[0], b.nodes, b.P + 1, 0, X,
+                         (1 << C_BUSY) | (1 << C_ABANDONED) | (1 << C_RECLAIMING))
+
+
+cdef bint _clh_in_queue(shm_body* b, uint32_t X) noexcept nogil:
+    """Is node X in the queue: last, or some queued node's predecessor?"""
+    cdef uint64_t t = ld64_seq(&b.wa.u64[0])
+    if <uint32_t>(t & 0xffffffffU) == X or <uint32_t>(t >> 32) == X:
+        return 1
+    return _clh_succ_of(b, X) != QUEUE_NONE
 
 
 cdef bint _clh_pred_unknown(shm_body* b, uint32_t x) noexcept nogil:
@@ -161,7 +173,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     cdef uint32_t lock1 = b.index + 1
     cdef uint32_t op = participant_op(rm, q, lock1)
     cdef uint32_t X = ld32_acq(&r.mine)
-    cdef uint32_t p
+    cdef uint32_t p, guard
     cdef uint64_t t, v
     cdef shm_node* xn
     if X > b.P:
@@ -197,6 +209,8 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             if p == C_UNKNOWN:
                 if <uint32_t>(ld64_seq(&b.wa.u64[0]) & 0xffffffffU) == X:
                     p = <uint32_t>(ld64_seq(&b.wa.u64[0]) >> 32)
+                elif _clh_succ_of(b, X) != QUEUE_NONE:
+                    p = ld32_acq(&xn.guess)          # it joined: its guess was right
                 else:
                     st32_rel(&xn.state, C_RECLAIMED)     # it never joined the queue
                     return
@@ -211,6 +225,13 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             st32_rel(&xn.state, C_RECLAIMED)
             return
     st32_rlx(&r.pred, p)
+    guard = 0
+    while ld32_seq(&b.nodes[p].state) == C_ABANDONED and guard <= b.P:
+        _clh_reclaim(rm, b, q, p)                    # as it would have: pass over its
+        p = ld32_acq(&r.pred)                        # abandoned predecessors first
+        if p > b.P:
+            return
+        guard += 1
     if ld32_seq(&b.nodes[p].state) != C_FREE:
         if _clh_abort_as(rm, b, q, 1) == R_TIMEOUT:  # it waits: abandon its place for it
             return
@@ -241,6 +262,7 @@ cdef class CLHLock(_Lock):
         st32_rlx(&self.b.nodes[X].state, C_BUSY)
         while True:                                  # join: tail := (X, old last)
             old = ld64_seq(self._tail())
+            st32_rel(&self.b.nodes[X].guess, <uint32_t>(old & 0xffffffffU))  # pred if won
             if cas64(self._tail(), old, _clh_tail(X, <uint32_t>(old & 0xffffffffU))):
                 break
         crashpoint_at(armed, "clh.acquire.joined")
@@ -283,6 +305,24 @@ cdef class CLHLock(_Lock):
                     participant_try_recover(self.rm, y)
                 return
 
+    cdef void _tend_abandoned(self, uint32_t X) noexcept nogil:
+        """Each park slice while our node X, abandoned by the thread that had our slot
+        before us, waits to be handed back: if nothing is queued behind it, step it out
+        of the tail ourselves (as its abort would have); else recover its successor, who
+        owes us the hand-back, if that one is dead."""
+        cdef shm_node* x = &self.b.nodes[X]
+        cdef uint64_t t = ld64_seq(self._tail())
+        cdef uint32_t p = ld32_acq(&x.pred)
+        cdef uint32_t s
+        if <uint32_t>(t & 0xffffffffU) == X:
+            if (p <= self.b.P and ld32_seq(&x.state) == C_ABANDONED
+                    and cas64(self._tail(), t, _clh_tail(p, C_UNKNOWN))):
+                st32_seq(&x.state, C_RECLAIMED)      # out of the queue: ours again
+            return
+        s = _clh_succ_of(&self.b, X)
+        if s != QUEUE_NONE:
+            self._check_ahead(s)
+
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
         cdef uint32_t X = ld32_rlx(&r.mine)
@@ -310,6 +350,7 @@ cdef class CLHLock(_Lock):
                         if res != W_TICK:
                             break
                         self._check_ahead(ld32_acq(&x.pred))
+                        self._tend_abandoned(X)
                     if res != W_READY:
                         return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
                 rc = self._enqueue(me, shm_crash_armed)

@@ -438,7 +438,8 @@ cdef class _Lock:
         for i in range(self.b.P + 1):
             n = &self.b.nodes[i]
             nodes.append((ld32_acq(&n.state), ld32_acq(&n.next), ld32_acq(&n.pred),
-                          ld32_acq(&n.parked), ld64_acq(&n.value), ld32_acq(&n.round)))
+                          ld32_acq(&n.parked), ld64_acq(&n.value), ld32_acq(&n.round),
+                          ld32_acq(&n.guess)))
         for i in range(self.b.P):
             r = &self.b.precs[i]
             q = &self.rm.part[i]
@@ -448,7 +449,7 @@ cdef class _Lock:
                           ld64_acq(&q.op_value), ld64_acq(&q.generation)))
         return {"flags": ld32_acq(&self.b.ctl.flags), "holder": ld32_acq(&self.b.ctl.holder),
                 "wa": ld64_acq(&self.b.wa.u64[0]), "wb": ld64_acq(&self.b.wb.u64[0]),
-                "nodes (state, next, pred, parked, value, round)": nodes,
+                "nodes (state, next, pred, parked, value, round, guess)": nodes,
                 "precs (mine, pred, ticket, abandoned, abandoned_gen)": precs,
                 "participants (pid, op_lock, op_step, op_value, generation)": parts}
 

@@ -20,6 +20,9 @@
 #                    hint only if that node names it as pred and still waits (_mcs_is_succ);
 #                    it can always find its successor from the tail word or the pred fields
 #            round   bumped at each enqueue, so a recorded pass names one round of a node
+#            guess   the tail's last as its owner CASed the tail: its pred once joined, so
+#                    a successor is found from the tail (queue.pxi) even when the owners
+#                    of several joiners in a row died before publishing or helping
 #            value   generation of the participant (thread) that abandoned it: only that
 #                    thread rejoins in place; a new thread inheriting the slot waits for IDLE
 #
@@ -61,6 +64,12 @@ cdef int _mcs_not_waiting(void* c) noexcept nogil:
     return Q_NEAR
 
 
+cdef inline uint32_t _mcs_link(shm_node* n) noexcept nogil:
+    """A node's predecessor: published, else its guess (a hint: a liveness check)."""
+    cdef uint32_t p = ld32_acq(&n.pred)
+    return ld32_acq(&n.guess) if p == M_UNKNOWN else p
+
+
 cdef int _mcs_not_passing(void* c) noexcept nogil:
     cdef uint32_t st = ld32_seq(&(<shm_node*>c).state)
     return st != M_PASSING and st != M_ABANDONED
@@ -75,9 +84,16 @@ cdef inline bint _mcs_is_succ(shm_body* b, uint32_t v, uint32_t q) noexcept nogi
     return (st == M_WAIT or st == M_ABANDONED) and ld32_acq(&b.nodes[v - 1].pred) == q + 1
 
 
+cdef inline uint32_t _mcs_walk_succ(shm_body* b, uint32_t s) noexcept nogil:
+    """The node (index + 1) that joined right after node s-1, from the tail back."""
+    return queue_succ_of(&b.wa.u64[0], b.nodes, b.P, 1, s,
+                         (1 << M_WAIT) | (1 << M_ABANDONED))
+
+
 cdef uint32_t _mcs_scan_succ(shm_body* b, uint32_t q) noexcept nogil:
     """One look for node q's successor (index + 1), 0 if none is visible: its link, the
-    tail word (it is last and has not published its pred), or its published pred."""
+    tail word (it is last and has not published its pred), its published pred, or the
+    walk back from the tail."""
     cdef uint32_t v, x, st
     cdef uint64_t t
     v = ld32_acq(&b.nodes[q].next)
@@ -90,7 +106,8 @@ cdef uint32_t _mcs_scan_succ(shm_body* b, uint32_t q) noexcept nogil:
         st = ld32_acq(&b.nodes[x].state)
         if (st == M_WAIT or st == M_ABANDONED) and ld32_acq(&b.nodes[x].pred) == q + 1:
             return x + 1
-    return 0
+    v = _mcs_walk_succ(b, q + 1)                     # it joined, and so did the next ones,
+    return 0 if v == QUEUE_NONE else v               # none of them lived to publish
 
 
 cdef uint32_t _mcs_find_succ(shm_body* b, uint32_t q) noexcept nogil:
@@ -254,8 +271,11 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             _mcs_settle_joiners(rm, b, q)
             pred = ld32_acq(&n.pred)
             if pred == M_UNKNOWN and _t_last(ld64_seq(&b.wa.u64[0])) != q + 1:
-                st32_rel(&n.state, M_IDLE)           # it never joined the queue
-                return
+                if _mcs_walk_succ(b, q + 1) == QUEUE_NONE:
+                    st32_rel(&n.state, M_IDLE)       # it never joined the queue
+                    return
+                pred = ld32_acq(&n.guess)            # it joined: its guess was right
+                cas32(&n.pred, M_UNKNOWN, pred)
             if pred == M_UNKNOWN:
                 pred = _t_prev(ld64_seq(&b.wa.u64[0]))
     if st == M_GRANT or pred == 0:                   # it holds the lock
@@ -289,6 +309,7 @@ cdef class MCSLock(_Lock):
         st32_rlx(&n.round, n.round + 1)
         st32_rlx(&n.state, M_WAIT)
         while True:                                  # join: tail := (me, old last)
+            st32_rel(&n.guess, _t_last(old))         # our pred, if this CAS wins
             seen = cmpxchg64(self._tail(), old, (me + 1) | (<uint64_t>_t_last(old) << 32))
             if seen == old:                          # (first guess: an empty queue)
                 break
@@ -324,6 +345,7 @@ cdef class MCSLock(_Lock):
         st32_rlx(&n.next, 0)
         st32_rlx(&n.pred, M_UNKNOWN)
         st32_rlx(&n.round, n.round + 1)
+        st32_rlx(&n.guess, 0)
         st32_seq(&n.state, M_WAIT)
         crashpoint("mcs.try.armed")
         if cas64(self._tail(), 0, me + 1):
@@ -336,7 +358,7 @@ cdef class MCSLock(_Lock):
     cdef void _check_ahead(self, uint32_t me) noexcept nogil:
         """Each park slice: is the live node we depend on alive? Walk back past abandoned
         nodes (their threads left) to the first waiter or holder; recover it if dead."""
-        cdef uint32_t p = ld32_acq(&self.b.nodes[me].pred)
+        cdef uint32_t p = _mcs_link(&self.b.nodes[me])
         cdef uint32_t st, guard = 0
         while p != 0 and p <= self.b.P and guard <= self.b.P:
             if participant_dead(self.rm, p - 1):
@@ -345,7 +367,7 @@ cdef class MCSLock(_Lock):
             st = ld32_acq(&self.b.nodes[p - 1].state)
             if st != M_ABANDONED and st != M_PASSING:
                 return
-            p = ld32_acq(&self.b.nodes[p - 1].pred)
+            p = _mcs_link(&self.b.nodes[p - 1])
             guard += 1
 
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:

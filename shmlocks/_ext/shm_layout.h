@@ -26,7 +26,7 @@
 
 #define SHM_LINE        128u              /* padding unit: two 64-byte lines (adjacent-line prefetch) */
 #define SHM_MAGIC       0x314b434f4c4d4853ULL   /* "SHMLOCK1", little endian */
-#define SHM_VERSION     1u
+#define SHM_VERSION     2u
 #define SHM_NAME_MAX    56u               /* bytes of a lock name, NUL included */
 #define SHM_MAX_PARTICIPANTS 4096u
 #define SHM_MAX_LOCKS   4096u
@@ -122,7 +122,9 @@ typedef struct shm_node {
     uint64_t value;            /* ticket: abandoned-ticket marker (ticket + 1), 0 = none;
                                   mcs/clh: participant generation that abandoned the node */
     uint32_t round;            /* mcs: bumped by the owner at each enqueue (names a pass) */
-    char     _pad[SHM_LINE - 28];
+    uint32_t guess;            /* mcs/clh: the tail's last as its owner CASed the tail: its
+                                  pred if that CAS won (queue.pxi) */
+    char     _pad[SHM_LINE - 32];
 } SHM_LINE_ALIGNED shm_node;
 
 /* per-participant, per-lock record: written only by its participant (or its recoverer) */

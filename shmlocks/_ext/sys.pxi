@@ -148,6 +148,7 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t parked
         uint64_t value
         uint32_t round
+        uint32_t guess
 
     ctypedef struct shm_prec:
         uint32_t mine

@@ -1,0 +1,41 @@
+# queue.pxi -- finding a queue node's successor from the tail (MCS and CLH)
+#
+# Invariant: every node that joined the queue knows its predecessor from the instant it
+# joined: before each tail CAS its owner writes the tail's last into node.guess, so when
+# the CAS wins the guess is its pred. Walking back from the tail through each node's link
+# (its published pred, else its guess) therefore passes only through nodes that joined,
+# and finds the node that came right after any queued node, even when the owners of
+# several nodes in a row died between their tail CAS and publishing their pred (the next
+# joiner's help, which publishes its predecessor's pred from the tail word, dies too then).
+
+cdef enum:
+    QUEUE_NONE = 0xfffffffe    # no successor found (an id never stored in a node)
+    QUEUE_UNKNOWN = 0xffffffff  # a pred not yet published (M_UNKNOWN, C_UNKNOWN)
+
+
+cdef uint32_t queue_succ_of(uint64_t* tail, shm_node* nodes, uint32_t count,
+                            uint32_t base, uint32_t target, uint32_t queued) noexcept nogil:
+    """The node that joined right after `target` (node ids: index + base, as the tail's
+    low 32 bits and the pred fields store them), or QUEUE_NONE if no node that joined
+    names it. Walks back from the tail's last, only through nodes whose state is in the
+    bitmask `queued`. A walk that goes round in circles (a node left and joined again
+    while we walked) starts over, a few times; every id read is bounds-checked."""
+    cdef uint32_t id, link, st, steps, attempt
+    for attempt in range(4):
+        id = <uint32_t>(ld64_seq(tail) & 0xffffffffU)
+        steps = 0
+        while steps <= count:
+            if id == target or id < base or id - base >= count:
+                return QUEUE_NONE                # (reached target: it is last)
+            st = ld32_acq(&nodes[id - base].state)
+            if st >= 32 or not ((queued >> st) & 1):
+                return QUEUE_NONE
+            link = ld32_acq(&nodes[id - base].pred)
+            if link == QUEUE_UNKNOWN:
+                link = ld32_acq(&nodes[id - base].guess)
+            if link == target:
+                return id
+            id = link
+            steps += 1
+        sched_yield()
+    return QUEUE_NONE
