@@ -62,6 +62,7 @@ cdef class FutexMutex(_Lock):
         cdef int r
         if w.deadline == 0:
             return R_TIMEOUT
+        w.backoff = 1                                # barging: poll less often as we wait
         while True:                                  # spin and yield: try 0 -> me+1
             if ld32_rlx(word) == 0 and cas32(word, 0, me + 1):
                 return R_ACQ

@@ -64,10 +64,14 @@ cdef class _PthreadMutexLock(_Lock):
         if w.deadline == 0:
             return R_TIMEOUT
         spins = self._spins()                        # once per wait (pi: a system call)
+        w.backoff = 1                                # barging: poll less often as we wait
         while spins:
-            rc = _pm_code(pthread_mutex_trylock(&self.b.wa.m))
-            if rc != R_BUSY:
-                return rc
+            # read the futex word first (its owner TID; the kernel's flag bits above): a
+            # trylock bound to fail would still take the holder's cache line from it
+            if ld32_rlx(<uint32_t*>&self.b.wa.m) & 0x3fffffff == 0:
+                rc = _pm_code(pthread_mutex_trylock(&self.b.wa.m))
+                if rc != R_BUSY:
+                    return rc
             r = wait_pause(w)
             if r == W_PARK:
                 break
