@@ -734,17 +734,76 @@ def test_an_armed_point_fires_there_and_nowhere_else(new_lock):
 #: points on the way into the queue: the dying joiner is between taking its place and
 #: waiting (for MCS and CLH, between the tail CAS and publishing its pred, or just after)
 _QUEUE_STEPS = (".acquire.took", ".acquire.joined", ".acquire.pred", "lock.wait.waiting")
-QUEUE_POINTS = [(k, p) for k, p in CASES if p.endswith(_QUEUE_STEPS) or p == "futex.wait.announced"]
+#: (kind, [(point, mode)] * 3): each joiner dies at its point; mode "block" is one
+#: acquire(), "timed" a loop of acquire(timeout=0.03), so that it also parks, times out
+#: and abandons its place, and reclaims the places of those ahead that did; mode "queued"
+#: (point "-") blocks in acquire() and is SIGKILLed there by the test
+ROW_PLANS = [(k, [(p, "block")] * 3) for k, p in CASES if p.endswith(_QUEUE_STEPS)]
+ROW_PLANS += [(k, [(p, "block")] * 3) for k, p in CASES if p == "futex.wait.announced"]
+ROW_PLANS += [
+    # found by random plans: a joiner dying while it reclaimed an abandoned node left
+    # the thread that inherited that node's slot waiting out its timeout
+    (
+        "clh",
+        [
+            ("clh.acquire.joined", "block"),
+            ("clh.acquire.pred", "timed"),
+            ("clh.wait.reclaiming", "timed"),
+        ],
+    ),
+    (
+        "clh",
+        [
+            ("-", "queued"),
+            ("clh.acquire.pred", "timed"),
+            ("clh.wait.reclaiming", "block"),
+        ],
+    ),
+    (
+        "mcs",
+        [
+            ("mcs.acquire.joined", "block"),
+            ("mcs.acquire.pred", "timed"),
+            ("lock.wait.waiting", "timed"),
+        ],
+    ),
+    (
+        "ticket",
+        [
+            ("ticket.acquire.took", "block"),
+            ("ticket.abandon.marked", "timed"),
+            ("lock.wait.waiting", "timed"),
+        ],
+    ),
+]
+ROW_PLANS = [(k, plan) for k, plan in ROW_PLANS if k in RECOVERABLE]
+
+
+def _plan_id(kind: str, plan: list) -> str:
+    if len({p for p in plan}) == 1:
+        return f"{kind}-{plan[0][0]}"
+    return f"{kind}-" + "+".join(f"{p}/{m}" for p, m in plan)
+
 
 _JOINER = r"""
+import os
 import sys
+import time
 import shmlocks
 region = shmlocks.Region.open(sys.argv[1])
 lock, other = region.open_lock("lock"), region.open_lock("other")
 other.acquire(); other.release()    # take a participant slot before the point is armed
+if sys.argv[2] != "-":
+    os.environ["SHMLOCKS_CRASHPOINT"] = sys.argv[2]
+    shmlocks._core._arm_crashpoint_from_env()
 print("ready", flush=True)
 sys.stdin.readline()
-lock.acquire()                      # dies on the way in (SHMLOCKS_CRASHPOINT)
+if sys.argv[3] in ("block", "queued"):
+    lock.acquire()                  # dies on the way in
+else:
+    end = time.monotonic() + 3
+    while time.monotonic() < end:
+        lock.acquire(timeout=0.03)  # parks, times out, abandons; dies somewhere in there
 print("not reached", flush=True)
 """
 
@@ -761,11 +820,11 @@ def _queued_waiter(lock, conn) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("kind", "point"), QUEUE_POINTS, ids=[f"{k}-{p}" for k, p in QUEUE_POINTS])
-def test_joiners_dying_in_a_row_do_not_wedge_the_queue(procs, kind, point):
+@pytest.mark.parametrize(("kind", "plan"), ROW_PLANS, ids=[_plan_id(k, p) for k, p in ROW_PLANS])
+def test_joiners_dying_in_a_row_do_not_wedge_the_queue(procs, kind, plan):
     """Three joiners, one after the other, die on the way into the queue while the lock is
     held, and none is recovered before the next joins (their slots were taken beforehand,
-    so no registration recovers them). For MCS and CLH the later ones replace the tail
+    so no registration recovers them). For MCS and CLH the later ones replaced the tail
     word that recorded the earlier one's predecessor before publishing it (found by a CI
     torture run: CLH then reported a corrupt lock, MCS a corrupt release, and a thread
     inheriting a dead slot waited out its timeout). A live waiter queued behind them must
@@ -776,21 +835,24 @@ def test_joiners_dying_in_a_row_do_not_wedge_the_queue(procs, kind, point):
         lock = region.create_lock("lock", kind)
         region.create_lock("other", "futex")
         joiners = []
-        for _ in range(3):
+        for point, mode in plan:
             p = procs.popen(
-                [sys.executable, "-c", _JOINER, region.name],
+                [sys.executable, "-c", _JOINER, region.name, point, mode],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
-                env={**os.environ, "SHMLOCKS_CRASHPOINT": point},
             )
             joiners.append(p)
             assert p.stdout.readline().strip() == "ready"
         assert lock.acquire(timeout=5)
         try:
-            for p in joiners:  # one at a time: each is queued (and dead) before the next
+            for p, (point, mode) in zip(joiners, plan, strict=True):  # one queued, dead at a time
                 p.stdin.write("go\n")
                 p.stdin.flush()
+                if mode == "queued":
+                    time.sleep(0.3)  # parked in the queue by now
+                    assert p.poll() is None, "the queued joiner did not wait"
+                    p.kill()  # SIGKILL, by its PID
                 assert p.wait(10) == -signal.SIGKILL, f"{point} not reached"
             here, there = mp.get_context("fork").Pipe()
             w = procs.start(_queued_waiter, lock, there)

@@ -308,20 +308,26 @@ cdef class CLHLock(_Lock):
     cdef void _tend_abandoned(self, uint32_t X) noexcept nogil:
         """Each park slice while our node X, abandoned by the thread that had our slot
         before us, waits to be handed back: if nothing is queued behind it, step it out
-        of the tail ourselves (as its abort would have); else recover its successor, who
-        owes us the hand-back, if that one is dead."""
+        of the tail ourselves (as its abort would have); else recover the one who owes us
+        the hand-back if it is dead: the first waiter behind us, past the nodes behind us
+        that were abandoned too (that waiter reclaims them first, then ours)."""
         cdef shm_node* x = &self.b.nodes[X]
         cdef uint64_t t = ld64_seq(self._tail())
         cdef uint32_t p = ld32_acq(&x.pred)
-        cdef uint32_t s
+        cdef uint32_t s = X, st, guard
         if <uint32_t>(t & 0xffffffffU) == X:
             if (p <= self.b.P and ld32_seq(&x.state) == C_ABANDONED
                     and cas64(self._tail(), t, _clh_tail(p, C_UNKNOWN))):
                 st32_seq(&x.state, C_RECLAIMED)      # out of the queue: ours again
             return
-        s = _clh_succ_of(&self.b, X)
-        if s != QUEUE_NONE:
-            self._check_ahead(s)
+        for guard in range(self.b.P + 1):
+            s = _clh_succ_of(&self.b, s)
+            if s == QUEUE_NONE or s > self.b.P:
+                return
+            self._check_ahead(s)                     # its owner: recovered if dead
+            st = ld32_acq(&self.b.nodes[s].state)
+            if st != C_ABANDONED and st != C_RECLAIMING:
+                return
 
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
