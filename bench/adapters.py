@@ -161,8 +161,7 @@ class PosixIpcAdapter(Adapter):
     name = "posix_ipc.Semaphore"
 
     def __init__(self, tag: str) -> None:
-        self.sem = posix_ipc.Semaphore("/" + _unique(tag, "sem"), posix_ipc.O_CREX,
-                                       initial_value=1)
+        self.sem = posix_ipc.Semaphore("/" + _unique(tag, "sem"), posix_ipc.O_CREX, initial_value=1)
         self._pid = os.getpid()
 
     def attach(self) -> Handle:

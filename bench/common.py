@@ -24,16 +24,17 @@ LINE = 16  # int64 words per slot: 128 bytes, so no two workers' words share a c
 @dataclass(frozen=True)
 class Mode:
     """How long and how often to measure (run.py defines smoke, quick and full)."""
+
     name: str
-    procs: tuple[int, ...]     # contended worker counts
-    contended_s: float         # seconds per contended run
-    handoff_s: float           # seconds (at most) per hand-off run
-    cs_ns: tuple[int, ...]     # critical-section lengths for the hand-off
-    repeats: int               # contended runs per (lock, P)
-    handoff_repeats: int       # hand-off runs per (lock, critical section)
-    death_repeats: int         # deaths per lock that recovers
-    settle_s: float            # time the waiter is left blocked before the kill
-    wedge_s: float             # bounded acquire past the kill for locks that may wedge
+    procs: tuple[int, ...]  # contended worker counts
+    contended_s: float  # seconds per contended run
+    handoff_s: float  # seconds (at most) per hand-off run
+    cs_ns: tuple[int, ...]  # critical-section lengths for the hand-off
+    repeats: int  # contended runs per (lock, P)
+    handoff_repeats: int  # hand-off runs per (lock, critical section)
+    death_repeats: int  # deaths per lock that recovers
+    settle_s: float  # time the waiter is left blocked before the kill
+    wedge_s: float  # bounded acquire past the kill for locks that may wedge
     pyperf_timeout_s: float
 
 
@@ -135,9 +136,17 @@ def _in_child(loop: Any, *args: Any) -> None:
 BARRIER = object()  # in run_workers' argument tuples: the barrier, filled in there
 
 
-def run_workers(cross_process: bool, loop: Any, argsets: Sequence[tuple], drive: Any,
-                drive_args: tuple, w: memoryview, stop_at: int, timeout: float,
-                what: str) -> Any:
+def run_workers(
+    cross_process: bool,
+    loop: Any,
+    argsets: Sequence[tuple],
+    drive: Any,
+    drive_args: tuple,
+    w: memoryview,
+    stop_at: int,
+    timeout: float,
+    what: str,
+) -> Any:
     """Run one worker ``loop(*args)`` per tuple of ``argsets`` (BARRIER in it becomes
     the start barrier): forked processes, or (for an in-process anchor) threads of this
     one, while ``drive(barrier, *drive_args)`` times them; then join them (the threads
@@ -146,8 +155,9 @@ def run_workers(cross_process: bool, loop: Any, argsets: Sequence[tuple], drive:
     barrier: Any = (FORK if cross_process else threading).Barrier(len(argsets) + 1)
     argsets = [tuple(barrier if a is BARRIER else a for a in args) for args in argsets]
     if cross_process:
-        procs = [FORK.Process(target=_in_child, args=(loop, *args), daemon=True)
-                 for args in argsets]
+        procs = [
+            FORK.Process(target=_in_child, args=(loop, *args), daemon=True) for args in argsets
+        ]
         with children(procs):
             out = drive(barrier, *drive_args)
             join_all(procs, time.monotonic() + timeout, what)
@@ -187,8 +197,13 @@ def usage() -> tuple[int, int, int, int, int]:
     (preempted, descheduled by its own sched_yield, or starved by other programs);
     sleeping in the kernel (a parked waiter) does not count."""
     r = resource.getrusage(resource.RUSAGE_THREAD)
-    return (r.ru_nvcsw, r.ru_nivcsw, time.thread_time_ns(), _runqueue_wait_ns(),
-            time.monotonic_ns())
+    return (
+        r.ru_nvcsw,
+        r.ru_nivcsw,
+        time.thread_time_ns(),
+        _runqueue_wait_ns(),
+        time.monotonic_ns(),
+    )
 
 
 def put_usage(w: memoryview, at: int, start: tuple[int, ...]) -> None:
@@ -201,8 +216,13 @@ def put_usage(w: memoryview, at: int, start: tuple[int, ...]) -> None:
 
 
 def get_usage(w: memoryview, at: int) -> dict[str, int]:
-    return {"voluntary_switches": w[at], "involuntary_switches": w[at + 1],
-            "cpu_ns": w[at + 2], "runqueue_wait_ns": w[at + 3], "wall_ns": w[at + 4]}
+    return {
+        "voluntary_switches": w[at],
+        "involuntary_switches": w[at + 1],
+        "cpu_ns": w[at + 2],
+        "runqueue_wait_ns": w[at + 3],
+        "wall_ns": w[at + 4],
+    }
 
 
 def cpu_share(us: list[dict[str, int]]) -> float:
@@ -213,8 +233,11 @@ def cpu_share(us: list[dict[str, int]]) -> float:
 
 def cpu_wait_share(us: list[dict[str, int]]) -> float:
     """The largest share of its run any worker spent waiting for a CPU (NaN if unknown)."""
-    shares = [u["runqueue_wait_ns"] / u["wall_ns"] for u in us
-              if u["wall_ns"] > 0 and u["runqueue_wait_ns"] >= 0]
+    shares = [
+        u["runqueue_wait_ns"] / u["wall_ns"]
+        for u in us
+        if u["wall_ns"] > 0 and u["runqueue_wait_ns"] >= 0
+    ]
     return max(shares) if len(shares) == len(us) and shares else math.nan
 
 

@@ -63,10 +63,16 @@ def measure(adapter: Adapter, nworkers: int, duration: float, timeout: float = 1
     w = shared.w
     try:
         t0, t1 = run_workers(
-            adapter.cross_process, _loop,
+            adapter.cross_process,
+            _loop,
             [(adapter, w, i, BARRIER, timeout) for i in range(nworkers)],
-            _drive, (w, duration, timeout), w, STOP * LINE, timeout,
-            f"{adapter.name} x{nworkers}")
+            _drive,
+            (w, duration, timeout),
+            w,
+            STOP * LINE,
+            timeout,
+            f"{adapter.name} x{nworkers}",
+        )
         counts = [w[(2 + i) * LINE] for i in range(nworkers)]
         use = [get_usage(w, (2 + i) * LINE + 1) for i in range(nworkers)]
         counter = w[CTR * LINE]

@@ -41,8 +41,16 @@ TURN, STOP, NSTAMPS, FLIPS0, FLIPS1 = 0, 1, 2, 3, 4
 SLOTS = 5
 
 
-def _loop(adapter: Adapter, w: memoryview, me: int, cap: int, cs_ns: int, barrier: Any,
-          timeout: float, base: int) -> None:
+def _loop(
+    adapter: Adapter,
+    w: memoryview,
+    me: int,
+    cap: int,
+    cs_ns: int,
+    barrier: Any,
+    timeout: float,
+    base: int,
+) -> None:
     h = adapter.attach()
     acquire, release = h.acquire, h.release
     clock = time.perf_counter_ns
@@ -76,8 +84,9 @@ def _loop(adapter: Adapter, w: memoryview, me: int, cap: int, cs_ns: int, barrie
         h.detach()
 
 
-def measure(adapter: Adapter, duration: float, cs_ns: int = 0, cap: int = 200_000,
-            timeout: float = 10.0) -> dict:
+def measure(
+    adapter: Adapter, duration: float, cs_ns: int = 0, cap: int = 200_000, timeout: float = 10.0
+) -> dict:
     """One run: up to ``duration`` seconds or ``cap`` round trips. Latencies in ns. A run
     that completes no round trip (the turn never came back: starvation, or no CPU) has
     ``round_trips == 0`` and no latency figures; its round trip exceeded ``seconds``."""
@@ -87,11 +96,18 @@ def measure(adapter: Adapter, duration: float, cs_ns: int = 0, cap: int = 200_00
     what = f"{adapter.name} hand-off cs={cs_ns}ns"
     try:
         elapsed = run_workers(
-            adapter.cross_process, _loop,
+            adapter.cross_process,
+            _loop,
             [(adapter, w, me, cap, cs_ns, BARRIER, timeout, base) for me in (0, 1)],
-            _drive, (w, duration, timeout), w, STOP * LINE, timeout, what)
+            _drive,
+            (w, duration, timeout),
+            w,
+            STOP * LINE,
+            timeout,
+            what,
+        )
         k = w[NSTAMPS * LINE]
-        stamps = w[base:base + k].tolist()
+        stamps = w[base : base + k].tolist()
         flips = (w[FLIPS0 * LINE], w[FLIPS1 * LINE])
         use = [get_usage(w, (FLIPS0 + me) * LINE + 1) for me in (0, 1)]
     finally:
@@ -111,14 +127,16 @@ def measure(adapter: Adapter, duration: float, cs_ns: int = 0, cap: int = 200_00
         "seconds": elapsed,
     }
     if rts:
-        out.update({
-            "min_ns": rts[0],
-            "median_ns": percentile(rts, 50),
-            "p90_ns": percentile(rts, 90),
-            "p99_ns": percentile(rts, 99),
-            "max_ns": rts[-1],
-            "mean_ns": sum(rts) / len(rts),
-        })
+        out.update(
+            {
+                "min_ns": rts[0],
+                "median_ns": percentile(rts, 50),
+                "p90_ns": percentile(rts, 90),
+                "p99_ns": percentile(rts, 99),
+                "max_ns": rts[-1],
+                "mean_ns": sum(rts) / len(rts),
+            }
+        )
     return out
 
 

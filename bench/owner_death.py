@@ -73,8 +73,9 @@ def _wait_for(w: memoryview, slot: int, proc: Any, what: str, timeout: float = 1
         time.sleep(0.001)
 
 
-def measure(adapter: Adapter, settle: float, wedge_after: float,
-            recover_within: float = 2.0) -> dict:
+def measure(
+    adapter: Adapter, settle: float, wedge_after: float, recover_within: float = 2.0
+) -> dict:
     """One death. ``wedge_after``: how long past the kill a lock that may wedge is given;
     ``recover_within``: the bound for a lock that must recover."""
     if not adapter.cross_process:
@@ -98,8 +99,10 @@ def measure(adapter: Adapter, settle: float, wedge_after: float,
                 holder.join(5)
                 waiter.join(limit + 5)
                 if waiter.exitcode is None:
-                    raise BenchError(f"{adapter.name}: the waiter's bounded acquire did not "
-                                     f"return within {limit + 5:.1f} s")
+                    raise BenchError(
+                        f"{adapter.name}: the waiter's bounded acquire did not "
+                        f"return within {limit + 5:.1f} s"
+                    )
             result = w[RESULT * LINE]
             t_acq = w[T_ACQ * LINE]
             died = bool(w[DIED * LINE])
@@ -107,13 +110,14 @@ def measure(adapter: Adapter, settle: float, wedge_after: float,
         del w
         shared.close()
     if result == R_ACQUIRED:
-        return {"outcome": "recovered", "recovery_ms": (t_acq - t_kill) / 1e6,
-                "owner_died": died}
+        return {"outcome": "recovered", "recovery_ms": (t_acq - t_kill) / 1e6, "owner_died": died}
     if result == R_TIMED_OUT:
         after = (t_acq - t_kill) / 1e9
         if must:
-            raise BenchError(f"{adapter.name}: waiter not granted the lock {after:.2f} s after "
-                             "the holder's SIGKILL")
+            raise BenchError(
+                f"{adapter.name}: waiter not granted the lock {after:.2f} s after "
+                "the holder's SIGKILL"
+            )
         outcome = "not yet (issue 3)" if adapter.name in NOT_YET else "wedges"
         return {"outcome": outcome, "timed_out_after_s": after}
     raise BenchError(f"{adapter.name}: the waiter failed (exit code {waiter.exitcode})")

@@ -47,7 +47,9 @@ def summarize(raw: dict[str, Any], mode: Mode) -> dict[str, Any]:
             if b:
                 ref = un.get(uncontended.bench_name(REF, form))
                 s["uncontended"].setdefault(name, {})[form] = {
-                    "median": b["median_ns"], "min": b["min_ns"], "max": b["max_ns"],
+                    "median": b["median_ns"],
+                    "min": b["min_ns"],
+                    "max": b["max_ns"],
                     "n": len(b["values_ns"]),
                     "corrected": (b["median_ns"] - loop) if loop is not None else None,
                     "paired": paired_ratio(b["values_ns"], ref and ref["values_ns"], rounds),
@@ -80,7 +82,9 @@ def summarize(raw: dict[str, Any], mode: Mode) -> dict[str, Any]:
                     "median_ns": spread([r["median_ns"] for r in two]),
                     "p99_ns": spread([r["p99_ns"] for r in two]),
                     "runs": len(two),
-                } if two else None,
+                }
+                if two
+                else None,
                 "round_trips": sum(r["round_trips"] for r in runs),
                 "workers": all_runs[0]["workers"],
             }
@@ -118,9 +122,10 @@ def paired_ratio(vals: list[float], ref: list[float] | None, rounds: int) -> flo
     if not ref or rounds < 1 or len(vals) != len(ref) or len(vals) % rounds:
         return None
     k = len(vals) // rounds
-    return statistics.median(statistics.median(vals[i * k:(i + 1) * k])
-                             / statistics.median(ref[i * k:(i + 1) * k])
-                             for i in range(rounds))
+    return statistics.median(
+        statistics.median(vals[i * k : (i + 1) * k]) / statistics.median(ref[i * k : (i + 1) * k])
+        for i in range(rounds)
+    )
 
 
 def uncontended_ratio(f: dict[str, Any] | None, ref: dict[str, Any] | None) -> float | None:
@@ -138,14 +143,15 @@ def check_targets(s: dict[str, Any], mode: Mode) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
     def add(target: str, lock: str, value: str, want: str, met: bool | None) -> None:
-        out.append({"target": target, "lock": lock, "value": value, "want": want,
-                    "met": met})
+        out.append({"target": target, "lock": lock, "value": value, "want": want, "met": met})
 
     un = s["uncontended"]
     for form, limit in (("acquire+release", 1.0), ("with", 0.6)):
         ref = un.get(REF, {}).get(form)
-        t = f"uncontended {'`with lock:`' if form == 'with' else 'acquire()+release()'}, " \
+        t = (
+            f"uncontended {'`with lock:`' if form == 'with' else 'acquire()+release()'}, "
             "time vs mp.Lock (paired by round)"
+        )
         for k in adapters.KINDS:
             r = uncontended_ratio(un.get(k, {}).get(form), ref)
             add(t, k, _x(r), f"≤ {limit}×", None if r is None else r <= limit)
@@ -165,17 +171,26 @@ def check_targets(s: dict[str, Any], mode: Mode) -> list[dict[str, Any]]:
         limit, jl = want2.get(k, (1.5, 0.99))
         r, j = thr(2, k)
         met = None if r is None else (r >= limit and (jl is None or j >= jl))
-        add("contended, 2 processes: ops/s vs mp.Lock", k, _x(r) + (jtxt(j) if jl else ""),
-            f"≥ {limit}×" + (f", Jain ≥ {jl}" if jl else ""), met)
+        add(
+            "contended, 2 processes: ops/s vs mp.Lock",
+            k,
+            _x(r) + (jtxt(j) if jl else ""),
+            f"≥ {limit}×" + (f", Jain ≥ {jl}" if jl else ""),
+            met,
+        )
 
     over = 2 * CORES
     for k in adapters.KINDS:
         jl = 0.95 if k in FIFO else None
         r, j = thr(over, k)
         met = None if r is None else (r >= 0.25 and (jl is None or j >= jl))
-        add(f"oversubscribed, {over} processes on {CORES} cores: ops/s vs mp.Lock", k,
-            _x(r) + (jtxt(j) if jl else ""), "≥ 0.25×" + (f", Jain ≥ {jl}" if jl else ""),
-            met)
+        add(
+            f"oversubscribed, {over} processes on {CORES} cores: ops/s vs mp.Lock",
+            k,
+            _x(r) + (jtxt(j) if jl else ""),
+            "≥ 0.25×" + (f", Jain ≥ {jl}" if jl else ""),
+            met,
+        )
 
     def two_cpu(k: str) -> float | None:
         e = s["handoff"].get(k, {}).get("0")
@@ -192,19 +207,28 @@ def check_targets(s: dict[str, Any], mode: Mode) -> list[dict[str, Any]]:
         if fl and mine is not None and ref is not None and ref > fl["median"]:
             # what the lock adds above the harness floor, against what mp.Lock adds
             txt += f" ({_x((mine - fl['median']) / (ref - fl['median']))} above the floor)"
-        add("hand-off round trip, no critical section, vs mp.Lock (runs not on one CPU)", k,
-            txt, "≤ 0.3×", None if r is None else r <= 0.3)
+        add(
+            "hand-off round trip, no critical section, vs mp.Lock (runs not on one CPU)",
+            k,
+            txt,
+            "≤ 0.3×",
+            None if r is None else r <= 0.3,
+        )
 
     for k in ("robust", "pi"):
         d = s["owner_death"].get(k)
         rec = d["recovery_ms"] if d else None
         t = "owner death: SIGKILL to the blocked waiter's acquisition"
         if rec is None:
-            add(t, k, d["outcome"] if d else "not measured", "≤ 5 ms",
-                None if not d else False)
+            add(t, k, d["outcome"] if d else "not measured", "≤ 5 ms", None if not d else False)
         else:
-            add(t, k, f"{rec['median']:.2f} ms (max {rec['max']:.2f})", "≤ 5 ms",
-                rec["median"] <= 5.0)
+            add(
+                t,
+                k,
+                f"{rec['median']:.2f} ms (max {rec['max']:.2f})",
+                "≤ 5 ms",
+                rec["median"] <= 5.0,
+            )
     return out
 
 
@@ -237,9 +261,16 @@ def machine() -> dict[str, Any]:
             return None
 
     try:
-        commit = subprocess.run(["git", "-C", str(HERE.parent), "describe", "--always",
-                                 "--dirty"], capture_output=True, text=True, timeout=5,
-                                check=True).stdout.strip() or None
+        commit = (
+            subprocess.run(
+                ["git", "-C", str(HERE.parent), "describe", "--always", "--dirty"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=True,
+            ).stdout.strip()
+            or None
+        )
     except Exception:
         commit = None
     return {
@@ -299,31 +330,49 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return lines
 
 
-def markdown(mode: Mode, mach: dict, s: dict, targets: list[dict], problems: list[str],
-             notes: list[str], seconds: float, self_check: dict | None) -> str:
+def markdown(
+    mode: Mode,
+    mach: dict,
+    s: dict,
+    targets: list[dict],
+    problems: list[str],
+    notes: list[str],
+    seconds: float,
+    self_check: dict | None,
+) -> str:
     L: list[str] = []
     L.append(f"# shmlocks benchmarks ({mode.name} run)")
     L.append("")
-    L.append(f"- **CPU**: {mach['cpu']}, {mach['cores']} cores ({mach['usable_cores']} usable), "
-             f"{mach['machine']}")
+    L.append(
+        f"- **CPU**: {mach['cpu']}, {mach['cores']} cores ({mach['usable_cores']} usable), "
+        f"{mach['machine']}"
+    )
     L.append(f"- **kernel**: {mach['kernel']}")
     L.append(f"- **glibc**: {mach['glibc']}; **Python**: {mach['python']}")
-    L.append(f"- **shmlocks** {mach['shmlocks']} (git {mach['git'] or '?'}); pyperf "
-             f"{mach['pyperf']}, posix_ipc {mach['posix_ipc']}, matplotlib "
-             f"{mach['matplotlib'] or 'not installed'}")
+    L.append(
+        f"- **shmlocks** {mach['shmlocks']} (git {mach['git'] or '?'}); pyperf "
+        f"{mach['pyperf']}, posix_ipc {mach['posix_ipc']}, matplotlib "
+        f"{mach['matplotlib'] or 'not installed'}"
+    )
     la = ", ".join(f"{x:.2f}" for x in mach["load_average"])
     le = ", ".join(f"{x:.2f}" for x in mach.get("load_average_end", []))
-    L.append(f"- **when**: {mach['date']}; load average (1, 5, 15 min) at start {la}, at end "
-             f"{le or '?'}; the run took {seconds:.0f} s")
+    L.append(
+        f"- **when**: {mach['date']}; load average (1, 5, 15 min) at start {la}, at end "
+        f"{le or '?'}; the run took {seconds:.0f} s"
+    )
     if mach.get("cpus_busy_others") is not None:
-        L.append(f"- **noise**: during the run, other programs kept "
-                 f"{mach['cpus_busy_others']:.2f} of the {mach['cores']} CPUs busy on average "
-                 f"(this run: {mach['cpus_busy_ours']:.2f}), from /proc/stat and getrusage")
+        L.append(
+            f"- **noise**: during the run, other programs kept "
+            f"{mach['cpus_busy_others']:.2f} of the {mach['cores']} CPUs busy on average "
+            f"(this run: {mach['cpus_busy_ours']:.2f}), from /proc/stat and getrusage"
+        )
     L.append("")
-    L.append("Figures are medians over repeats with (min–max) beside them; ×mp is the ratio "
-             "to multiprocessing.Lock's median in this same run. threading.Lock is not "
-             "cross-process: its contended and hand-off rows use threads of one process "
-             "(so they measure the GIL as much as the lock).")
+    L.append(
+        "Figures are medians over repeats with (min–max) beside them; ×mp is the ratio "
+        "to multiprocessing.Lock's median in this same run. threading.Lock is not "
+        "cross-process: its contended and hand-off rows use threads of one process "
+        "(so they measure the GIL as much as the lock)."
+    )
     L.append("")
 
     # 1. uncontended
@@ -345,35 +394,43 @@ def markdown(mode: Mode, mach: dict, s: dict, targets: list[dict], problems: lis
             f = u.get(form)
             row.append(_num(f["corrected"], 1) if f and f["corrected"] is not None else "–")
         rows.append(row)
-    L += _table(["lock", "acquire()+release()", "×mp", "`with lock:`", "×mp",
-                 "a+r − loop", "with − loop"], rows)
+    L += _table(
+        ["lock", "acquire()+release()", "×mp", "`with lock:`", "×mp", "a+r − loop", "with − loop"],
+        rows,
+    )
     L.append("")
     n_vals = next((f["n"] for u in un.values() for f in u.values()), 0)
     rounds = uncontended.PYPERF[mode.name][0]
-    L.append(f"Raw figures: the whole timed loop divided by its count ({n_vals} pyperf "
-             f"value(s) per cell, from {rounds} round(s) of pyperf interleaving the locks; "
-             "min–max over values). ×mp: the median over rounds of the ratio of this lock's "
-             "median to multiprocessing.Lock's in the same round (paired, so that the "
-             "machine's speed changing during the run cancels out). The last two columns "
-             "are the same "
-             "medians minus the empty loop's "
-             f"({_num(loop, 1) if loop is not None else '–'} ns, pyperf `loop overhead`): "
-             "loop-corrected, for reading only; ratios and targets use the raw figures.")
+    L.append(
+        f"Raw figures: the whole timed loop divided by its count ({n_vals} pyperf "
+        f"value(s) per cell, from {rounds} round(s) of pyperf interleaving the locks; "
+        "min–max over values). ×mp: the median over rounds of the ratio of this lock's "
+        "median to multiprocessing.Lock's in the same round (paired, so that the "
+        "machine's speed changing during the run cancels out). The last two columns "
+        "are the same "
+        "medians minus the empty loop's "
+        f"({_num(loop, 1) if loop is not None else '–'} ns, pyperf `loop overhead`): "
+        "loop-corrected, for reading only; ratios and targets use the raw figures."
+    )
     L.append("")
 
     # 2. contended
     co = s["contended"]
     ps = [str(p) for p in mode.procs]
     if self_check and self_check.get("caught"):
-        check = (f"Self-check: the same harness with a lock that does not lock lost updates "
-                 f"(counter {self_check['counter']:,} vs {self_check['sum']:,} increments), "
-                 "so the exclusion check below can fail.")
+        check = (
+            f"Self-check: the same harness with a lock that does not lock lost updates "
+            f"(counter {self_check['counter']:,} vs {self_check['sum']:,} increments), "
+            "so the exclusion check below can fail."
+        )
     else:
         check = "Self-check: **the exclusion check was not shown to catch a broken lock.**"
     L.append("## Contended throughput: thousands of acquire/increment/release per second")
     L.append("")
-    L.append(f"P workers for {mode.contended_s} s each, {mode.repeats} run(s) per cell; "
-             f"{CORES} cores, so P > {CORES} is oversubscribed.")
+    L.append(
+        f"P workers for {mode.contended_s} s each, {mode.repeats} run(s) per cell; "
+        f"{CORES} cores, so P > {CORES} is oversubscribed."
+    )
     L.append("")
     rows = []
     for name in adapters.NAMES:
@@ -384,9 +441,10 @@ def markdown(mode: Mode, mach: dict, s: dict, targets: list[dict], problems: lis
         for p in ps:
             e = c.get(p)
             refe = co.get(REF, {}).get(p)
-            row += [_cell(e and e["ops_per_s"], 1e3, 0),
-                    _x(ratio(e and e["ops_per_s"]["median"],
-                             refe and refe["ops_per_s"]["median"]))]
+            row += [
+                _cell(e and e["ops_per_s"], 1e3, 0),
+                _x(ratio(e and e["ops_per_s"]["median"], refe and refe["ops_per_s"]["median"])),
+            ]
         rows.append(row)
     hdr = ["lock"]
     for p in ps:
@@ -395,12 +453,14 @@ def markdown(mode: Mode, mach: dict, s: dict, targets: list[dict], problems: lis
     L.append("")
     L.append("### Fairness and exclusion")
     L.append("")
-    L.append("Jain's index over per-worker counts (1 = equal shares, 1/P = one worker got "
-             "all), the max/min share, and whether the shared counter (a plain "
-             "read-modify-write under the lock) equals the sum of the per-worker counts in "
-             "every run. CPUs: the workers' CPU time over wall time (how many CPUs they kept "
-             f"busy, spinning or working; {CORES} at most), a trace of what the machine left "
-             f"them. {check}")
+    L.append(
+        "Jain's index over per-worker counts (1 = equal shares, 1/P = one worker got "
+        "all), the max/min share, and whether the shared counter (a plain "
+        "read-modify-write under the lock) equals the sum of the per-worker counts in "
+        "every run. CPUs: the workers' CPU time over wall time (how many CPUs they kept "
+        f"busy, spinning or working; {CORES} at most), a trace of what the machine left "
+        f"them. {check}"
+    )
     L.append("")
     rows = []
     multi = [p for p in ps if int(p) > 1]
@@ -412,8 +472,11 @@ def markdown(mode: Mode, mach: dict, s: dict, targets: list[dict], problems: lis
         ok = True
         for p in multi:
             e = c.get(p)
-            row += [_cell(e and e["jain"], 1, 3), _cell(e and e["max_min"], 1, 2),
-                    _num(e["cpus"]["median"], 2) if e else "–"]
+            row += [
+                _cell(e and e["jain"], 1, 3),
+                _cell(e and e["max_min"], 1, 2),
+                _num(e["cpus"]["median"], 2) if e else "–",
+            ]
             ok = ok and (e is None or e["exclusion_ok"])
         row.append("yes" if ok else "**NO**")
         rows.append(row)
@@ -428,23 +491,27 @@ def markdown(mode: Mode, mach: dict, s: dict, targets: list[dict], problems: lis
     ho = s["handoff"]
     L.append("## Hand-off latency: µs per round trip (two hand-offs)")
     L.append("")
-    L.append(f"Two workers pass a turn through the lock; up to {mode.handoff_s} s per run, "
-             f"{mode.handoff_repeats} run(s) per cell. Median: the median of the runs' "
-             "medians (min–max over runs); p99: the median of the runs' 99th percentiles. "
-             "With a critical section (a busy-wait inside the lock by the worker whose turn "
-             "it is) a round trip includes two of them: nothing is subtracted.")
+    L.append(
+        f"Two workers pass a turn through the lock; up to {mode.handoff_s} s per run, "
+        f"{mode.handoff_repeats} run(s) per cell. Median: the median of the runs' "
+        "medians (min–max over runs); p99: the median of the runs' 99th percentiles. "
+        "With a critical section (a busy-wait inside the lock by the worker whose turn "
+        "it is) a round trip includes two of them: nothing is subtracted."
+    )
     L.append("")
-    L.append("A hand-off between two running CPUs and a hand-off between two processes "
-             "taking turns on one CPU are different figures (about a µs against a context "
-             "switch or a whole time slice), and on a busy 2-core machine the scheduler "
-             "gives either; nothing is pinned. A run counts as *one CPU* when each worker "
-             "was switched out involuntarily (preempted, or by its own sched_yield) at least "
-             "once every two round trips: then the round trips needed context switches. "
-             "The first table keeps the other runs [k/n: how many of the n runs]; the "
-             "second has every run, as measured (†k: k runs on one CPU). ‡k: k runs "
-             "completed no round trip (the turn did not come back within the run), so "
-             "they have no figure. The targets use the first table; results.json has every "
-             "run with its context switches, CPU time and run-queue wait.")
+    L.append(
+        "A hand-off between two running CPUs and a hand-off between two processes "
+        "taking turns on one CPU are different figures (about a µs against a context "
+        "switch or a whole time slice), and on a busy 2-core machine the scheduler "
+        "gives either; nothing is pinned. A run counts as *one CPU* when each worker "
+        "was switched out involuntarily (preempted, or by its own sched_yield) at least "
+        "once every two round trips: then the round trips needed context switches. "
+        "The first table keeps the other runs [k/n: how many of the n runs]; the "
+        "second has every run, as measured (†k: k runs on one CPU). ‡k: k runs "
+        "completed no round trip (the turn did not come back within the run), so "
+        "they have no figure. The targets use the first table; results.json has every "
+        "run with its context switches, CPU time and run-queue wait."
+    )
     L.append("")
 
     def handoff_table(two: bool) -> list[str]:
@@ -474,10 +541,16 @@ def markdown(mode: Mode, mach: dict, s: dict, targets: list[dict], problems: lis
                 if not e:
                     row += ["–" + mark, "–", "–"]
                     continue
-                row += [_cell(e["median_ns"], 1e3, 2) + mark,
-                        _x(ratio(e["median_ns"]["median"],
-                                 refe and refe["median_ns"] and refe["median_ns"]["median"])),
-                        _num(e["p99_ns"]["median"] / 1e3, 1)]
+                row += [
+                    _cell(e["median_ns"], 1e3, 2) + mark,
+                    _x(
+                        ratio(
+                            e["median_ns"]["median"],
+                            refe and refe["median_ns"] and refe["median_ns"]["median"],
+                        )
+                    ),
+                    _num(e["p99_ns"]["median"] / 1e3, 1),
+                ]
             rows.append(row)
         hdr = ["lock"]
         for cs in mode.cs_ns:
@@ -491,10 +564,12 @@ def markdown(mode: Mode, mach: dict, s: dict, targets: list[dict], problems: lis
     L.append("")
     fl = s.get("handoff_floor_ns")
     if fl:
-        L.append(f"Harness floor: the same two workers with a lock that does nothing (the turn "
-                 f"word alone) take {_cell(fl, 1e3, 2)} µs per round trip: the Python loop, "
-                 "its clock reads and the turn word's two cache-line transfers. What a lock "
-                 "adds is the figure above minus this one:")
+        L.append(
+            f"Harness floor: the same two workers with a lock that does nothing (the turn "
+            f"word alone) take {_cell(fl, 1e3, 2)} µs per round trip: the Python loop, "
+            "its clock reads and the turn word's two cache-line transfers. What a lock "
+            "adds is the figure above minus this one:"
+        )
         L.append("")
         rows = []
         for name in adapters.NAMES:
@@ -513,10 +588,12 @@ def markdown(mode: Mode, mach: dict, s: dict, targets: list[dict], problems: lis
     od = s["owner_death"]
     L.append("## Owner death: holder SIGKILLed, waiter blocked")
     L.append("")
-    L.append(f"Time from the SIGKILL to the blocked waiter's acquisition (CLOCK_MONOTONIC in "
-             f"both processes), {mode.death_repeats} death(s) per lock that recovers. A lock "
-             f"that cannot recover is shown by a bounded acquire that times out "
-             f"{mode.wedge_s} s after the kill.")
+    L.append(
+        f"Time from the SIGKILL to the blocked waiter's acquisition (CLOCK_MONOTONIC in "
+        f"both processes), {mode.death_repeats} death(s) per lock that recovers. A lock "
+        f"that cannot recover is shown by a bounded acquire that times out "
+        f"{mode.wedge_s} s after the kill."
+    )
     L.append("")
     rows = []
     for name in adapters.NAMES:
@@ -537,8 +614,7 @@ def markdown(mode: Mode, mach: dict, s: dict, targets: list[dict], problems: lis
     # targets
     L.append("## Targets (issue 4)")
     L.append("")
-    L.append("Each cell: the ratio (or time) measured in this run, the target, and the "
-             "verdict.")
+    L.append("Each cell: the ratio (or time) measured in this run, the target, and the verdict.")
     L.append("")
     groups: dict[str, dict[str, dict]] = {}
     for t in targets:
@@ -551,8 +627,7 @@ def markdown(mode: Mode, mach: dict, s: dict, targets: list[dict], problems: lis
             if t is None:
                 row.append("")
                 continue
-            verdict = ("**met**" if t["met"] else
-                       "not met" if t["met"] is False else "not measured")
+            verdict = "**met**" if t["met"] else "not met" if t["met"] is False else "not measured"
             row.append(f"{t['value']} ({t['want']}): {verdict}")
         rows.append(row)
     L += _table(["target", *adapters.KINDS], rows)
@@ -561,8 +636,10 @@ def markdown(mode: Mode, mach: dict, s: dict, targets: list[dict], problems: lis
     L.append(f"{n_met} of {len(targets)} met.")
     if mode.name == "smoke":
         L.append("")
-        L.append("(A smoke run: its figures only show that every path works; they are too "
-                 "short to judge targets by.)")
+        L.append(
+            "(A smoke run: its figures only show that every path works; they are too "
+            "short to judge targets by.)"
+        )
     L.append("")
     if notes:
         L.append("## Notes")
@@ -603,11 +680,24 @@ def plots(s: dict, mode: Mode, out: Path) -> list[str]:
         lo = [m - c[str(p)]["ops_per_s"]["min"] for m, p in zip(med, ps, strict=True)]
         hi = [c[str(p)]["ops_per_s"]["max"] - m for m, p in zip(med, ps, strict=True)]
         style = "-" if name in adapters.KINDS else "--"
-        ax.errorbar(ps, med, yerr=[lo, hi], fmt=style + "o", capsize=3, label=_label(name),
-                    linewidth=2 if name in adapters.KINDS else 1)
+        ax.errorbar(
+            ps,
+            med,
+            yerr=[lo, hi],
+            fmt=style + "o",
+            capsize=3,
+            label=_label(name),
+            linewidth=2 if name in adapters.KINDS else 1,
+        )
     ax.axvline(CORES, color="grey", linewidth=0.8, linestyle=":")
-    ax.text(CORES, 0.01, f" {CORES} cores", color="grey", va="bottom",
-            transform=ax.get_xaxis_transform())
+    ax.text(
+        CORES,
+        0.01,
+        f" {CORES} cores",
+        color="grey",
+        va="bottom",
+        transform=ax.get_xaxis_transform(),
+    )
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(mode.procs), [str(p) for p in mode.procs])
     ax.set_yscale("log")
@@ -639,26 +729,56 @@ def plots(s: dict, mode: Mode, out: Path) -> list[str]:
             any_fallback |= fallback
             f = e if fallback else e["two_cpu"]
             y = i + (j - (ncs - 1) / 2) * height
-            ax.barh([y], [f["median_ns"]["median"] / 1e3], height=height * 0.9, color=color,
-                    hatch="///" if fallback else None, edgecolor="white" if fallback else None)
-            ax.plot([f["p99_ns"]["median"] / 1e3], [y], "d", markersize=5, color=color,
-                    markeredgecolor="black", markeredgewidth=0.6)
+            ax.barh(
+                [y],
+                [f["median_ns"]["median"] / 1e3],
+                height=height * 0.9,
+                color=color,
+                hatch="///" if fallback else None,
+                edgecolor="white" if fallback else None,
+            )
+            ax.plot(
+                [f["p99_ns"]["median"] / 1e3],
+                [y],
+                "d",
+                markersize=5,
+                color=color,
+                markeredgecolor="black",
+                markeredgewidth=0.6,
+            )
         lab = "no critical section" if cs == 0 else f"{cs / 1000:g} µs critical section"
         handles.append(Patch(facecolor=color, label=f"{lab}: median"))
-    handles.append(Line2D([], [], marker="d", linestyle="", color="white",
-                          markeredgecolor="black", label="p99 (same colour)"))
+    handles.append(
+        Line2D(
+            [],
+            [],
+            marker="d",
+            linestyle="",
+            color="white",
+            markeredgecolor="black",
+            label="p99 (same colour)",
+        )
+    )
     if any_fallback:
-        handles.append(Patch(facecolor="grey", hatch="///", edgecolor="white",
-                             label="every run on one CPU: all runs"))
+        handles.append(
+            Patch(
+                facecolor="grey",
+                hatch="///",
+                edgecolor="white",
+                label="every run on one CPU: all runs",
+            )
+        )
     ax.set_yticks(range(len(names)), [_label(n) for n in names])
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("µs per round trip (two hand-offs), log scale")
-    ax.set_title("Hand-off latency through the lock\n(runs that did not take turns on one "
-                 "CPU: median of runs, p99 markers)", fontsize=10)
+    ax.set_title(
+        "Hand-off latency through the lock\n(runs that did not take turns on one "
+        "CPU: median of runs, p99 markers)",
+        fontsize=10,
+    )
     ax.grid(True, axis="x", which="both", alpha=0.3)
-    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1),
-              ncol=2)
+    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
     fig.tight_layout()
     fig.savefig(out / "handoff.png", dpi=120)
     plt.close(fig)

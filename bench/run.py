@@ -65,8 +65,19 @@ CS = (0, 1000, 10000)
 MODES = {
     "smoke": Mode("smoke", _procs(1, 2, 2 * CORES), 0.03, 0.03, CS, 1, 1, 1, 0.02, 0.05, 120),
     "quick": Mode("quick", _procs(1, 2, 2 * CORES), 0.2, 0.1, CS, 3, 5, 3, 0.05, 0.25, 300),
-    "full": Mode("full", _procs(1, 2, CORES, CORES + 1, 2 * CORES, 4 * CORES), 0.5, 0.4, CS,
-                 5, 9, 10, 0.1, 1.0, 3600),
+    "full": Mode(
+        "full",
+        _procs(1, 2, CORES, CORES + 1, 2 * CORES, 4 * CORES),
+        0.5,
+        0.4,
+        CS,
+        5,
+        9,
+        10,
+        0.1,
+        1.0,
+        3600,
+    ),
 }
 
 
@@ -91,8 +102,12 @@ class Run:
         self.out = out
         self.tag = adapters.new_tag()
         self.problems: list[str] = []
-        self.raw: dict[str, Any] = {"uncontended": {}, "contended": {}, "handoff": {},
-                                    "owner_death": {}}
+        self.raw: dict[str, Any] = {
+            "uncontended": {},
+            "contended": {},
+            "handoff": {},
+            "owner_death": {},
+        }
 
     def problem(self, msg: str) -> None:
         self.problems.append(msg)
@@ -133,24 +148,37 @@ class Run:
         deadline = time.monotonic() + 2.0
         runs = 0
         while time.monotonic() < deadline:
-            out = self.attempt("self-check", adapters.BROKEN,
-                               lambda a: contended.measure(a, 2, 0.05))
+            out = self.attempt(
+                "self-check", adapters.BROKEN, lambda a: contended.measure(a, 2, 0.05)
+            )
             if out is None:
                 return
             runs += 1
             if not out["exclusion_ok"]:
-                self.raw["self_check"] = {"caught": True, "runs": runs,
-                                          "counter": out["counter"], "sum": out["ops"]}
+                self.raw["self_check"] = {
+                    "caught": True,
+                    "runs": runs,
+                    "counter": out["counter"],
+                    "sum": out["ops"],
+                }
                 return
         self.raw["self_check"] = {"caught": False, "runs": runs}
-        self.problem(f"self-check: {runs} runs of a no-op lock never broke the counter: the "
-                     "exclusion check cannot be trusted")
+        self.problem(
+            f"self-check: {runs} runs of a no-op lock never broke the counter: the "
+            "exclusion check cannot be trusted"
+        )
 
     def uncontended(self) -> None:
         try:
             self.raw["uncontended"] = uncontended.measure(
-                self.mode.name, self.locks, self.tag, self.out / "pyperf.json",
-                self.out / "pyperf.log", self.mode.pyperf_timeout_s, progress=log)
+                self.mode.name,
+                self.locks,
+                self.tag,
+                self.out / "pyperf.json",
+                self.out / "pyperf.log",
+                self.mode.pyperf_timeout_s,
+                progress=log,
+            )
         except Exception as e:
             self.problem(f"uncontended (pyperf): {e}")
 
@@ -161,14 +189,19 @@ class Run:
             for p in m.procs:
                 log(f"contended: round {r + 1}/{m.repeats}, {p} worker(s), {m.contended_s} s each")
                 for name in rotated(self.locks, r):
-                    out = self.attempt(f"contended {name} x{p}", name,
-                                       lambda a, p=p: contended.measure(a, p, m.contended_s))
+                    out = self.attempt(
+                        f"contended {name} x{p}",
+                        name,
+                        lambda a, p=p: contended.measure(a, p, m.contended_s),
+                    )
                     if out is None:
                         continue
                     res.setdefault(name, {}).setdefault(str(p), []).append(out)
                     if not out["exclusion_ok"]:
-                        self.problem(f"EXCLUSION VIOLATED: {name} x{p}: counter "
-                                     f"{out['counter']} != sum of counts {out['ops']}")
+                        self.problem(
+                            f"EXCLUSION VIOLATED: {name} x{p}: counter "
+                            f"{out['counter']} != sum of counts {out['ops']}"
+                        )
 
     def handoff(self) -> None:
         m = self.mode
@@ -177,21 +210,27 @@ class Run:
         for r in range(m.handoff_repeats):
             # The harness floor: the same loop with a lock that does nothing. The turn word
             # has one writer at a time (whoever holds the turn), so it still ping-pongs.
-            out = self.attempt("hand-off floor", adapters.BROKEN,
-                               lambda a: handoff.measure(a, m.handoff_s, 0))
+            out = self.attempt(
+                "hand-off floor", adapters.BROKEN, lambda a: handoff.measure(a, m.handoff_s, 0)
+            )
             if out is not None:
                 floor.append(out)
             for cs in m.cs_ns:
                 log(f"hand-off: round {r + 1}/{m.handoff_repeats}, critical section {cs} ns")
                 for name in rotated(self.locks, r):
-                    out = self.attempt(f"hand-off {name} cs={cs}ns", name,
-                                       lambda a, cs=cs: handoff.measure(a, m.handoff_s, cs))
+                    out = self.attempt(
+                        f"hand-off {name} cs={cs}ns",
+                        name,
+                        lambda a, cs=cs: handoff.measure(a, m.handoff_s, cs),
+                    )
                     if out is None:
                         continue
                     res.setdefault(name, {}).setdefault(str(cs), []).append(out)
                     if not out["exclusion_ok"]:
-                        self.problem(f"EXCLUSION VIOLATED: {name} hand-off cs={cs}: turn "
-                                     f"flips {out['flips']} differ by more than one")
+                        self.problem(
+                            f"EXCLUSION VIOLATED: {name} hand-off cs={cs}: turn "
+                            f"flips {out['flips']} differ by more than one"
+                        )
 
     def owner_death(self) -> None:
         m = self.mode
@@ -199,13 +238,19 @@ class Run:
         res = self.raw["owner_death"]
         for name in self.locks:
             for _ in range(m.death_repeats):
-                out = self.attempt(f"owner death {name}", name,
-                                   lambda a: owner_death.measure(a, m.settle_s, m.wedge_s))
+                out = self.attempt(
+                    f"owner death {name}",
+                    name,
+                    lambda a: owner_death.measure(a, m.settle_s, m.wedge_s),
+                )
                 if out is None:
                     break
                 res.setdefault(name, []).append(out)
-                if out["outcome"] == "recovered" and name in adapters.KINDS \
-                        and not out["owner_died"]:
+                if (
+                    out["outcome"] == "recovered"
+                    and name in adapters.KINDS
+                    and not out["owner_died"]
+                ):
                     self.problem(f"owner death {name}: recovered but owner_died was False")
                 if out["outcome"] != "recovered":
                     break  # a wedge (or n/a) is the same every time: once is enough
@@ -229,18 +274,30 @@ def default_out(mode: Mode) -> Path:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bench/run.py",
-                                description="shmlocks benchmarks beside the usual anchors")
+    p = argparse.ArgumentParser(
+        prog="bench/run.py", description="shmlocks benchmarks beside the usual anchors"
+    )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--full", action="store_true", help="the complete run (several minutes)")
     g.add_argument("--smoke", action="store_true", help="a few seconds: every path, for CI")
-    p.add_argument("--out", metavar="DIR", type=Path,
-                   help="output directory (default bench/results/<YYYYmmdd-HHMMSS>/)")
-    p.add_argument("--repeats", metavar="N", type=int,
-                   help="runs per contended and hand-off cell (default: by mode)")
-    p.add_argument("--locks", metavar="A,B",
-                   help=f"only these locks (multiprocessing.Lock is always added); from "
-                        f"{', '.join(adapters.NAMES)}")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        type=Path,
+        help="output directory (default bench/results/<YYYYmmdd-HHMMSS>/)",
+    )
+    p.add_argument(
+        "--repeats",
+        metavar="N",
+        type=int,
+        help="runs per contended and hand-off cell (default: by mode)",
+    )
+    p.add_argument(
+        "--locks",
+        metavar="A,B",
+        help=f"only these locks (multiprocessing.Lock is always added); from "
+        f"{', '.join(adapters.NAMES)}",
+    )
     # no positional arguments here, so a "--" (`shmlocks bench --out D -- --smoke` passes
     # its separator through) means nothing: drop it
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--"]
@@ -260,8 +317,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         want = [x.strip() for x in args.locks.split(",") if x.strip()]
         bad = [x for x in want if x not in adapters.NAMES]
         if bad:
-            print(f"bench/run.py: error: unknown lock(s) {bad}; choose from "
-                  f"{', '.join(adapters.NAMES)}", file=sys.stderr)
+            print(
+                f"bench/run.py: error: unknown lock(s) {bad}; choose from "
+                f"{', '.join(adapters.NAMES)}",
+                file=sys.stderr,
+            )
             return 2
         locks = [n for n in adapters.NAMES if n in want or n == REF]
     out = (args.out or default_out(mode)).resolve()
@@ -285,8 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if wall > 0:
             # CPUs kept busy, on average, by this run and by everything else on the machine
             mach["cpus_busy_ours"] = (end[1] - snap[1]) / wall
-            mach["cpus_busy_others"] = max(0.0, (end[0] - snap[0]) / wall
-                                           - mach["cpus_busy_ours"])
+            mach["cpus_busy_others"] = max(0.0, (end[0] - snap[0]) / wall - mach["cpus_busy_ours"])
 
     s = report.summarize(run.raw, mode)
     targets = report.check_targets(s, mode)
@@ -295,13 +354,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         notes += report.plots(s, mode, out)
     except Exception as e:
         run.problem(f"plots: {type(e).__name__}: {e}")
-    md = report.markdown(mode, mach, s, targets, run.problems, notes,
-                         run.raw.get("seconds", 0.0), run.raw.get("self_check"))
+    md = report.markdown(
+        mode,
+        mach,
+        s,
+        targets,
+        run.problems,
+        notes,
+        run.raw.get("seconds", 0.0),
+        run.raw.get("self_check"),
+    )
     (out / "results.md").write_text(md + "\n")
-    doc = {"mode": asdict(mode), "machine": mach, "locks": locks, "reference": REF,
-           "raw": run.raw, "summary": s, "targets": targets, "problems": run.problems,
-           "notes": notes,
-           "files": sorted({p.name for p in out.iterdir()} | {"results.json"})}
+    doc = {
+        "mode": asdict(mode),
+        "machine": mach,
+        "locks": locks,
+        "reference": REF,
+        "raw": run.raw,
+        "summary": s,
+        "targets": targets,
+        "problems": run.problems,
+        "notes": notes,
+        "files": sorted({p.name for p in out.iterdir()} | {"results.json"}),
+    }
     (out / "results.json").write_text(json.dumps(report.jsonable(doc), indent=1) + "\n")
     print(md)
     log(f"wrote {out}")

@@ -118,8 +118,15 @@ def _pyperf_main() -> None:
 # -- the parent side --------------------------------------------------------------------------
 
 
-def measure(mode: str, locks: list[str], tag: str, out_json: Path, log: Path,
-            timeout: float, progress: Any = None) -> dict[str, Any]:
+def measure(
+    mode: str,
+    locks: list[str],
+    tag: str,
+    out_json: Path,
+    log: Path,
+    timeout: float,
+    progress: Any = None,
+) -> dict[str, Any]:
     """Run the pyperf program (its rounds); {bench name: {"values_ns", "median_ns", ...}}."""
     rounds, args = PYPERF[mode]
     with contextlib.suppress(FileNotFoundError):
@@ -128,11 +135,21 @@ def measure(mode: str, locks: list[str], tag: str, out_json: Path, log: Path,
     with open(log, "w") as logf:
         for r in range(rounds):
             if progress:
-                progress(f"uncontended: pyperf round {r + 1}/{rounds}, "
-                         f"{len(locks)} locks x 2 forms")
-            cmd = [sys.executable, str(HERE), "--quiet", "--append", str(out_json), *args,
-                   "--locks", ",".join(locks[r % len(locks):] + locks[:r % len(locks)]),
-                   "--tag", tag]
+                progress(
+                    f"uncontended: pyperf round {r + 1}/{rounds}, {len(locks)} locks x 2 forms"
+                )
+            cmd = [
+                sys.executable,
+                str(HERE),
+                "--quiet",
+                "--append",
+                str(out_json),
+                *args,
+                "--locks",
+                ",".join(locks[r % len(locks) :] + locks[: r % len(locks)]),
+                "--tag",
+                tag,
+            ]
             logf.write(f"$ {' '.join(cmd)}\n")
             logf.flush()
             _run(cmd, logf, max(1.0, deadline - time.monotonic()), log)
@@ -140,8 +157,9 @@ def measure(mode: str, locks: list[str], tag: str, out_json: Path, log: Path,
 
 
 def _run(cmd: list[str], logf: Any, timeout: float, log: Path) -> None:
-    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
     rc = None
     try:
         rc = proc.wait(timeout)

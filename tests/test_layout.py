@@ -24,16 +24,31 @@ def geometry(locks, participants):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("locks,participants", [(1, 1), (3, 5), (64, 64)])
 def test_header_and_geometry_on_disk(locks, participants):
-    with shmlocks.Region.create(uniq("layout"), max_locks=locks,
-                                max_participants=participants) as region:
+    with shmlocks.Region.create(
+        uniq("layout"), max_locks=locks, max_participants=participants
+    ) as region:
         names = [f"l{i}" for i in range(min(locks, len(shmlocks.KINDS)))]
         for n, kind in zip(names, shmlocks.KINDS, strict=False):
             region.create_lock(n, kind)
         path = os.path.join(SHM_DIR, region.name)
         with open(path, "rb") as f:
             data = f.read()
-    (magic, version, line, total, max_locks, max_parts, dir_off, part_off, locks_off,
-     stride, state, creator, nlocks, _mutex_size) = HEADER.unpack_from(data)
+    (
+        magic,
+        version,
+        line,
+        total,
+        max_locks,
+        max_parts,
+        dir_off,
+        part_off,
+        locks_off,
+        stride,
+        state,
+        creator,
+        nlocks,
+        _mutex_size,
+    ) = HEADER.unpack_from(data)
     assert data[:8] == b"SHMLOCK1" and magic == 0x314B434F4C4D4853
     assert version == shmlocks.LAYOUT_VERSION
     assert line == shmlocks.CACHE_LINE == LINE
@@ -43,11 +58,11 @@ def test_header_and_geometry_on_disk(locks, participants):
     assert state == 1 and creator == os.getpid() and nlocks == len(names)
     codes = {"ticket": 1, "mcs": 2, "clh": 3, "futex": 4, "robust": 5, "pi": 6}
     for i, (n, kind) in enumerate(zip(names, shmlocks.KINDS, strict=False)):
-        entry = data[dir_off + i * LINE: dir_off + (i + 1) * LINE]
+        entry = data[dir_off + i * LINE : dir_off + (i + 1) * LINE]
         st, code = struct.unpack_from("<II", entry)
         assert (st, code) == (2, codes[kind])
-        assert entry[16:16 + len(n) + 1] == n.encode() + b"\0"
-        body = data[locks_off + i * stride: locks_off + (i + 1) * stride]
+        assert entry[16 : 16 + len(n) + 1] == n.encode() + b"\0"
+        body = data[locks_off + i * stride : locks_off + (i + 1) * stride]
         ctl_kind, _flags, holder, body_magic = struct.unpack_from("<IIII", body)
         assert (ctl_kind, holder, body_magic) == (codes[kind], 0, 0x4B4F4C42)
 

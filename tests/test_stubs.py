@@ -15,6 +15,9 @@ def test_stubtest():
     allow = os.path.join(ROOT, ".ci", "stubtest-allowlist.txt")
     proc = subprocess.run(
         [sys.executable, "-m", "mypy.stubtest", "shmlocks._core", "--allowlist", allow],
-        capture_output=True, text=True, cwd=ROOT, timeout=110,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=110,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
