@@ -40,6 +40,7 @@ cdef enum:
     C_RECLAIMING = 3
     C_RECLAIMED = 4
     C_UNKNOWN = 0xffffffff
+    C_QUEUED = (1 << C_BUSY) | (1 << C_ABANDONED) | (1 << C_RECLAIMING)  # still in the queue
 
 
 cdef int _clh_not_busy(void* c) noexcept nogil:
@@ -129,16 +130,10 @@ cdef inline void _clh_release_as(shm_body* b, uint32_t q, bint armed) noexcept n
 cdef uint32_t _clh_succ_of(shm_body* b, uint32_t X) noexcept nogil:
     """The queued node waiting on node X (QUEUE_NONE if none): one naming X as its pred,
     else found by the walk back from the tail (the successor's pred is not published)."""
-    cdef uint32_t y, st
-    for y in range(b.P + 1):
-        if y == X:
-            continue
-        st = ld32_acq(&b.nodes[y].state)
-        if ((st == C_BUSY or st == C_ABANDONED or st == C_RECLAIMING)
-                and ld32_acq(&b.nodes[y].pred) == X):
-            return y
-    return queue_succ_of(&b.wa.u64[0], b.nodes, b.P + 1, 0, X,
-                         (1 << C_BUSY) | (1 << C_ABANDONED) | (1 << C_RECLAIMING))
+    cdef uint32_t y = queue_named_succ(b.nodes, b.P + 1, 0, X, C_QUEUED)
+    if y != QUEUE_NONE:
+        return y
+    return queue_succ_of(&b.wa.u64[0], b.nodes, b.P + 1, 0, X, C_QUEUED)
 
 
 cdef bint _clh_in_queue(shm_body* b, uint32_t X) noexcept nogil:

@@ -64,12 +64,6 @@ cdef int _mcs_not_waiting(void* c) noexcept nogil:
     return Q_NEAR
 
 
-cdef inline uint32_t _mcs_link(shm_node* n) noexcept nogil:
-    """A node's predecessor: published, else its guess (a hint: a liveness check)."""
-    cdef uint32_t p = ld32_acq(&n.pred)
-    return ld32_acq(&n.guess) if p == M_UNKNOWN else p
-
-
 cdef int _mcs_not_passing(void* c) noexcept nogil:
     cdef uint32_t st = ld32_seq(&(<shm_node*>c).state)
     return st != M_PASSING and st != M_ABANDONED
@@ -84,17 +78,20 @@ cdef inline bint _mcs_is_succ(shm_body* b, uint32_t v, uint32_t q) noexcept nogi
     return (st == M_WAIT or st == M_ABANDONED) and ld32_acq(&b.nodes[v - 1].pred) == q + 1
 
 
+cdef enum:
+    M_QUEUED = (1 << M_WAIT) | (1 << M_ABANDONED)    # states of a node still in the queue
+
+
 cdef inline uint32_t _mcs_walk_succ(shm_body* b, uint32_t s) noexcept nogil:
     """The node (index + 1) that joined right after node s-1, from the tail back."""
-    return queue_succ_of(&b.wa.u64[0], b.nodes, b.P, 1, s,
-                         (1 << M_WAIT) | (1 << M_ABANDONED))
+    return queue_succ_of(&b.wa.u64[0], b.nodes, b.P, 1, s, M_QUEUED)
 
 
 cdef uint32_t _mcs_scan_succ(shm_body* b, uint32_t q) noexcept nogil:
     """One look for node q's successor (index + 1), 0 if none is visible: its link, the
     tail word (it is last and has not published its pred), its published pred, or the
     walk back from the tail."""
-    cdef uint32_t v, x, st
+    cdef uint32_t v
     cdef uint64_t t
     v = ld32_acq(&b.nodes[q].next)
     if _mcs_is_succ(b, v, q):
@@ -102,10 +99,9 @@ cdef uint32_t _mcs_scan_succ(shm_body* b, uint32_t q) noexcept nogil:
     t = ld64_seq(&b.wa.u64[0])
     if _t_prev(t) == q + 1 and _t_last(t) != 0 and _t_last(t) != q + 1:
         return _t_last(t)
-    for x in range(b.P):
-        st = ld32_acq(&b.nodes[x].state)
-        if (st == M_WAIT or st == M_ABANDONED) and ld32_acq(&b.nodes[x].pred) == q + 1:
-            return x + 1
+    v = queue_named_succ(b.nodes, b.P, 1, q + 1, M_QUEUED)
+    if v != QUEUE_NONE:
+        return v
     v = _mcs_walk_succ(b, q + 1)                     # it joined, and so did the next ones,
     return 0 if v == QUEUE_NONE else v               # none of them lived to publish
 
@@ -358,7 +354,7 @@ cdef class MCSLock(_Lock):
     cdef void _check_ahead(self, uint32_t me) noexcept nogil:
         """Each park slice: is the live node we depend on alive? Walk back past abandoned
         nodes (their threads left) to the first waiter or holder; recover it if dead."""
-        cdef uint32_t p = _mcs_link(&self.b.nodes[me])
+        cdef uint32_t p = queue_link(&self.b.nodes[me])  # a hint
         cdef uint32_t st, guard = 0
         while p != 0 and p <= self.b.P and guard <= self.b.P:
             if participant_dead(self.rm, p - 1):
@@ -367,7 +363,7 @@ cdef class MCSLock(_Lock):
             st = ld32_acq(&self.b.nodes[p - 1].state)
             if st != M_ABANDONED and st != M_PASSING:
                 return
-            p = _mcs_link(&self.b.nodes[p - 1])
+            p = queue_link(&self.b.nodes[p - 1])
             guard += 1
 
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:

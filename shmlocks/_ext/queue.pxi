@@ -13,6 +13,27 @@ cdef enum:
     QUEUE_UNKNOWN = 0xffffffff  # a pred not yet published (M_UNKNOWN, C_UNKNOWN)
 
 
+cdef inline uint32_t queue_link(shm_node* n) noexcept nogil:
+    """A node's predecessor as far as is known: published, else its guess (right once it
+    joined). An id read from shared memory: the caller bounds-checks it."""
+    cdef uint32_t p = ld32_acq(&n.pred)
+    return ld32_acq(&n.guess) if p == QUEUE_UNKNOWN else p
+
+
+cdef uint32_t queue_named_succ(shm_node* nodes, uint32_t count, uint32_t base,
+                               uint32_t target, uint32_t queued) noexcept nogil:
+    """A node whose state is in `queued` and that names `target` as its published pred
+    (its id), else QUEUE_NONE: one pass over the nodes, no walk."""
+    cdef uint32_t x, st
+    for x in range(count):
+        if x + base == target:
+            continue
+        st = ld32_acq(&nodes[x].state)
+        if st < 32 and (queued >> st) & 1 and ld32_acq(&nodes[x].pred) == target:
+            return x + base
+    return QUEUE_NONE
+
+
 cdef uint32_t queue_succ_of(uint64_t* tail, shm_node* nodes, uint32_t count,
                             uint32_t base, uint32_t target, uint32_t queued) noexcept nogil:
     """The node that joined right after `target` (node ids: index + base, as the tail's
@@ -30,9 +51,7 @@ cdef uint32_t queue_succ_of(uint64_t* tail, shm_node* nodes, uint32_t count,
             st = ld32_acq(&nodes[id - base].state)
             if st >= 32 or not ((queued >> st) & 1):
                 return QUEUE_NONE
-            link = ld32_acq(&nodes[id - base].pred)
-            if link == QUEUE_UNKNOWN:
-                link = ld32_acq(&nodes[id - base].guess)
+            link = queue_link(&nodes[id - base])
             if link == target:
                 return id
             id = link

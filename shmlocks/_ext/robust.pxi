@@ -68,7 +68,7 @@ cdef class _PthreadMutexLock(_Lock):
         while spins:
             # read the futex word first (its owner TID; the kernel's flag bits above): a
             # trylock bound to fail would still take the holder's cache line from it
-            if ld32_rlx(<uint32_t*>&self.b.wa.m) & 0x3fffffff == 0:
+            if ld32_rlx(<uint32_t*>&self.b.wa.m) & FUTEX_TID_MASK_ == 0:
                 rc = _pm_code(pthread_mutex_trylock(&self.b.wa.m))
                 if rc != R_BUSY:
                     return rc
