@@ -99,5 +99,47 @@ def _arm_crashpoint_from_env():
     shm_crash_armed = 1
 
 
+def _trace_open(size_t entries=1 << 16):
+    """Start the debug trace (SHMLOCKS_DEBUG builds): a ring of `entries` (a power of two)
+    events shared with every process forked after this call. False if this build has no
+    trace. For diagnosing protocol bugs (shmlocks torture uses it); not API."""
+    global shm_trace_ring, shm_trace_count, shm_trace_mask
+    cdef void* m
+    if not SHM_TRACE_BUILT:
+        return False
+    if entries == 0 or entries & (entries - 1):
+        raise ValueError("entries must be a power of two")
+    if shm_trace_ring != NULL:
+        return True
+    m = mmap(NULL, SHM_LINE + entries * sizeof(shm_trace_ent), PROT_READ | PROT_WRITE,
+             MAP_SHARED | MAP_ANONYMOUS, -1, 0)
+    if m == MAP_FAILED:
+        raise OSError("mmap of the trace ring failed")
+    shm_trace_count = <uint64_t*>m
+    shm_trace_mask = entries - 1
+    shm_trace_ring = <shm_trace_ent*>(<char*>m + SHM_LINE)
+    return True
+
+
+def _trace_dump(size_t last=4096):
+    """The last `last` events of the debug trace, oldest first: (seq, pid, tid, what, a, b,
+    c). Only meaningful in the process that called _trace_open() (and its forks)."""
+    cdef uint64_t n, i, lo
+    cdef shm_trace_ent* e
+    if shm_trace_ring == NULL:
+        return []
+    n = ld64_acq(shm_trace_count)
+    lo = n - last if n > last else 0
+    if n - lo > shm_trace_mask + 1:
+        lo = n - (shm_trace_mask + 1)
+    out = []
+    for i in range(lo, n):
+        e = &shm_trace_ring[i & shm_trace_mask]
+        if ld64_acq(&e.seq) != i + 1:
+            continue
+        out.append((i, e.pid, e.tid, (<const char*><size_t>e.what).decode(), e.a, e.b, e.c))
+    return out
+
+
 participants_init()
 _arm_crashpoint_from_env()

@@ -705,7 +705,9 @@ def cmd_torture(args: argparse.Namespace) -> int:
     old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         out = sys.stderr if args.json else sys.stdout
-        results = torture.main(kinds, args.seconds, args.workers, seed=args.seed, out=out)
+        results = torture.main(
+            kinds, args.seconds, args.workers, seed=args.seed, out=out, load=args.load
+        )
     finally:
         signal.signal(signal.SIGTERM, old_term)
     if args.json:
@@ -803,6 +805,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workers", type=_positive_int, default=4, help="worker processes (default 4)")
     p.add_argument("--seed", type=int, help="seed the random kills (default: random)")
+    p.add_argument(
+        "--load",
+        action="store_true",
+        help="load the machine on purpose: a CPU hog pinned to each CPU, workers at mixed "
+        "nice levels and policies, so preemption lands inside protocol steps",
+    )
     p.add_argument(
         "--json", action="store_true", help="print the results as JSON (the lines go to stderr)"
     )

@@ -52,6 +52,8 @@ import shmlocks
 
 #: kinds recovered by the kernel (robust futexes); the others recover in user space
 KERNEL_RECOVERED = ("robust", "pi")
+TRACE_ENTRIES = 1 << 20  # the debug trace's ring (SHMLOCKS_DEBUG builds)
+TRACE_DUMP = 200_000  # events written out at the first violation, error or wedge
 WEDGE_NS = 2_000_000_000  # no acquisition by anyone for this long: a wedge
 MAX_WORKERS = 64
 KILL_INTERVAL = (0.005, 0.050)  # seconds between kills
@@ -183,7 +185,57 @@ def _worker(lock: Any, a: memoryview, w: int, nw: int, seed: int, parent: int) -
     lock.close()
 
 
-def _start_worker(lock: Any, a: memoryview, w: int, nw: int, seed: int) -> int:
+#: under load, worker w runs at LOAD_NICE[w % 4] (SCHED_BATCH for the odd ones), beside a
+#: CPU hog pinned to each CPU: a preempted waiter or holder is then the rule, not the exception
+LOAD_NICE = (0, 2, 4, 6)
+
+
+def _loaded(w: int) -> None:
+    """Make this worker a weak competitor for the CPU (torture's --load)."""
+    with contextlib.suppress(OSError):
+        os.nice(LOAD_NICE[w % len(LOAD_NICE)])
+    if w % 2:
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+
+
+def _hog(cpu: int) -> None:
+    """A busy loop pinned to one CPU, until its parent goes."""
+    _die_with_parent()
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, {cpu})
+    parent = os.getppid()
+    n = 0
+    while True:
+        n += 1
+        if n % 1_000_000 == 0 and os.getppid() != parent:
+            return
+
+
+def start_hogs() -> list[int]:
+    """Fork one CPU hog per CPU this process may run on; their PIDs (stop_hogs() ends them)."""
+    pids = []
+    for cpu in sorted(os.sched_getaffinity(0)):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                _hog(cpu)
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    return pids
+
+
+def stop_hogs(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def _start_worker(lock: Any, a: memoryview, w: int, nw: int, seed: int, load: bool = False) -> int:
     """Fork one worker; its PID. Ctrl-C is the controller's: SIGINT is blocked across the
     fork (a Ctrl-C then is delivered to the parent once it unblocks, never lost), and
     the child ignores it before unblocking."""
@@ -203,6 +255,8 @@ def _start_worker(lock: Any, a: memoryview, w: int, nw: int, seed: int) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         _die_with_parent()
+        if load:
+            _loaded(w)
         if os.getppid() == parent:
             _worker(lock, a, w, nw, seed, parent)
         code = 0
@@ -284,8 +338,9 @@ class Result:
 class _Run:
     """One kind's torture: the lock, the shared words and the workers' PIDs."""
 
-    def __init__(self, kind: str, workers: int, seed: int) -> None:
+    def __init__(self, kind: str, workers: int, seed: int, load: bool = False) -> None:
         self.kind = kind
+        self.load = load
         self.nw = workers
         self.rng = random.Random(seed)
         self.mm = mmap.mmap(-1, 8 * WORDS)  # anonymous and shared: inherited by fork
@@ -294,11 +349,16 @@ class _Run:
         self.pids: dict[int, int] = {}  # worker slot -> pid
         self.res = Result(kind, workers=workers)
         self.raw_noted = False
+        # a SHMLOCKS_DEBUG build records every traced protocol step of every worker
+        self.traced = shmlocks._core._trace_open(TRACE_ENTRIES)
+        self.trace_dumped = False
 
     # -- processes (every one by its PID)
 
     def spawn(self, w: int) -> None:
-        self.pids[w] = _start_worker(self.lock, self.a, w, self.nw, self.rng.randrange(1 << 30))
+        self.pids[w] = _start_worker(
+            self.lock, self.a, w, self.nw, self.rng.randrange(1 << 30), self.load
+        )
 
     def kill(self, w: int) -> None:
         pid = self.pids.pop(w)
@@ -355,6 +415,23 @@ class _Run:
             state = repr(e)
         self.res.notes.append(f"wedge {when}: no acquisition for {gap:.1f} s; {state}")
         self.note_raw()
+        self.dump_trace()
+
+    def broken(self) -> bool:
+        a = self.a
+        return bool(a[VIOLATIONS] or any(a[ERRORS : ERRORS + self.nw]))
+
+    def dump_trace(self) -> None:
+        """Once per run, at the first sign of trouble: the debug trace's last events, to a
+        file named in the notes (SHMLOCKS_DEBUG builds only)."""
+        if not self.traced or self.trace_dumped:
+            return
+        self.trace_dumped = True
+        path = f"/tmp/shmlocks-trace-{self.kind}-{os.getpid()}-{time.monotonic_ns()}.txt"
+        with open(path, "w") as f:
+            for seq, pid, tid, what, x, y, z in shmlocks._core._trace_dump(TRACE_DUMP):
+                f.write(f"{seq} {pid} {tid} {what} {x:#x} {y:#x} {z:#x}\n")
+        self.res.notes.append(f"debug trace of the last {TRACE_DUMP} steps: {path}")
 
     def note_raw(self) -> None:
         """The lock's raw shared words, once per run: what the next fix needs to know."""
@@ -376,6 +453,8 @@ class _Run:
         end = t0 + seconds
         while time.monotonic() < end:
             time.sleep(self.rng.uniform(*KILL_INTERVAL))
+            if self.broken():
+                self.dump_trace()
             if self.wedged():
                 self.note_wedge("during the kills")
                 break
@@ -411,6 +490,8 @@ class _Run:
             res.notes.append(f"workers in slots {bad} did not exit cleanly")
         self.check_slots()
         self.final_check()
+        if not self.res.ok:
+            self.dump_trace()
         return res
 
     def check_slots(self) -> None:
@@ -471,13 +552,17 @@ class _Run:
             res.notes.append(f"{res.recoveries} holds saw owner_died after only {res.kills} deaths")
 
 
-def torture_kind(kind: str, seconds: float, workers: int, seed: int | None = None) -> Result:
-    """Run one kind's torture (or skip it when its recovery is not built)."""
+def torture_kind(
+    kind: str, seconds: float, workers: int, seed: int | None = None, load: bool = False
+) -> Result:
+    """Run one kind's torture (or skip it when its recovery is not built). ``load``: the
+    workers run at mixed nice levels and policies beside a CPU hog per CPU (the caller
+    starts the hogs: start_hogs())."""
     if kind not in recoverable_kinds():
         return Result(kind, skipped="recovery not implemented")
     if not 1 <= workers <= MAX_WORKERS:
         raise ValueError(f"workers must be between 1 and {MAX_WORKERS}")
-    run = _Run(kind, workers, random.randrange(1 << 30) if seed is None else seed)
+    run = _Run(kind, workers, random.randrange(1 << 30) if seed is None else seed, load)
     try:
         return run.run(seconds)
     finally:
@@ -485,22 +570,39 @@ def torture_kind(kind: str, seconds: float, workers: int, seed: int | None = Non
 
 
 def main(
-    kinds: Sequence[str], seconds: float, workers: int, seed: int | None = None, out=None
+    kinds: Sequence[str],
+    seconds: float,
+    workers: int,
+    seed: int | None = None,
+    out=None,
+    load: bool = False,
 ) -> list[Result]:
-    """Torture each kind in turn, printing one line per kind; returns the results."""
+    """Torture each kind in turn, printing one line per kind; returns the results.
+    ``load``: a CPU hog pinned to each CPU for the whole run, and workers at nice levels
+    LOAD_NICE (SCHED_BATCH for every other one), so preemption lands inside protocol steps."""
     out = out or sys.stdout
+    ncpu = len(os.sched_getaffinity(0))
     print(
         f"shmlocks torture: {workers} workers per kind, {seconds:g} s each, a SIGKILL every "
         f"{KILL_INTERVAL[0] * 1e3:.0f}-{KILL_INTERVAL[1] * 1e3:.0f} ms "
-        f"({os.cpu_count()} CPUs)",
+        f"({ncpu} CPUs"
+        + (
+            f", loaded: {ncpu} CPU hogs, workers at nice {'/'.join(map(str, LOAD_NICE))})"
+            if load
+            else ")"
+        ),
         file=out,
         flush=True,
     )
-    results = []
-    for kind in kinds:
-        res = torture_kind(kind, seconds, workers, seed)
-        results.append(res)
-        print(res.line(), file=out, flush=True)
-        for note in res.notes:
-            print(f"    {note}", file=out, flush=True)
+    hogs = start_hogs() if load else []
+    try:
+        results = []
+        for kind in kinds:
+            res = torture_kind(kind, seconds, workers, seed, load)
+            results.append(res)
+            print(res.line(), file=out, flush=True)
+            for note in res.notes:
+                print(f"    {note}", file=out, flush=True)
+    finally:
+        stop_hogs(hogs)
     return results

@@ -78,8 +78,9 @@ def test_every_part_starts_on_a_line():
 @pytest.mark.parametrize("kind", list(shmlocks.KINDS))
 def test_raw_snapshot_shows_the_holder(kind):
     """Lock._raw() (what the torture prints on a wedge or a corrupt state) reads the body
-    it claims to: P+1 nodes, P records, the holder word set to our slot + 1 while we hold
-    the lock and cleared at release, and our PID in our participant record."""
+    it claims to: P+1 nodes, P records, the holder word naming our slot + 1 and our
+    generation while we hold the lock and cleared at release, and our PID in our
+    participant record."""
     lock = shmlocks.KINDS[kind](uniq("raw"), max_participants=3)
     try:
         with lock:
@@ -88,9 +89,10 @@ def test_raw_snapshot_shows_the_holder(kind):
     finally:
         lock.close()
     nodes = raw["nodes (state, next, pred, parked, value, round, guess)"]
-    precs = raw["precs (mine, pred, ticket, abandoned, abandoned_gen)"]
+    precs = raw["precs (mine, pred, ticket, abandoned, abandoned_gen, round)"]
     parts = raw["participants (pid, op_lock, op_step, op_value, generation)"]
     assert (len(nodes), len(precs), len(parts)) == (4, 3, 3)
-    slot = raw["holder"] - 1
+    slot = (raw["holder"] & 0x1FFF) - 1
     assert 0 <= slot < 3 and parts[slot][0] == os.getpid()
+    assert raw["holder"] >> 13 == parts[slot][4] & 0x7FFFF, "the holder names our generation"
     assert after["holder"] == 0

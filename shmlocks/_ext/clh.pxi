@@ -21,7 +21,12 @@
 #             guess  the tail's last as its owner CASed the tail: its pred once joined
 #                    (queue.pxi), when the owners of several joiners in a row died
 #                    before publishing or helping
+#             round  bumped by whoever enqueues the node: (node, round) names one passage
+#                    of a node through the queue. Nodes travel, so "node X is BUSY" alone
+#                    cannot tell a recoverer whether X is still the dead participant's or
+#                    already the next owner's; the round can.
 #   prec[p]   mine   the node p owns;  pred: the node p waits on and adopts at release
+#             round  the round of `mine` as p enqueued it
 #
 # Abandonment (Scott & Scherer, PPoPP 2001, "CLH-try"): if p is last, CAS the tail back to
 # its predecessor and keep its node; else publish pred, then ABANDONED. The successor that
@@ -65,6 +70,7 @@ cdef void _clh_init(shm_body* b) noexcept nogil:
     cdef uint32_t i
     for i in range(b.P):
         b.precs[i].mine = i
+        b.precs[i].pred = i                          # idle: mine == pred, as after a release
     b.wa.u64[0] = b.P | (<uint64_t>C_UNKNOWN << 32)  # the lock's own node, FREE
 
 
@@ -78,13 +84,15 @@ cdef void _clh_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint32_t pn) noexcep
     cdef shm_node* n = &b.nodes[pn]
     cdef uint32_t pp
     if ld32_seq(&n.state) == C_ABANDONED:
-        st64_rel(&rm.part[q].op_value, pn + 1)       # a recoverer finishes it
+        # a recoverer finishes it, for this passage of pn only (_clh_redo_reclaim)
+        st64_rel(&rm.part[q].op_value, (pn + 1) | (<uint64_t>ld32_acq(&n.round) << 32))
         if not cas32(&n.state, C_ABANDONED, C_RECLAIMING):
             st64_rel(&rm.part[q].op_value, 0)
             return                                   # its thread rejoined: wait on it again
     elif ld32_seq(&n.state) != C_RECLAIMING:
         return
     pp = ld32_acq(&n.pred)
+    trace("clh.reclaim", q, pn, pp)
     crashpoint("clh.wait.reclaiming")
     if pp <= b.P:
         st32_rlx(&b.precs[q].pred, pp)
@@ -105,11 +113,14 @@ cdef int _clh_abort_as(rmap_t* rm, shm_body* b, uint32_t q, bint dead) noexcept 
     st32_rel(&x.pred, p)
     t = ld64_seq(&b.wa.u64[0])
     if <uint32_t>(t & 0xffffffffU) == X and cas64(&b.wa.u64[0], t, _clh_tail(p, C_UNKNOWN)):
+        trace("clh.abort.out", q | (<uint64_t>dead << 32), X, p)
         crashpoint("clh.abort.stepped_out")
         st32_rel(&x.state, C_RECLAIMED)              # nobody behind us: our node is ours
         return R_TIMEOUT
     if ld32_seq(&b.nodes[p].state) == C_FREE:
+        trace("clh.abort.granted", q | (<uint64_t>dead << 32), X, p)
         return R_ACQ                                 # granted as we were leaving
+    trace("clh.abort.abandon", q | (<uint64_t>dead << 32), X, p)
     st64_rel(&x.value, ld64_rlx(&rm.part[q].generation))
     st32_seq(&x.state, C_ABANDONED)                  # our successor will wait on p instead
     wake_if_parked(&x.state, &x.parked)
@@ -120,6 +131,7 @@ cdef inline void _clh_release_as(shm_body* b, uint32_t q, bint armed) noexcept n
     """Release for q: free its node for its successor, then adopt its predecessor's."""
     cdef shm_prec* r = &b.precs[q]
     cdef uint32_t X = r.mine
+    trace("clh.release", q, X, r.pred)
     if X != r.pred and X <= b.P:
         st32_seq(&b.nodes[X].state, C_FREE)          # our successor may go
         wake_if_parked(&b.nodes[X].state, &b.nodes[X].parked)
@@ -154,12 +166,22 @@ cdef inline void _clh_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexce
     participants_settle(rm, b, q, SHM_OP_TAKING, _clh_pred_unknown)
 
 
-cdef bint _clh_owned_by_other(shm_body* b, uint32_t X, uint32_t q) noexcept nogil:
-    cdef uint32_t y
-    for y in range(b.P):
-        if y != q and ld32_acq(&b.precs[y].mine) == X:
-            return 1
-    return 0
+cdef bint _clh_still_queued_as(shm_body* b, uint32_t X, uint32_t rnd) noexcept nogil:
+    """Is node X still in the passage (round rnd) that its dead owner enqueued, and not yet
+    freed? State first, round second: a node enqueued anew stores its round before it
+    publishes BUSY, so a BUSY of a later passage is never read with an older round."""
+    return ld32_seq(&b.nodes[X].state) == C_BUSY and ld32_acq(&b.nodes[X].round) == rnd
+
+
+cdef void _clh_redo_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint64_t v) noexcept nogil:
+    """q died reclaiming an abandoned node (op_value v = node + 1 | round << 32): finish it
+    if that node is still in the same passage; a later passage is someone else's."""
+    cdef uint32_t pn = <uint32_t>(v & 0xffffffffU)
+    if pn == 0 or pn > b.P + 1:
+        return
+    pn -= 1
+    if ld32_acq(&b.nodes[pn].round) == <uint32_t>(v >> 32):
+        _clh_reclaim(rm, b, q, pn)
 
 
 cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
@@ -168,29 +190,41 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     cdef uint32_t lock1 = b.index + 1
     cdef uint32_t op = participant_op(rm, q, lock1)
     cdef uint32_t X = ld32_acq(&r.mine)
-    cdef uint32_t p, guard
+    cdef uint32_t p, guard, st
     cdef uint64_t t, v
     cdef shm_node* xn
+    trace("clh.recover", q | (<uint64_t>op << 32), X | (<uint64_t>r.pred << 32),
+          ld32_rlx(&b.nodes[X].state) | (<uint64_t>ld32_rlx(&b.nodes[X].pred) << 32)
+          if X <= b.P else 0)
     if X > b.P:
         return
     xn = &b.nodes[X]
     if op == SHM_OP_RELEASING:
-        cas32(&b.ctl.holder, q + 1, 0)
+        cas32(&b.ctl.holder, participant_hid(rm, q), 0)
         if X != r.pred and r.pred <= b.P:
             # Free its node only if it had not yet: once freed, the node passes to its
-            # successor, who may already have adopted and reused it.
-            if ld32_seq(&xn.state) == C_BUSY and not _clh_owned_by_other(b, X, q):
+            # successor, who may already have adopted and enqueued it again (a later
+            # round), and may do so while we look: only the round tells them apart.
+            if _clh_still_queued_as(b, X, ld32_acq(&r.round)):
                 if ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:    # it still held the lock:
                     for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)  # its release decides
                 st32_seq(&xn.state, C_FREE)
                 wake_if_parked(&xn.state, &xn.parked)
             st32_rel(&r.mine, r.pred)                # adopt the predecessor's node
         return
-    if ld32_seq(&xn.state) != C_BUSY:
+    st = ld32_seq(&xn.state)
+    if st == C_FREE or ld32_acq(&xn.round) != ld32_acq(&r.round):
+        # X left its passage: freed by a release made on q's behalf (a recoverer's, who
+        # died before adopting the predecessor's node: finish it, or q would keep a node
+        # that its successor adopts too), or idle since q's own release (mine == pred).
+        if X != r.pred and r.pred <= b.P:
+            st32_rel(&r.mine, r.pred)
+        return
+    if st != C_BUSY:
         return                                       # not queued
     v = ld64_acq(&rm.part[q].op_value)
-    if v != 0 and v <= b.P + 1:
-        _clh_reclaim(rm, b, q, <uint32_t>(v - 1))    # finish the hand-back it was making
+    if v != 0:
+        _clh_redo_reclaim(rm, b, q, v)               # finish the hand-back it was making
     p = ld32_acq(&xn.pred)
     if p == C_UNKNOWN:
         t = ld64_seq(&b.wa.u64[0])
@@ -207,6 +241,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
                 elif _clh_succ_of(b, X) != QUEUE_NONE:
                     p = ld32_acq(&xn.guess)          # it joined: its guess was right
                 else:
+                    trace("clh.recover.nojoin", q, X, 0)
                     st32_rel(&xn.state, C_RECLAIMED)     # it never joined the queue
                     return
         if p > b.P:
@@ -217,6 +252,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     if not _clh_in_queue(b, X):
         _clh_settle_joiners(rm, b, q)
         if not _clh_in_queue(b, X):                  # it had stepped out (abort) already
+            trace("clh.recover.notinq", q, X, p)
             st32_rel(&xn.state, C_RECLAIMED)
             return
     st32_rlx(&r.pred, p)
@@ -232,9 +268,10 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             return
         _clh_release_as(b, q, shm_crash_armed)       # granted meanwhile: pass it on
         return
+    trace("clh.recover.holds", q | (<uint64_t>op << 32), X, p)
     if op == 0:                                      # it holds the lock
         for32(&b.ctl.flags, SHM_F_OWNER_DIED)        # it was in its critical section
-    cas32(&b.ctl.holder, q + 1, 0)
+    cas32(&b.ctl.holder, participant_hid(rm, q), 0)
     crashpoint("clh.recover.flagged")
     _clh_release_as(b, q, shm_crash_armed)
 
@@ -249,18 +286,22 @@ cdef class CLHLock(_Lock):
     cdef inline int _enqueue(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
         cdef uint32_t X = ld32_rlx(&r.mine)
-        cdef uint32_t p
+        cdef uint32_t p, rnd
         cdef uint64_t old
         if X > self.b.P:
             return R_CORRUPT
+        rnd = ld32_rlx(&self.b.nodes[X].round) + 1       # a new passage of X
+        st32_rlx(&self.b.nodes[X].round, rnd)
+        st32_rlx(&r.round, rnd)
         st32_rlx(&self.b.nodes[X].pred, C_UNKNOWN)
-        st32_rlx(&self.b.nodes[X].state, C_BUSY)
+        st32_rel(&self.b.nodes[X].state, C_BUSY)         # after the round (see above)
         while True:                                  # join: tail := (X, old last)
             old = ld64_seq(self._tail())
             st32_rel(&self.b.nodes[X].guess, <uint32_t>(old & 0xffffffffU))  # pred if won
             if cas64(self._tail(), old, _clh_tail(X, <uint32_t>(old & 0xffffffffU))):
                 break
         crashpoint_at(armed, "clh.acquire.joined")
+        trace("clh.joined", me, X, old)
         p = <uint32_t>(old & 0xffffffffU)
         if p > self.b.P or p == X:
             return R_CORRUPT
@@ -271,6 +312,7 @@ cdef class CLHLock(_Lock):
         st32_rel(&self.b.nodes[X].pred, p)           # then our own
         crashpoint_at(armed, "clh.acquire.pred")
         if ld32_acq(&self.b.nodes[p].state) == C_FREE:
+            trace("clh.acq.fast", me, X, p)
             return R_ACQ
         return R_PENDING
 
@@ -313,6 +355,7 @@ cdef class CLHLock(_Lock):
         if <uint32_t>(t & 0xffffffffU) == X:
             if (p <= self.b.P and ld32_seq(&x.state) == C_ABANDONED
                     and cas64(self._tail(), t, _clh_tail(p, C_UNKNOWN))):
+                trace("clh.tend.out", X, p, t)
                 st32_seq(&x.state, C_RECLAIMED)      # out of the queue: ours again
             return
         for guard in range(self.b.P + 1):
@@ -342,6 +385,7 @@ cdef class CLHLock(_Lock):
             if (st == C_ABANDONED and x.value == ld64_rlx(&self.rm.part[me].generation)
                     and cas32(&x.state, C_ABANDONED, C_BUSY)):
                 st32_rlx(&r.pred, ld32_acq(&x.pred))     # back in our old place
+                trace("clh.rejoin", me, X, r.pred)
             elif st == C_BUSY:
                 return R_CORRUPT
             else:
@@ -374,6 +418,7 @@ cdef class CLHLock(_Lock):
                 return rc
             st = ld32_acq(&pn.state)
             if st == C_FREE:
+                trace("clh.acq", me, X, p)
                 return R_ACQ
             if st == C_ABANDONED:
                 _clh_reclaim(self.rm, &self.b, me, p)

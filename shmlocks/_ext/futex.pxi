@@ -31,7 +31,7 @@ cdef void _futex_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         for32(&b.ctl.flags, SHM_F_OWNER_DIED)        # it was in its critical section
     elif op == SHM_OP_RELEASING and ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:
         for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)    # it was releasing without consistent
-    cas32(&b.ctl.holder, q + 1, 0)
+    cas32(&b.ctl.holder, participant_hid(rm, q), 0)
     crashpoint("futex.recover.flagged")
     if cas32(word, v, 0):
         if v & FX_W:

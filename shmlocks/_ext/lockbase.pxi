@@ -168,7 +168,8 @@ cdef class _Lock:
 
     cdef inline object _got(self, reg_t* r, int rc, bint armed):
         crashpoint_at(armed, "lock.acquire.got")
-        st32_rlx(&self.b.ctl.holder, r.slot + 1)     # publish HOLDING ...
+        trace("got", r.slot, rc, ld32_rlx(&self.b.ctl.holder))
+        st32_rlx(&self.b.ctl.holder, r.hid)          # publish HOLDING ...
         crashpoint_at(armed, "lock.acquire.holder")
         shm_op_set(r.op, 0, 0)                       # ... then end the acquire step
         r.held += 1
@@ -236,7 +237,7 @@ cdef class _Lock:
             shm_op_set(r.op, 0, 0)
             if rc < 0:
                 _raise_code(self, rc)
-            if ld32_rlx(&self.b.ctl.holder) == r.slot + 1:
+            if ld32_rlx(&self.b.ctl.holder) == r.hid:
                 self._raise_deadlock()
             return False
         if t < 0 and t != -1.0:
@@ -264,7 +265,7 @@ cdef class _Lock:
         if rc < 0:
             shm_op_set(r.op, 0, 0)
             _raise_code(self, rc)
-        if ld32_rlx(&self.b.ctl.holder) == me + 1:
+        if ld32_rlx(&self.b.ctl.holder) == r.hid:
             shm_op_set(r.op, 0, 0)
             self._raise_deadlock()
         wait_init(&w, deadline, &self.b.precs[me].spin_ns)
@@ -304,10 +305,11 @@ cdef class _Lock:
         if self._closed or self.rm.closed:
             raise ValueError(f"lock {self._name!r} is closed")
         r = reg_lookup(self.rm)
-        if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.slot + 1:
+        if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.hid:
             raise NotOwnerError(f"release of {self.kind_name} lock {self._name!r} by a "
                                 "thread that does not hold it")
         shm_op_set(r.op, self._lock1, SHM_OP_RELEASING)
+        trace("release", r.slot, 0, 0)
         crashpoint_at(armed, "lock.release.releasing")
         if ld32_rlx(&self.b.ctl.flags) & SHM_F_OWNER_DIED:
             # released inconsistent: unusable from now on, in every process. The flag in
@@ -358,8 +360,8 @@ cdef class _Lock:
         """(pid, native thread id) of the holder, or None: a snapshot."""
         cdef uint32_t h
         self._check()
-        h = ld32_acq(&self.b.ctl.holder)
-        if h == 0 or h > self.rm.P:
+        h = holder_slot(self.rm, ld32_acq(&self.b.ctl.holder))
+        if h == 0:
             return None
         return (ld32_rlx(&self.rm.part[h - 1].pid), ld32_rlx(&self.rm.part[h - 1].tid))
 
@@ -387,7 +389,7 @@ cdef class _Lock:
         cdef reg_t* r
         self._check()
         r = reg_lookup(self.rm)
-        if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.slot + 1:
+        if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.hid:
             raise NotOwnerError("mark_consistent() by a thread that does not hold the lock")
         if ld32_acq(&self.b.ctl.flags) & SHM_F_OWNER_DIED:
             self._consistent()
@@ -420,7 +422,8 @@ cdef class _Lock:
         self._check()
         f = ld32_acq(&self.b.ctl.flags)
         return {"name": self._name, "kind": self.kind_name, "locked": bool(self._is_locked()),
-                "holder": self._region._participant(ld32_acq(&self.b.ctl.holder)),
+                "holder": self._region._participant(
+                    holder_slot(self.rm, ld32_acq(&self.b.ctl.holder))),
                 "waiters": self._waiters(),
                 "owner_died": bool(f & SHM_F_OWNER_DIED),
                 "not_recoverable": bool(f & SHM_F_NOTRECOVERABLE)}
@@ -444,13 +447,14 @@ cdef class _Lock:
             r = &self.b.precs[i]
             q = &self.rm.part[i]
             precs.append((ld32_acq(&r.mine), ld32_acq(&r.pred), ld64_acq(&r.ticket),
-                          ld64_acq(&r.abandoned), ld64_acq(&r.abandoned_gen)))
+                          ld64_acq(&r.abandoned), ld64_acq(&r.abandoned_gen),
+                          ld32_acq(&r.round)))
             parts.append((ld32_acq(&q.pid), ld32_acq(&q.op_lock), ld32_acq(&q.op_step),
                           ld64_acq(&q.op_value), ld64_acq(&q.generation)))
         return {"flags": ld32_acq(&self.b.ctl.flags), "holder": ld32_acq(&self.b.ctl.holder),
                 "wa": ld64_acq(&self.b.wa.u64[0]), "wb": ld64_acq(&self.b.wb.u64[0]),
                 "nodes (state, next, pred, parked, value, round, guess)": nodes,
-                "precs (mine, pred, ticket, abandoned, abandoned_gen)": precs,
+                "precs (mine, pred, ticket, abandoned, abandoned_gen, round)": precs,
                 "participants (pid, op_lock, op_step, op_value, generation)": parts}
 
 

@@ -224,32 +224,42 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
     return rc
 
 
+cdef void _mcs_finish_pass(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """A release of q's (by q, or on its behalf) died passing the lock on: op_value names
+    the node it was at. Nodes it had already passed through and not yet freed are still
+    PASSING (it was the only releaser): free them, then go on from where it was."""
+    cdef uint64_t v = ld64_acq(&rm.part[q].op_value)
+    cdef uint32_t s = <uint32_t>(v & 0xffffffffU)
+    cdef uint32_t x
+    for x in range(b.P):
+        if x + 1 != s and ld32_acq(&b.nodes[x].state) == M_PASSING:
+            st32_seq(&b.nodes[x].state, M_IDLE)
+            wake_if_parked(&b.nodes[x].state, &b.nodes[x].parked)
+    if s != 0 and s <= b.P and ld32_acq(&b.nodes[s - 1].round) == <uint32_t>(v >> 32):
+        _mcs_pass(rm, b, s, q)
+
+
 cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     """Participant q is dead and ours to recover (repair mutex held)."""
     cdef shm_node* n = &b.nodes[q]
     cdef uint32_t lock1 = b.index + 1
     cdef uint32_t op = participant_op(rm, q, lock1)
     cdef uint32_t st = ld32_seq(&n.state)
-    cdef uint32_t pred, s, x
+    cdef uint32_t pred
     cdef uint64_t t, v
     if op == SHM_OP_RELEASING:
-        cas32(&b.ctl.holder, q + 1, 0)
+        cas32(&b.ctl.holder, participant_hid(rm, q), 0)
         if st == M_GRANT:                            # it still held the lock: its release
             if ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:    # decides recoverability
                 for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
             _mcs_release_as(rm, b, q, 1, shm_crash_armed)
         elif st == M_IDLE:
-            # It died passing the lock on: op_value names the node it was at. Nodes it had
-            # already passed through and not yet freed are still PASSING (it was the only
-            # releaser): free them, then go on from where it was.
-            v = ld64_acq(&rm.part[q].op_value)
-            s = <uint32_t>(v & 0xffffffffU)
-            for x in range(b.P):
-                if x + 1 != s and ld32_acq(&b.nodes[x].state) == M_PASSING:
-                    st32_seq(&b.nodes[x].state, M_IDLE)
-                    wake_if_parked(&b.nodes[x].state, &b.nodes[x].parked)
-            if s != 0 and s <= b.P and ld32_acq(&b.nodes[s - 1].round) == <uint32_t>(v >> 32):
-                _mcs_pass(rm, b, s, q)
+            _mcs_finish_pass(rm, b, q)               # it died passing the lock on
+        return
+    if st == M_IDLE and ld64_acq(&rm.part[q].op_value) != 0:
+        # A recoverer releasing the lock on q's behalf died passing it on (q's own op is
+        # not RELEASING then: q died holding or waiting): finish that pass.
+        _mcs_finish_pass(rm, b, q)
         return
     if st != M_WAIT and st != M_GRANT:
         return                                       # not queued (an abandoned place is
@@ -277,7 +287,7 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     if st == M_GRANT or pred == 0:                   # it holds the lock
         if op == 0:
             for32(&b.ctl.flags, SHM_F_OWNER_DIED)    # it was in its critical section
-        cas32(&b.ctl.holder, q + 1, 0)
+        cas32(&b.ctl.holder, participant_hid(rm, q), 0)
         crashpoint("mcs.recover.flagged")
         st32_rel(&n.state, M_GRANT)
         _mcs_release_as(rm, b, q, 0, shm_crash_armed)

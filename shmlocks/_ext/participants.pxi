@@ -32,12 +32,39 @@ cdef struct reg_t:
     reg_t* next
     rmap_t* rm
     uint32_t slot
+    uint32_t hid              # holder_id(slot, generation): what ctl.holder names us by
     uint32_t* op              # &part[slot].op_lock: where this thread publishes its steps
     int held                  # locks this thread holds in this region
 
 cdef pthread_mutex_t g_mutex          # guards every rmap_t's counters and the global list
 cdef pthread_key_t g_key
 cdef rmap_t* g_rmaps = NULL
+
+# A lock's holder record (ctl.holder) names a participant by slot AND generation, so a record
+# left by one occupant of a slot can never be taken for the next occupant's: slot + 1 in
+# the low HOLDER_SLOT_BITS (SHM_MAX_PARTICIPANTS + 1 fits), the generation's low bits above.
+cdef enum:
+    HOLDER_SLOT_BITS = 13
+    HOLDER_SLOT_MASK = (1 << HOLDER_SLOT_BITS) - 1
+
+
+cdef inline uint32_t holder_id(uint32_t slot, uint64_t generation) noexcept nogil:
+    return (slot + 1) | <uint32_t>(generation << HOLDER_SLOT_BITS)
+
+
+cdef inline uint32_t participant_hid(rmap_t* rm, uint32_t slot) noexcept nogil:
+    """The holder id of the participant now in `slot` (its generation as published)."""
+    return holder_id(slot, ld64_acq(&rm.part[slot].generation))
+
+
+cdef inline uint32_t holder_slot(rmap_t* rm, uint32_t h) noexcept nogil:
+    """The slot + 1 that holder record h names, or 0 if none, out of range, or left by an
+    earlier occupant of the slot (stale)."""
+    cdef uint32_t s1 = h & HOLDER_SLOT_MASK
+    if h == 0 or s1 == 0 or s1 > rm.P or participant_hid(rm, s1 - 1) != h:
+        return 0
+    return s1
+
 
 # Linux robust futex word bits (include/uapi/linux/futex.h)
 cdef enum:
@@ -169,8 +196,10 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
             shm_op_set(&p.op_lock, 0, 0)
             st64_rel(&p.op_value, 0)
             st64_rel(&p.generation, ld64_rlx(&p.generation) + 1)
+            trace("register", i, ld64_rlx(&p.generation), 0)
             r.rm = rm
             r.slot = i
+            r.hid = participant_hid(rm, i)
             r.op = &p.op_lock
             r.held = 0
             r.next = <reg_t*>shm_tls_get()
@@ -232,13 +261,15 @@ cdef bint participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
     cdef shm_participant* p = &rm.part[slot]
     cdef uint32_t i, k
     cdef shm_body b
+    trace("recover.begin", slot, ld64_rlx(&p.generation),
+          ld32_rlx(&p.op_lock) | (<uint64_t>ld32_rlx(&p.op_step) << 32))
     for i in range(rm.L):
         if ld32_acq(&rm.dir[i].state) != SHM_DIRENT_READY:
             continue
         k = ld32_rlx(&rm.dir[i].kind)
         b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
         if k == SHM_KIND_ROBUST or k == SHM_KIND_PI:
-            cas32(&b.ctl.holder, slot + 1, 0)
+            cas32(&b.ctl.holder, participant_hid(rm, slot), 0)
             continue
         if repair_lock(&b) != 0:
             shm_op_set(&p.op_lock, 0, SHM_OP_QUARANTINED)
@@ -255,6 +286,7 @@ cdef bint participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
             _clh_recover(rm, &b, slot)
         pthread_mutex_unlock(&b.ctl.repair.m)
     crashpoint("recover.done")
+    trace("recover.end", slot, ld64_rlx(&p.generation), 0)
     st64_rel(&p.op_value, 0)                     # no half-done pass survives its recovery
     shm_op_set(&p.op_lock, 0, 0)
     pthread_mutex_consistent(&p.token.m)

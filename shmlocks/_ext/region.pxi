@@ -244,7 +244,7 @@ cdef class Region:
             if ld32_acq(&self.rm.dir[i].state) != SHM_DIRENT_READY:
                 continue
             b = shm_body_at(self.rm.base, self.rm.locks_off + i * self.rm.stride, self.rm.P, i)
-            if ld32_acq(&b.ctl.holder) == r.slot + 1:
+            if ld32_acq(&b.ctl.holder) == r.hid:
                 try:
                     self._lock_at(i).release()
                 except Exception:

@@ -26,7 +26,7 @@
 
 #define SHM_LINE        128u              /* padding unit: two 64-byte lines (adjacent-line prefetch) */
 #define SHM_MAGIC       0x314b434f4c4d4853ULL   /* "SHMLOCK1", little endian */
-#define SHM_VERSION     2u
+#define SHM_VERSION     3u
 #define SHM_NAME_MAX    56u               /* bytes of a lock name, NUL included */
 #define SHM_MAX_PARTICIPANTS 4096u
 #define SHM_MAX_LOCKS   4096u
@@ -96,7 +96,8 @@ enum { SHM_KIND_TICKET = 1, SHM_KIND_MCS = 2, SHM_KIND_CLH = 3,
 typedef struct shm_lockctl {
     uint32_t kind;
     uint32_t flags;            /* SHM_F_* */
-    uint32_t holder;           /* participant index + 1 of the holder, 0 = none; a snapshot */
+    uint32_t holder;           /* holder id: (index + 1) | generation << 13, 0 = none (a
+                                  snapshot; participants.pxi holder_id) */
     uint32_t magic;            /* SHM_BODY_MAGIC once initialised */
     uint64_t acquisitions;     /* informational; written by holders only */
     char     _pad[SHM_LINE / 2 - 24];
@@ -121,7 +122,8 @@ typedef struct shm_node {
     uint32_t parked;           /* waiters that announced they are parking on state */
     uint64_t value;            /* ticket: abandoned-ticket marker (ticket + 1), 0 = none;
                                   mcs/clh: participant generation that abandoned the node */
-    uint32_t round;            /* mcs: bumped by the owner at each enqueue (names a pass) */
+    uint32_t round;            /* mcs, clh: bumped by the owner at each enqueue, so a
+                                  (node, round) pair names one passage of a node */
     uint32_t guess;            /* mcs/clh: the tail's last as its owner CASed the tail: its
                                   pred if that CAS won (queue.pxi) */
     char     _pad[SHM_LINE - 32];
@@ -135,7 +137,8 @@ typedef struct shm_prec {
     uint64_t abandoned;        /* ticket: ticket + 1 it abandoned and may rejoin, 0 = none */
     uint64_t abandoned_gen;    /* ticket: participant generation that abandoned it */
     uint32_t spin_ns;          /* adaptive spin budget of this participant on this lock */
-    char     _pad[SHM_LINE - 36];
+    uint32_t round;            /* CLH: the round of `mine` as this participant enqueued it */
+    char     _pad[SHM_LINE - 40];
 } SHM_LINE_ALIGNED shm_prec;
 
 _Static_assert(sizeof(shm_header) == 2 * SHM_LINE, "header is two lines");

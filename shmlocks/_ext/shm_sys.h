@@ -117,6 +117,40 @@ static inline void shm_crashpoint(const char *name) { shm_crashpoint_at(shm_cras
 /* On the fast path the caller reads shm_crash_armed once per Python call and passes it down
  * as `armed`: each point is then a test of a register, not a load of the global. */
 
+/* ---- the debug trace (SHMLOCKS_DEBUG builds only; nothing at all otherwise) ----
+ * shm_trace(what, a, b, c) appends one event to a ring in an anonymous shared mapping that
+ * _core._trace_open() makes: processes forked after it write to the same ring, so the one
+ * counter orders every traced step of every process. `what` is a string literal: its
+ * address is the same in every process forked from the one that made the ring, which reads
+ * it back (_core._trace_dump()). The torture prints the ring on a violation or a wedge. */
+typedef struct shm_trace_ent {
+    uint64_t seq;              /* index + 1 once written (0: never written) */
+    uint64_t what;             /* const char * */
+    uint32_t pid, tid;
+    uint64_t a, b, c;
+} shm_trace_ent;
+static shm_trace_ent *shm_trace_ring = 0;
+static uint64_t *shm_trace_count = 0;
+static uint64_t shm_trace_mask = 0;
+#ifdef SHMLOCKS_DEBUG
+static inline void shm_trace(const char *what, uint64_t a, uint64_t b, uint64_t c) {
+    if (shm_trace_ring) {
+        uint64_t i = __atomic_fetch_add(shm_trace_count, 1, SEQ);
+        shm_trace_ent *e = &shm_trace_ring[i & shm_trace_mask];
+        __atomic_store_n(&e->seq, 0, RLX);
+        e->what = (uint64_t)(uintptr_t)what;
+        e->pid = (uint32_t)getpid();
+        e->tid = (uint32_t)syscall(SYS_gettid);
+        e->a = a; e->b = b; e->c = c;
+        __atomic_store_n(&e->seq, i + 1, REL);
+    }
+}
+#define SHM_TRACE_BUILT 1
+#else
+#define shm_trace(what, a, b, c) ((void)0)
+#define SHM_TRACE_BUILT 0
+#endif
+
 /* publish (lock index + 1, step) in a participant's op_lock/op_step pair with one store;
  * release order: everything before it is visible first, and the SC atomics that follow
  * cannot be seen before it */

@@ -37,6 +37,7 @@ cdef extern from "<sys/mman.h>" nogil:
     enum: PROT_READ
     enum: PROT_WRITE
     enum: MAP_SHARED
+    enum: MAP_ANONYMOUS
     void* MAP_FAILED
 
 cdef extern from "<pthread.h>" nogil:
@@ -157,6 +158,7 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t abandoned
         uint64_t abandoned_gen
         uint32_t spin_ns
+        uint32_t round
 
     ctypedef struct shm_body:
         shm_lockctl* ctl
@@ -205,6 +207,19 @@ cdef extern from "shm_sys.h" nogil:
     void crashpoint "shm_crashpoint"(const char* name)
     void crashpoint_at "shm_crashpoint_at"(bint armed, const char* name)
     void shm_op_set(uint32_t* op_lock, uint32_t lock1, uint32_t step)
+    ctypedef struct shm_trace_ent:
+        uint64_t seq
+        uint64_t what
+        uint32_t pid
+        uint32_t tid
+        uint64_t a
+        uint64_t b
+        uint64_t c
+    shm_trace_ent* shm_trace_ring
+    uint64_t* shm_trace_count
+    uint64_t shm_trace_mask
+    enum: SHM_TRACE_BUILT
+    void trace "shm_trace"(const char* what, uint64_t a, uint64_t b, uint64_t c)
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals() nogil

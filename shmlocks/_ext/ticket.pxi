@@ -121,7 +121,7 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
                 for32(&b.ctl.flags, SHM_F_OWNER_DIED)
             elif op == SHM_OP_RELEASING and ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:
                 for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
-            cas32(&b.ctl.holder, q + 1, 0)
+            cas32(&b.ctl.holder, participant_hid(rm, q), 0)
             crashpoint("ticket.recover.flagged")
             _ticket_grant(b, t + 1, shm_crash_armed)
         elif s > t:                                  # it died releasing: redo the grant
