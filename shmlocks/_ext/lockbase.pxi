@@ -33,6 +33,7 @@ cdef enum:
 
 cdef object _NEG1 = -1
 cdef double _FOREVER_S = 1e9          # timeouts beyond ~31 years mean "wait forever"
+cdef double _TIMEOUT_MAX = __import__("threading").TIMEOUT_MAX   # larger: OverflowError
 
 
 cdef int _raise_pending() except -1:
@@ -195,9 +196,11 @@ cdef class _Lock:
         """acquire(blocking=True, timeout=-1) -> bool
 
         Like ``threading.Lock.acquire``: ``timeout`` in seconds, ``-1`` or ``None`` waits
-        forever; returns False on timeout. Raises DeadlockError if the calling thread
-        already holds the lock, LockNotRecoverableError if the lock was released
-        inconsistent after an owner death. Blocking releases the GIL and runs signal
+        forever; returns False on timeout (and at once if ``blocking`` is False and the
+        lock is held, by this thread or another). A timeout beyond threading.TIMEOUT_MAX
+        raises OverflowError. Raises DeadlockError if a blocking or timed acquire would
+        wait for a lock the calling thread holds, LockNotRecoverableError if the lock was
+        released inconsistent after an owner death. Blocking releases the GIL and runs signal
         handlers (Ctrl-C raises KeyboardInterrupt out of it)."""
         cdef reg_t* r = self._me()
         if blocking is True and (timeout is _NEG1 or timeout is None):
@@ -237,11 +240,11 @@ cdef class _Lock:
             shm_op_set(r.op, 0, 0)
             if rc < 0:
                 _raise_code(self, rc)
-            if ld32_rlx(&self.b.ctl.holder) == r.hid:
-                self._raise_deadlock()
-            return False
+            return False                 # held, by another thread or this one (threading.Lock)
         if t < 0 and t != -1.0:
             raise ValueError("timeout value must be a non-negative number or -1")
+        if t > _TIMEOUT_MAX:
+            raise OverflowError("timeout value is too large")
         if t == -1.0 or t >= _FOREVER_S:
             deadline = -1
         else:
@@ -331,6 +334,13 @@ cdef class _Lock:
     def release(self):
         """Release the lock. NotOwnerError if the calling thread does not hold it."""
         self._release()
+
+    def _is_owned(self):
+        """True if the calling thread holds the lock: what threading.Condition asks."""
+        cdef reg_t* r
+        self._check()
+        r = reg_lookup(self.rm)
+        return r != NULL and ld32_rlx(&self.b.ctl.holder) == r.hid
 
     def __enter__(self):
         cdef reg_t* r = self._me()
