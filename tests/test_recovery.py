@@ -292,6 +292,19 @@ def test_kill_torture(rkind):
         assert re.search(rf"{word} 0\b", line), line
 
 
+@pytest.mark.timeout(150)
+def test_loaded_kill_torture():
+    """--load puts a CPU hog on each CPU and the workers at mixed nice levels for the run,
+    and the torture still holds (the per-kind loaded run is a step of .ci/run)."""
+    proc = torture("--kind", "clh", "--seconds", "3", "--workers", "4", "--load")
+    out = proc.stdout + proc.stderr
+    print("\n" + proc.stdout.strip())
+    assert proc.returncode == 0, out
+    assert "loaded: " in proc.stdout.splitlines()[0], out
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("clh"))
+    assert " ok " in line and re.search(r"violations 0\b", line), line
+
+
 class _Leaky(LeakyLock):
     """conftest's LeakyLock (no exclusion), with the rest of the lock API torture uses."""
 
