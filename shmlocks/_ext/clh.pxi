@@ -149,11 +149,23 @@ cdef uint32_t _clh_succ_of(shm_body* b, uint32_t X) noexcept nogil:
 
 
 cdef bint _clh_in_queue(shm_body* b, uint32_t X) noexcept nogil:
-    """Is node X in the queue: last, or some queued node's predecessor?"""
-    cdef uint64_t t = ld64_seq(&b.wa.u64[0])
-    if <uint32_t>(t & 0xffffffffU) == X or <uint32_t>(t >> 32) == X:
-        return 1
-    return _clh_succ_of(b, X) != QUEUE_NONE
+    """Is node X in the queue: last, or some queued node's predecessor? A recoverer's
+    question about a dead participant's node X, which cannot move meanwhile; the nodes
+    behind it can. The scan and the walk each read one node at a time, so a hand-off
+    behind X while they read (S abandons, T takes over S's pred X, S becomes RECLAIMED)
+    can hide X's successor from one look: only a "no" seen three times, with a yield
+    between (this path is rare), is believed."""
+    cdef uint64_t t
+    cdef int look
+    for look in range(3):
+        if look:
+            sched_yield()
+        t = ld64_seq(&b.wa.u64[0])
+        if <uint32_t>(t & 0xffffffffU) == X or <uint32_t>(t >> 32) == X:
+            return 1
+        if _clh_succ_of(b, X) != QUEUE_NONE:
+            return 1
+    return 0
 
 
 cdef bint _clh_pred_unknown(shm_body* b, uint32_t x) noexcept nogil:
@@ -238,7 +250,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             if p == C_UNKNOWN:
                 if <uint32_t>(ld64_seq(&b.wa.u64[0]) & 0xffffffffU) == X:
                     p = <uint32_t>(ld64_seq(&b.wa.u64[0]) >> 32)
-                elif _clh_succ_of(b, X) != QUEUE_NONE:
+                elif _clh_in_queue(b, X):
                     p = ld32_acq(&xn.guess)          # it joined: its guess was right
                 else:
                     trace("clh.recover.nojoin", q, X, 0)
