@@ -9,6 +9,8 @@
   _ext/{ticket,mcs,clh,futex,robust,pi}.pxi   one file per algorithm
 """
 
+cimport cython
+
 from shmlocks.errors import (CapacityError, CorruptRegionError, DeadlockError,
                              LockKindError, LockNotRecoverableError, NotOwnerError,
                              ShmLockError)
@@ -79,7 +81,8 @@ _CRASHPOINTS = {
 }
 
 
-def _crashpoints():
+@cython.binding(True)        # a real signature on 3.13 too, where a METH_NOARGS builtin
+def _crashpoints():          # shows "(self, /)" to inspect and stubtest
     """The crash points this build has: {name: kinds that pass through it}."""
     return dict(_CRASHPOINTS)
 
