@@ -42,7 +42,9 @@ KINDS = {
 }
 
 # Crash points (DESIGN.md section 7): a named point between every two protocol steps.
-# SHMLOCKS_CRASHPOINT=<name>, read once at import, makes the process SIGKILL itself there.
+# SHMLOCKS_CRASHPOINT=<name>, read once at import, makes the process SIGKILL itself there;
+# <name>:N at its N-th pass (SHMLOCKS_CRASHPOINT_ACTION=stop: SIGSTOP itself there, once,
+# for a test that needs a participant stalled mid-step).
 # name -> the kinds whose code passes through it. tests/test_crashpoints.py checks this
 # table against the crash point calls in the sources.
 _ALL = tuple(KINDS)
@@ -89,16 +91,26 @@ def _crashpoints():          # shows "(self, /)" to inspect and stubtest
 
 def _arm_crashpoint_from_env():
     import os
-    name = os.environ.get("SHMLOCKS_CRASHPOINT")
-    if not name:
+    spec = os.environ.get("SHMLOCKS_CRASHPOINT")
+    if not spec:
         return
+    name, sep, nth = spec.partition(":")
+    if sep and not (nth.isdigit() and int(nth) >= 1):
+        raise ValueError(f"SHMLOCKS_CRASHPOINT={spec!r}: NAME or NAME:N, N the pass (1, 2, ...)")
     if name not in _CRASHPOINTS:
         raise ValueError(f"SHMLOCKS_CRASHPOINT={name!r} is not a crash point of this build "
                          f"(see shmlocks._crashpoints())")
+    action = os.environ.get("SHMLOCKS_CRASHPOINT_ACTION", "kill")
+    if action not in ("kill", "stop"):
+        raise ValueError(f"SHMLOCKS_CRASHPOINT_ACTION={action!r}: 'kill' (SIGKILL there, the "
+                         "default) or 'stop' (SIGSTOP there, once: a stalled process)")
     b = name.encode()
     memcpy(shm_crash_name, <const char*>b, len(b))
     shm_crash_name[len(b)] = 0
-    global shm_crash_armed
+    global shm_crash_armed, shm_crash_signal, shm_crash_skip
+    if action == "stop":
+        shm_crash_signal = SIGSTOP
+    shm_crash_skip = int(nth) - 1 if sep else 0
     shm_crash_armed = 1
 
 

@@ -701,6 +701,67 @@ def test_unknown_crashpoint_name_fails_the_import():
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"SHMLOCKS_CRASHPOINT": "lock.release.releasing:0"},
+        {"SHMLOCKS_CRASHPOINT": "lock.release.releasing:x"},
+        {"SHMLOCKS_CRASHPOINT": "lock.release.releasing", "SHMLOCKS_CRASHPOINT_ACTION": "pause"},
+    ],
+)
+def test_bad_crashpoint_spec_fails_the_import(env):
+    proc = subprocess.run(
+        [sys.executable, "-c", "import shmlocks"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=ROOT,
+        timeout=25,
+    )
+    assert proc.returncode != 0 and "ValueError" in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(30)
+def test_nth_pass_and_stop_action(new_lock):
+    """NAME:N fires at the N-th pass only; ACTION=stop stops the process there (once) and
+    it goes on when continued."""
+    lock = new_lock("futex")
+    code = (
+        "import shmlocks, sys\n"
+        "l = shmlocks.FutexMutex.open(sys.argv[1])\n"
+        "for i in range(5):\n"
+        "    l.acquire(); l.release()\n"
+        "    print(i, flush=True)\n"
+    )
+    env = {
+        **os.environ,
+        "SHMLOCKS_CRASHPOINT": "lock.release.releasing:3",
+        "SHMLOCKS_CRASHPOINT_ACTION": "stop",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, lock.name], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert [proc.stdout.readline().strip() for _ in range(2)] == ["0", "1"]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                    break
+            time.sleep(0.005)
+        else:
+            raise AssertionError("the process did not stop at the third pass")
+        assert lock.locked(), "stopped inside its third release, the lock still held"
+        os.kill(proc.pid, signal.SIGCONT)
+        out, _ = proc.communicate(timeout=10)
+        assert out.split() == ["2", "3", "4"] and proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.timeout(30)
 def test_an_armed_point_fires_there_and_nowhere_else(new_lock):
     """A process armed with a release point passes every acquire point alive and dies in
     its release; the lock is recovered for the next holder, without owner_died."""

@@ -173,9 +173,10 @@ cdef bint _clh_pred_unknown(shm_body* b, uint32_t x) noexcept nogil:
     return m <= b.P and ld32_acq(&b.nodes[m].pred) == C_UNKNOWN
 
 
-cdef inline void _clh_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
-    """Let live joiners (tail taken, pred not yet published) finish those two steps."""
-    participants_settle(rm, b, q, SHM_OP_TAKING, _clh_pred_unknown)
+cdef inline bint _clh_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """Let live joiners (tail taken, pred not yet published) finish those two steps. 0 if
+    time ran out first: decide nothing then."""
+    return participants_settle(rm, b, q, SHM_OP_TAKING, _clh_pred_unknown)
 
 
 cdef bint _clh_still_queued_as(shm_body* b, uint32_t X, uint32_t rnd) noexcept nogil:
@@ -245,7 +246,8 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         else:
             # Did it join? If so, whoever joined after it publishes its pred: let the live
             # joiners finish their two steps, then decide.
-            _clh_settle_joiners(rm, b, q)
+            if not _clh_settle_joiners(rm, b, q):
+                return
             p = ld32_acq(&xn.pred)
             if p == C_UNKNOWN:
                 if <uint32_t>(ld64_seq(&b.wa.u64[0]) & 0xffffffffU) == X:
@@ -262,7 +264,8 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     if p > b.P:
         return
     if not _clh_in_queue(b, X):
-        _clh_settle_joiners(rm, b, q)
+        if not _clh_settle_joiners(rm, b, q):
+            return
         if not _clh_in_queue(b, X):                  # it had stepped out (abort) already
             trace("clh.recover.notinq", q, X, p)
             st32_rel(&xn.state, C_RECLAIMED)

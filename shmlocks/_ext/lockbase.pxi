@@ -135,6 +135,22 @@ cdef class _Lock:
             r = reg_register(self.rm)
         return r
 
+    cdef reg_t* _me_by(self, int64_t deadline) except NULL:
+        """_me() for a timed or non-blocking acquire: a registration that recovers a dead
+        participant does so by `deadline` (it leaves the rest to the next waiter)."""
+        global shm_recover_deadline
+        cdef reg_t* r
+        if self._closed or self.rm.closed:
+            raise ValueError(f"lock {self._name!r} is closed")
+        r = reg_lookup(self.rm)
+        if r != NULL:
+            return r
+        shm_recover_deadline = deadline
+        try:
+            return reg_register(self.rm)
+        finally:
+            shm_recover_deadline = -1
+
     # -- the internal interface (overridden by each kind) ---------------------------------
 
     cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
@@ -202,10 +218,9 @@ cdef class _Lock:
         wait for a lock the calling thread holds, LockNotRecoverableError if the lock was
         released inconsistent after an owner death. Blocking releases the GIL and runs signal
         handlers (Ctrl-C raises KeyboardInterrupt out of it)."""
-        cdef reg_t* r = self._me()
         if blocking is True and (timeout is _NEG1 or timeout is None):
-            return self._acquire_forever(r)
-        return self._acquire_args(r, blocking, timeout)
+            return self._acquire_forever(self._me())
+        return self._acquire_args(blocking, timeout)
 
     cdef inline object _acquire_forever(self, reg_t* r):
         cdef bint armed = shm_crash_armed            # one load of the global per call
@@ -217,10 +232,11 @@ cdef class _Lock:
             return self._got(r, rc, armed)
         return self._acquire_slow(r, rc, -1)
 
-    cdef object _acquire_args(self, reg_t* r, blocking, timeout):
+    cdef object _acquire_args(self, blocking, timeout):
         cdef double t
         cdef int rc
         cdef int64_t deadline
+        cdef reg_t* r
         if timeout is None:
             t = -1.0
         else:
@@ -232,6 +248,7 @@ cdef class _Lock:
         if not blocking:
             if t != -1.0:
                 raise ValueError("can't specify a timeout for a non-blocking call")
+            r = self._me_by(shm_now_ns())              # never waits, even to recover
             shm_op_set(r.op, self._lock1, SHM_OP_TAKING)
             crashpoint("lock.acquire.taking")
             rc = self._try(r.slot)
@@ -249,6 +266,7 @@ cdef class _Lock:
             deadline = -1
         else:
             deadline = shm_now_ns() + <int64_t>(t * 1e9)
+        r = self._me_by(deadline)
         shm_op_set(r.op, self._lock1, SHM_OP_TAKING)
         crashpoint("lock.acquire.taking")
         rc = self._fast(r.slot, shm_crash_armed)
@@ -261,6 +279,7 @@ cdef class _Lock:
                             "(shmlocks locks are not reentrant)")
 
     cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline):
+        global shm_recover_deadline
         cdef wait_t w
         cdef uint32_t me = r.slot
         if rc == R_ACQ_DIED:
@@ -274,6 +293,7 @@ cdef class _Lock:
         wait_init(&w, deadline, &self.b.precs[me].spin_ns)
         shm_op_set(r.op, self._lock1, SHM_OP_WAITING)     # "me waits for this lock"
         crashpoint("lock.wait.waiting")
+        shm_recover_deadline = deadline              # recoveries we run keep our deadline
         if self.rm.nthreads <= 1:
             # no other thread of ours is registered here, so none can hold this lock and
             # need our GIL: spin with it, release it only to yield or park (wait.pxi)
@@ -283,6 +303,7 @@ cdef class _Lock:
         else:
             with nogil:
                 rc = self._wait(me, rc, &w)
+        shm_recover_deadline = -1
         if rc == R_ACQ or rc == R_ACQ_DIED:
             wait_adapt(&w, &self.b.precs[me].spin_ns)
             if PyErr_Occurred() != NULL:

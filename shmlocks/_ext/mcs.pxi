@@ -131,9 +131,10 @@ cdef bint _mcs_pred_unknown(shm_body* b, uint32_t x) noexcept nogil:
     return ld32_acq(&b.nodes[x].pred) == M_UNKNOWN
 
 
-cdef inline void _mcs_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
-    """Let live joiners (tail taken, pred not yet published) finish those two steps."""
-    participants_settle(rm, b, q, SHM_OP_TAKING, _mcs_pred_unknown)
+cdef inline bint _mcs_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """Let live joiners (tail taken, pred not yet published) finish those two steps. 0 if
+    time ran out first: decide nothing then."""
+    return participants_settle(rm, b, q, SHM_OP_TAKING, _mcs_pred_unknown)
 
 
 cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nogil:
@@ -204,7 +205,8 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
                 return 0
             continue
         if releasing_dead:
-            _mcs_settle_joiners(rm, b, q)
+            if not _mcs_settle_joiners(rm, b, q):
+                return 0                             # out of time: decide nothing
             succ = _mcs_scan_succ(b, q)
             if succ == 0:                            # it had emptied the queue itself
                 st32_rel(&n.state, M_IDLE)
@@ -274,7 +276,8 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         else:
             # Did it join? If so, whoever joined after it publishes its pred: let the live
             # joiners finish their two steps, then decide.
-            _mcs_settle_joiners(rm, b, q)
+            if not _mcs_settle_joiners(rm, b, q):
+                return
             pred = ld32_acq(&n.pred)
             if pred == M_UNKNOWN and _t_last(ld64_seq(&b.wa.u64[0])) != q + 1:
                 if _mcs_walk_succ(b, q + 1) == QUEUE_NONE:

@@ -181,9 +181,10 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
     for i in range(rm.P):
         p = &rm.part[i]
         rc = pthread_mutex_trylock(&p.token.m)
-        if rc == EOWNERDEAD:
-            # The previous owner died. We are its recoverer: finish its business first.
-            if not participant_recover(rm, i):
+        if rc == EOWNERDEAD or (rc == 0 and ld32_acq(&p.pending)):
+            # The previous owner died. We are its recoverer: finish its business first
+            # (by our deadline: cut short, the slot stays pending and we try the next).
+            if participant_recover(rm, i) != 1:
                 continue
             rc = 0
         if rc == 0:
@@ -239,9 +240,19 @@ cdef int reg_unregister(rmap_t* rm) noexcept nogil:
     return 0
 
 
+cdef inline int64_t recover_until(int64_t cap_ns) noexcept nogil:
+    """When a wait inside a recovery must end: cap_ns from now, or the calling thread's
+    acquire deadline if that comes first."""
+    cdef int64_t until = shm_now_ns() + cap_ns
+    if 0 <= shm_recover_deadline < until:
+        until = shm_recover_deadline
+    return until
+
+
 cdef int repair_lock(shm_body* b) noexcept nogil:
-    """Take a lock's repair mutex (bounded). 0 on success."""
-    cdef timespec ts = shm_ts_of_ns(shm_now_ns() + 2000000000)
+    """Take a lock's repair mutex, waiting at most 2 s or to the caller's deadline. 0 on
+    success, ETIMEDOUT, or another error (a corrupt mutex)."""
+    cdef timespec ts = shm_ts_of_ns(recover_until(2000000000))
     cdef int rc = pthread_mutex_clocklock(&b.ctl.repair.m, CLOCK_MONOTONIC, &ts)
     if rc == EOWNERDEAD:
         pthread_mutex_consistent(&b.ctl.repair.m)     # a recoverer died: redo is idempotent
@@ -249,18 +260,32 @@ cdef int repair_lock(shm_body* b) noexcept nogil:
     return rc
 
 
-cdef bint participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
-    """We took a dead participant's token (EOWNERDEAD), so we alone recover it: complete
-    its protocol on every lock of the region on its behalf (DESIGN.md section 6).
-    Returns 1 if the slot may be reused.
+cdef void participant_leave_pending(rmap_t* rm, uint32_t slot) noexcept nogil:
+    """Our recovery of `slot` stopped at our deadline: give the token back, marked pending,
+    for the next waiter to go on (each lock's recovery redoes safely from any point a
+    recoverer can stop at: the crash-point tests kill recoverers at those points)."""
+    st32_rel(&rm.part[slot].pending, 1)
+    pthread_mutex_consistent(&rm.part[slot].token.m)
+    pthread_mutex_unlock(&rm.part[slot].token.m)
+
+
+cdef int participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
+    """We took a dead participant's token (EOWNERDEAD, or free and pending), so we alone
+    recover it: complete its protocol on every lock of the region on its behalf.
+    Returns 1 if the slot may be reused (we still hold its token), -1 if the caller's
+    deadline cut the recovery short (the slot is left pending and its token free), 0 if
+    the slot is quarantined.
 
     Robust and pi locks it held were marked OWNER_DIED by the kernel: only the holder
-    identity is cleared. If a lock's repair mutex cannot be had (a corrupt segment), the
+    identity is cleared. If a lock's repair mutex is unusable (a corrupt segment), the
     slot is quarantined (its token left ENOTRECOVERABLE) rather than handed to a new
     thread with a half-finished protocol."""
+    global shm_recover_cut
     cdef shm_participant* p = &rm.part[slot]
     cdef uint32_t i, k
+    cdef int rc
     cdef shm_body b
+    shm_recover_cut = 0
     trace("recover.begin", slot, ld64_rlx(&p.generation),
           ld32_rlx(&p.op_lock) | (<uint64_t>ld32_rlx(&p.op_step) << 32))
     for i in range(rm.L):
@@ -271,7 +296,11 @@ cdef bint participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
         if k == SHM_KIND_ROBUST or k == SHM_KIND_PI:
             cas32(&b.ctl.holder, participant_hid(rm, slot), 0)
             continue
-        if repair_lock(&b) != 0:
+        rc = repair_lock(&b)
+        if rc == ETIMEDOUT:                      # a live recoverer is slow, or our time
+            participant_leave_pending(rm, slot)  # is up: the next waiter goes on
+            return -1
+        if rc != 0:
             shm_op_set(&p.op_lock, 0, SHM_OP_QUARANTINED)
             pthread_mutex_unlock(&p.token.m)     # without consistent(): unusable for good
             return 0
@@ -285,23 +314,28 @@ cdef bint participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
         elif k == SHM_KIND_CLH:
             _clh_recover(rm, &b, slot)
         pthread_mutex_unlock(&b.ctl.repair.m)
+        if shm_recover_cut:                      # a settle wait ran out before a decision
+            participant_leave_pending(rm, slot)
+            return -1
     crashpoint("recover.done")
     trace("recover.end", slot, ld64_rlx(&p.generation), 0)
     st64_rel(&p.op_value, 0)                     # no half-done pass survives its recovery
     shm_op_set(&p.op_lock, 0, 0)
+    st32_rel(&p.pending, 0)
     pthread_mutex_consistent(&p.token.m)
     return 1
 
 
 cdef void participant_try_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
     """A waiter found participant `slot` dead (or suspects it): if its token comes back
-    EOWNERDEAD we are its one recoverer; recover it and free the slot."""
+    EOWNERDEAD, or free with a recovery pending, we are its one recoverer; recover it (by
+    our deadline) and free the slot."""
     cdef int rc
     if slot >= rm.P:
         return
     rc = pthread_mutex_trylock(&rm.part[slot].token.m)
-    if rc == EOWNERDEAD:
-        if participant_recover(rm, slot):
+    if rc == EOWNERDEAD or (rc == 0 and ld32_acq(&rm.part[slot].pending)):
+        if participant_recover(rm, slot) == 1:
             pthread_mutex_unlock(&rm.part[slot].token.m)
     elif rc == 0:
         pthread_mutex_unlock(&rm.part[slot].token.m)     # already recovered and free
@@ -310,20 +344,27 @@ cdef void participant_try_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
 ctypedef bint (*midstep_fn)(shm_body* b, uint32_t x) noexcept nogil
 
 
-cdef void participants_settle(rmap_t* rm, shm_body* b, uint32_t q, uint32_t step,
+cdef bint participants_settle(rmap_t* rm, shm_body* b, uint32_t q, uint32_t step,
                               midstep_fn midstep) noexcept nogil:
     """Recovery by elimination needs the live participants that are between two steps of
     `step` on this lock (midstep(b, x): e.g. took a ticket but has not published it) to
-    finish them. Waits for each, bounded by its progress (a death ends the wait) and 5 s."""
+    finish them. Waits for each, bounded by its progress (a death ends the wait), 5 s and
+    the caller's deadline. Returns 1 once none is mid-step; 0 if time ran out first (and
+    sets shm_recover_cut): the caller must then decide nothing and return."""
+    global shm_recover_cut
     cdef uint32_t x
     cdef uint32_t lock1 = b.index + 1
-    cdef int64_t until = shm_now_ns() + 5 * <int64_t>1000000000
+    cdef int64_t until = recover_until(5 * <int64_t>1000000000)
     for x in range(b.P):
         if x == q:
             continue
         while (_op_is(participant_op(rm, x, lock1), step) and midstep(b, x)
-               and not participant_dead(rm, x) and shm_now_ns() < until):
+               and not participant_dead(rm, x)):
+            if shm_now_ns() >= until:
+                shm_recover_cut = 1
+                return 0
             sched_yield()
+    return 1
 
 
 cdef inline bint _op_is(uint32_t op, uint32_t step) noexcept nogil:
@@ -334,8 +375,12 @@ cdef inline bint _op_is(uint32_t op, uint32_t step) noexcept nogil:
 
 
 cdef inline bint participant_dead(rmap_t* rm, uint32_t slot) noexcept nogil:
-    """Cheap liveness check from the token's futex word (no syscall, no lock)."""
-    return (ld32_acq(<uint32_t*>&rm.part[slot].token.m) & FUTEX_OWNER_DIED_) != 0
+    """Cheap liveness check from the token's futex word (no syscall, no lock): dead, or
+    free with its recovery pending."""
+    cdef uint32_t w = ld32_acq(<uint32_t*>&rm.part[slot].token.m)
+    if w & FUTEX_OWNER_DIED_:
+        return 1
+    return (w & FUTEX_TID_MASK_) == 0 and ld32_acq(&rm.part[slot].pending) != 0
 
 
 cdef inline uint32_t participant_op(rmap_t* rm, uint32_t slot, uint32_t lock1) noexcept nogil:
@@ -349,7 +394,8 @@ cdef inline uint32_t participant_op(rmap_t* rm, uint32_t slot, uint32_t lock1) n
 cdef int participant_state(rmap_t* rm, uint32_t slot) noexcept nogil:
     """Snapshot of a slot's token without taking it: 0 free, 1 alive, 2 dead."""
     cdef uint32_t w = ld32_acq(<uint32_t*>&rm.part[slot].token.m)
-    if w & FUTEX_OWNER_DIED_ or ld32_acq(&rm.part[slot].op_step) == SHM_OP_QUARANTINED:
+    if (w & FUTEX_OWNER_DIED_ or ld32_acq(&rm.part[slot].op_step) == SHM_OP_QUARANTINED
+            or ((w & FUTEX_TID_MASK_) == 0 and ld32_acq(&rm.part[slot].pending))):
         return 2
     if w & FUTEX_TID_MASK_:
         return 1

@@ -82,7 +82,9 @@ typedef struct shm_participant {
     uint32_t op_step;
     uint64_t op_value;
     uint64_t generation;       /* bumped on each claim, so a stale view can be told apart */
-    char     _pad1[SHM_LINE - 32];
+    uint32_t pending;          /* 1: dead, its recovery begun and cut short at a waiter's
+                                  deadline; the token is free, the next waiter goes on */
+    char     _pad1[SHM_LINE - 36];
 } SHM_LINE_ALIGNED shm_participant;
 
 /* kinds: the value stored in the directory and in each body's ctl.kind */

@@ -105,17 +105,36 @@ static inline uint32_t shm_gettid(void) { return (uint32_t)syscall(SYS_gettid); 
 /* ---- crash points (DESIGN.md section 7): armed once at import, one branch when unarmed ---- */
 static int shm_crash_armed = 0;
 static char shm_crash_name[64];
+static int shm_crash_signal = SIGKILL;   /* SIGSTOP: stop there once (a stalled process) */
+static int shm_crash_fired = 0;
+static long shm_crash_skip = 0;          /* passes to let by first (name:N arms the N-th) */
 static inline void shm_crashpoint_at(int armed, const char *name) {
-    if (__builtin_expect(armed, 0)) {
+    if (__builtin_expect(armed, 0) && !shm_crash_fired) {
         const char *a = shm_crash_name, *b = name;
         while (*a && *a == *b) { a++; b++; }
-        if (*a == 0 && *b == 0) kill(getpid(), SIGKILL);
+        if (*a == 0 && *b == 0) {
+            if (shm_crash_skip > 0) {
+                shm_crash_skip--;
+                return;
+            }
+            shm_crash_fired = shm_crash_signal == SIGSTOP;
+            kill(getpid(), shm_crash_signal);
+        }
     }
 }
 /* off the fast path: the global, read at each point */
 static inline void shm_crashpoint(const char *name) { shm_crashpoint_at(shm_crash_armed, name); }
 /* On the fast path the caller reads shm_crash_armed once per Python call and passes it down
  * as `armed`: each point is then a test of a register, not a load of the global. */
+
+/* ---- the deadline a recovery must keep ----
+ * A waiter that recovers a dead participant does it on its own time: the calling thread's
+ * acquire deadline (CLOCK_MONOTONIC ns, -1: none) bounds each wait inside the recovery (the
+ * repair mutex, live participants settling); a wait cut short sets shm_recover_cut, and
+ * the recovery stops there, leaving the rest to the next waiter (participants.pxi). Set on
+ * the slow path only. */
+static __thread int64_t shm_recover_deadline = -1;
+static __thread int shm_recover_cut = 0;
 
 /* ---- the debug trace (SHMLOCKS_DEBUG builds only; nothing at all otherwise) ----
  * shm_trace(what, a, b, c) appends one event to a ring in an anonymous shared mapping that

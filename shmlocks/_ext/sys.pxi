@@ -128,6 +128,7 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t op_step
         uint64_t op_value
         uint64_t generation
+        uint32_t pending
 
     ctypedef struct shm_lockctl:
         uint32_t kind
@@ -201,12 +202,18 @@ cdef extern from "shm_sys.h" nogil:
     timespec shm_ts_of_ns(int64_t ns)
     uint32_t shm_gettid()
     int shm_crash_armed
+    int shm_crash_signal
+    int shm_crash_fired
+    long shm_crash_skip
+    enum: SIGSTOP
     char shm_crash_name[64]
     void* shm_tls_get()
     void shm_tls_set(void*)
     void crashpoint "shm_crashpoint"(const char* name)
     void crashpoint_at "shm_crashpoint_at"(bint armed, const char* name)
     void shm_op_set(uint32_t* op_lock, uint32_t lock1, uint32_t step)
+    int64_t shm_recover_deadline
+    int shm_recover_cut
     ctypedef struct shm_trace_ent:
         uint64_t seq
         uint64_t what

@@ -135,7 +135,8 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     # It may have died between fetch_add and publishing its ticket. Let the live ones in
     # that same window publish theirs, then serve or abandon whatever is unaccounted for.
     n0 = ld64_seq(&b.wa.u64[0])
-    participants_settle(rm, b, q, SHM_OP_WAITING, _ticket_unpublished)
+    if not participants_settle(rm, b, q, SHM_OP_WAITING, _ticket_unpublished):
+        return                                       # out of time: decide nothing
     s = ld64_seq(&b.wb.u64[0])
     if n0 - s > b.P + 1:
         return                                       # more outstanding than possible: corrupt

@@ -1,0 +1,189 @@
+"""A timed acquire keeps its deadline while it recovers someone else.
+
+A waiter that finds a participant dead recovers it on its own time. Two waits inside a
+recovery used to ignore the caller's deadline: the lock's repair mutex, held by another
+recoverer (up to 2 s, after which the dead participant's slot was lost for good), and the
+wait for live participants between two protocol steps to finish them (up to 5 s, after
+which recovery decided anyway). Both now end at the caller's deadline; the recovery it
+began is left pending, whole, for the next waiter, who finishes it.
+
+Each test builds the wait with crash points: SHMLOCKS_CRASHPOINT_ACTION=stop stalls a
+process (SIGSTOP) at a named point, as a preempted or stopped process would be.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import uniq, wait_blocked
+
+import shmlocks
+
+TIMEOUT = 0.3
+#: how late a timed acquire may return here: the contract is 20 ms; the bound is wider so
+#: that a busy 2-CPU test machine does not fail it (the old behaviour took 2 s or 5 s)
+SLACK = 0.25
+
+#: (kind, the point where a joiner has taken its place but not yet published it)
+JOINED = [
+    ("ticket", "ticket.acquire.took"),
+    ("mcs", "mcs.acquire.joined"),
+    ("clh", "clh.acquire.joined"),
+]
+
+
+def _hold(lock, ready) -> None:
+    lock.acquire()
+    ready.set()
+    time.sleep(120)
+
+
+def _wait_forever(lock) -> None:
+    lock.acquire()
+    time.sleep(120)
+
+
+def _spawn(lock, point: str, action: str, first: bool = False) -> subprocess.Popen:
+    """A fresh interpreter that opens `lock` and acquires it (crash point armed). With
+    `first`, it takes the lock once and waits for a line on stdin before (a participant
+    registered early; arm the point's second pass then)."""
+    code = (
+        "import shmlocks, sys\n"
+        "l = shmlocks.KINDS[sys.argv[1]].open(sys.argv[2])\n"
+        "if sys.argv[3] == '1':\n"
+        "    assert l.acquire(timeout=30)\n"
+        "    l.release()\n"
+        "    print('registered', flush=True)\n"
+        "    sys.stdin.readline()\n"
+        "assert l.acquire(timeout=30)\n"
+        "if l.owner_died:\n"
+        "    l.mark_consistent()\n"
+        "l.release()\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "SHMLOCKS_CRASHPOINT": point, "SHMLOCKS_CRASHPOINT_ACTION": action}
+    return subprocess.Popen(
+        [sys.executable, "-c", code, lock.kind, lock.name, "1" if first else "0"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _wait_stopped(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.005)
+    raise AssertionError(f"process {proc.pid} never stopped at its crash point")
+
+
+def _timed_acquire(lock) -> tuple[bool, float]:
+    """In a fresh process (a fresh participant): acquire(timeout=TIMEOUT), its result and
+    how long it took."""
+    code = (
+        "import shmlocks, sys, time\n"
+        "l = shmlocks.KINDS[sys.argv[1]].open(sys.argv[2])\n"
+        "t0 = time.monotonic()\n"
+        "got = l.acquire(timeout=float(sys.argv[3]))\n"
+        "print(got, time.monotonic() - t0)\n"
+        "if got:\n"
+        "    l.release()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, lock.kind, lock.name, str(TIMEOUT)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    got, took = out.stdout.split()
+    return got == "True", float(took)
+
+
+def _finish(lock, stalled: subprocess.Popen) -> None:
+    """Continue the stalled process; it and then we get the lock, and no slot is lost."""
+    os.kill(stalled.pid, signal.SIGCONT)
+    out, err = stalled.communicate(timeout=40)
+    assert stalled.returncode == 0 and out.split()[-1:] == ["ok"], (stalled.returncode, out, err)
+    assert lock.acquire(timeout=10), "the lock stayed wedged after the cut recovery"
+    if lock.owner_died:
+        lock.mark_consistent()
+    lock.release()
+    lock.region._recover_dead()
+    parts = lock.region._describe()["participants"]
+    assert [p["pid"] for p in parts] == [os.getpid()], f"slots left behind: {parts}"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["ticket", "mcs", "clh", "futex"])
+def test_deadline_holds_while_another_recoverer_has_the_repair_mutex(procs, kind):
+    """H holds, D waits; both die. R begins H's recovery and stalls holding the lock's
+    repair mutex. A timed acquirer that must recover D waits for that mutex only until its
+    own deadline, and leaves D pending (not lost)."""
+    lock = shmlocks.KINDS[kind].create(uniq(f"dl-repair-{kind}"), max_participants=6)
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    r = None
+    try:
+        h = procs.start(_hold, lock, ready)
+        assert ready.wait(20)
+        d = procs.start(_wait_forever, lock)
+        wait_blocked(d.pid)
+        os.kill(d.pid, signal.SIGKILL)
+        d.join(10)
+        os.kill(h.pid, signal.SIGKILL)
+        h.join(10)
+        r = _spawn(lock, "recover.locked", "stop")
+        _wait_stopped(r)
+        got, took = _timed_acquire(lock)
+        print(f"\n{kind}: timed acquire returned {got} after {took * 1e3:.1f} ms")
+        assert not got
+        assert took < TIMEOUT + SLACK, f"{took:.3f} s for a {TIMEOUT} s timeout"
+        _finish(lock, r)
+    finally:
+        if r is not None and r.poll() is None:
+            os.kill(r.pid, signal.SIGKILL)
+            r.communicate()
+        lock.close()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("kind", "point"), JOINED, ids=[k for k, _ in JOINED])
+def test_deadline_holds_while_live_joiners_settle(kind, point):
+    """D dies between taking its place and publishing it; L, behind it, stalls at the same
+    step. Recovering D means waiting for L to finish that step: a timed acquirer waits
+    only until its deadline, and L (continued) and we get the lock after. (L registers
+    before D dies, or its registration would recover D itself.)"""
+    lock = shmlocks.KINDS[kind].create(uniq(f"dl-settle-{kind}"), max_participants=6)
+    stalled = None
+    try:
+        stalled = _spawn(lock, f"{point}:2", "stop", first=True)
+        assert stalled.stdout.readline().strip() == "registered"
+        dead = _spawn(lock, point, "kill")
+        dead.communicate(timeout=30)
+        assert dead.returncode == -signal.SIGKILL
+        stalled.stdin.write("go\n")
+        stalled.stdin.flush()
+        _wait_stopped(stalled)
+        got, took = _timed_acquire(lock)
+        print(f"\n{kind}: timed acquire returned {got} after {took * 1e3:.1f} ms")
+        assert not got
+        assert took < TIMEOUT + SLACK, f"{took:.3f} s for a {TIMEOUT} s timeout"
+        _finish(lock, stalled)
+    finally:
+        if stalled is not None and stalled.poll() is None:
+            os.kill(stalled.pid, signal.SIGKILL)
+            stalled.communicate()
+        lock.close()
