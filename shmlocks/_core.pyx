@@ -41,7 +41,7 @@ KINDS = {
     "pi": PIMutex,
 }
 
-# Crash points (DESIGN.md section 7): a named point between every two protocol steps.
+# Crash points (docs/design.md §8): a named point between every two protocol steps.
 # SHMLOCKS_CRASHPOINT=<name>, read once at import, makes the process SIGKILL itself there;
 # <name>:N at its N-th pass (SHMLOCKS_CRASHPOINT_ACTION=stop: SIGSTOP itself there, once,
 # for a test that needs a participant stalled mid-step).

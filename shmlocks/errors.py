@@ -1,4 +1,5 @@
-"""The exceptions of shmlocks (SPEC.md, "Exceptions"). All subclass ShmLockError."""
+"""The exceptions of shmlocks (README.md says when each is raised); all subclass
+ShmLockError."""
 
 __all__ = [
     "ShmLockError",

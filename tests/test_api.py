@@ -1,4 +1,5 @@
-"""The public API of SPEC.md: names, signatures, return values and exception types."""
+"""The public API (README.md "Usage" and its differences from threading.Lock): names,
+signatures, return values and exception types."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Crash points: a process dies at every named protocol step of every recoverable kind while
-other processes hold and wait, and the lock recovers exactly (DESIGN.md sections 6 and 7).
+other processes hold and wait, and the lock recovers exactly (docs/design.md §6 and §8).
 
 For each (kind, point) in ``shmlocks._crashpoints()`` -- restricted to the kinds that are
 recovered: "robust" and "pi" by the kernel, and the user-space kinds once their recovery

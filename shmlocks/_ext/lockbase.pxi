@@ -1,5 +1,5 @@
 # lockbase.pxi -- the one internal interface every kind implements, and the Python API
-# built once on top of it (SPEC.md "Using a lock").
+# built once on top of it (README.md "Usage"; docs/design.md §4).
 #
 # A kind subclasses _Lock and provides, all `noexcept nogil` so they run with or without
 # the GIL:

@@ -1,4 +1,4 @@
-# participants.pxi -- who is who (DESIGN.md section 3).
+# participants.pxi -- who is who (docs/design.md §3).
 #
 # A participant is one thread of one process using a region. It claims a slot by taking
 # the slot's liveness token (a robust, process-shared pthread mutex) and holds the token

@@ -1,4 +1,4 @@
-# region.pxi -- the segment (DESIGN.md section 2): create, open and validate, the lock
+# region.pxi -- the segment (docs/design.md §2): create, open and validate, the lock
 # directory, lifetime. One POSIX shared-memory object per region, laid out as shm_layout.h.
 #
 # Creation race: the creator builds everything while header.state == BUILDING, then

@@ -68,7 +68,7 @@ typedef struct shm_dirent {
 } SHM_LINE_ALIGNED shm_dirent;
 
 /* Protocol steps a participant publishes before and after each shared-state change
- * (DESIGN.md section 6); op_lock is the lock index + 1, 0 = none; op_step is SHM_OP_*.
+ * (docs/design.md §4); op_lock is the lock index + 1, 0 = none; op_step is SHM_OP_*.
  * Holding is published by the lock itself (ctl.holder, the futex word, the ticket...). */
 #define SHM_OP_TAKING     1u   /* about to run, or inside, the uncontended acquire */
 #define SHM_OP_WAITING    2u   /* inside the slow path of acquire */

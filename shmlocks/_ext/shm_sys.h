@@ -102,7 +102,7 @@ static inline void shm_tls_set(void *v) { shm_tls_regs = v; }
 
 static inline uint32_t shm_gettid(void) { return (uint32_t)syscall(SYS_gettid); }
 
-/* ---- crash points (DESIGN.md section 7): armed once at import, one branch when unarmed ---- */
+/* ---- crash points (docs/design.md §8): armed once at import, one branch when unarmed ---- */
 static int shm_crash_armed = 0;
 static char shm_crash_name[64];
 static int shm_crash_signal = SIGKILL;   /* SIGSTOP: stop there once (a stalled process) */

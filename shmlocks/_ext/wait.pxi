@@ -1,4 +1,4 @@
-# wait.pxi -- the one waiting policy every kind uses (DESIGN.md section 5).
+# wait.pxi -- the one waiting policy every kind uses (docs/design.md §5).
 #
 #   spin   poll the condition with one cpu_relax between polls (a pause is ~26 ns on Zen,
 #          so batching them delays every hand-off). The budget adapts per participant and
