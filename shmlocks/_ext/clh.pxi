@@ -212,7 +212,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     if X > b.P:
         return
     xn = &b.nodes[X]
-    if op == SHM_OP_RELEASING:
+    if op == SHM_OP_RELEASING:  # [C1] [C2] (docs/design.md §7.3)
         cas32(&b.ctl.holder, participant_hid(rm, q), 0)
         if X != r.pred and r.pred <= b.P:
             # Free its node only if it had not yet: once freed, the node passes to its
@@ -225,7 +225,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
                 wake_if_parked(&xn.state, &xn.parked)
             st32_rel(&r.mine, r.pred)                # adopt the predecessor's node
         return
-    st = ld32_seq(&xn.state)
+    st = ld32_seq(&xn.state)  # [C3]
     if st == C_FREE or ld32_acq(&xn.round) != ld32_acq(&r.round):
         # X left its passage: freed by a release made on q's behalf (a recoverer's, who
         # died before adopting the predecessor's node: finish it, or q would keep a node
@@ -237,9 +237,9 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         return                                       # not queued
     v = ld64_acq(&rm.part[q].op_value)
     if v != 0:
-        _clh_redo_reclaim(rm, b, q, v)               # finish the hand-back it was making
+        _clh_redo_reclaim(rm, b, q, v)               # [C4] finish the hand-back it was making
     p = ld32_acq(&xn.pred)
-    if p == C_UNKNOWN:
+    if p == C_UNKNOWN:  # [C5]
         t = ld64_seq(&b.wa.u64[0])
         if <uint32_t>(t & 0xffffffffU) == X:
             p = <uint32_t>(t >> 32)
@@ -266,7 +266,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     if not _clh_in_queue(b, X):
         if not _clh_settle_joiners(rm, b, q):
             return
-        if not _clh_in_queue(b, X):                  # it had stepped out (abort) already
+        if not _clh_in_queue(b, X):                  # [C6] it had stepped out (abort) already
             trace("clh.recover.notinq", q, X, p)
             st32_rel(&xn.state, C_RECLAIMED)
             return
@@ -279,12 +279,12 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             return
         guard += 1
     if ld32_seq(&b.nodes[p].state) != C_FREE:
-        if _clh_abort_as(rm, b, q, 1) == R_TIMEOUT:  # it waits: abandon its place for it
+        if _clh_abort_as(rm, b, q, 1) == R_TIMEOUT:  # [C7] it waits: abandon its place for it
             return
         _clh_release_as(b, q, shm_crash_armed)       # granted meanwhile: pass it on
         return
     trace("clh.recover.holds", q | (<uint64_t>op << 32), X, p)
-    if op == 0:                                      # it holds the lock
+    if op == 0:                                      # [C8] it holds the lock
         for32(&b.ctl.flags, SHM_F_OWNER_DIED)        # it was in its critical section
     cas32(&b.ctl.holder, participant_hid(rm, q), 0)
     crashpoint("clh.recover.flagged")

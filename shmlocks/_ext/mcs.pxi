@@ -251,14 +251,14 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     cdef uint64_t t, v
     if op == SHM_OP_RELEASING:
         cas32(&b.ctl.holder, participant_hid(rm, q), 0)
-        if st == M_GRANT:                            # it still held the lock: its release
+        if st == M_GRANT:                            # [M1] it still held the lock: its release
             if ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:    # decides recoverability
                 for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
             _mcs_release_as(rm, b, q, 1, shm_crash_armed)
-        elif st == M_IDLE:
+        elif st == M_IDLE:                           # [M2] (docs/design.md §7.2)
             _mcs_finish_pass(rm, b, q)               # it died passing the lock on
         return
-    if st == M_IDLE and ld64_acq(&rm.part[q].op_value) != 0:
+    if st == M_IDLE and ld64_acq(&rm.part[q].op_value) != 0:  # [M2]
         # A recoverer releasing the lock on q's behalf died passing it on (q's own op is
         # not RELEASING then: q died holding or waiting): finish that pass.
         _mcs_finish_pass(rm, b, q)
@@ -268,7 +268,7 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
                                                      # passed by releases; the slot's next
                                                      # owner waits for it)
     pred = ld32_acq(&n.pred)
-    if st == M_WAIT and pred == M_UNKNOWN:
+    if st == M_WAIT and pred == M_UNKNOWN:  # [M3]
         t = ld64_seq(&b.wa.u64[0])
         if _t_last(t) == q + 1:
             pred = _t_prev(t)
@@ -287,7 +287,7 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
                 cas32(&n.pred, M_UNKNOWN, pred)
             if pred == M_UNKNOWN:
                 pred = _t_prev(ld64_seq(&b.wa.u64[0]))
-    if st == M_GRANT or pred == 0:                   # it holds the lock
+    if st == M_GRANT or pred == 0:                   # [M4] it holds the lock
         if op == 0:
             for32(&b.ctl.flags, SHM_F_OWNER_DIED)    # it was in its critical section
         cas32(&b.ctl.holder, participant_hid(rm, q), 0)
@@ -296,7 +296,7 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         _mcs_release_as(rm, b, q, 0, shm_crash_armed)
         return
     st64_rel(&n.value, ld64_rlx(&rm.part[q].generation))
-    if not cas32(&n.state, M_WAIT, M_ABANDONED):     # it waits: abandon its place for it
+    if not cas32(&n.state, M_WAIT, M_ABANDONED):     # [M5] it waits: abandon its place for it
         _mcs_release_as(rm, b, q, 0, shm_crash_armed)     # granted meanwhile: pass it on
     else:
         wake_if_parked(&n.state, &n.parked)

@@ -112,7 +112,7 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     if r.ticket != 0:
         t = r.ticket - 1
         s = ld64_seq(&b.wb.u64[0])
-        if s == t:                                   # it holds the lock (or was just granted)
+        if s == t:                                   # [T1] it holds the lock (or was just granted)
             # Granted just before it marked t abandoned (it died between the mark and its
             # serving check): the mark is its own and means nothing now. Left, it would
             # block the abandon of ticket t + P one lap later (R_CORRUPT).
@@ -124,13 +124,13 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             cas32(&b.ctl.holder, participant_hid(rm, q), 0)
             crashpoint("ticket.recover.flagged")
             _ticket_grant(b, t + 1, shm_crash_armed)
-        elif s > t:                                  # it died releasing: redo the grant
+        elif s > t:                                  # [T2] it died releasing: redo the grant
             _ticket_grant(b, s, shm_crash_armed)
-        else:                                        # it was waiting
+        else:                                        # [T3] it was waiting
             _ticket_abandon_for(rm, b, q, t)
         st64_rel(&r.ticket, 0)
         return
-    if op != SHM_OP_TAKING and op != SHM_OP_WAITING:
+    if op != SHM_OP_TAKING and op != SHM_OP_WAITING:  # [T4] (docs/design.md §7.1)
         return
     # It may have died between fetch_add and publishing its ticket. Let the live ones in
     # that same window publish theirs, then serve or abandon whatever is unaccounted for.
