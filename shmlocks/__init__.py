@@ -42,6 +42,7 @@ from shmlocks.errors import (
     DeadlockError,
     LockKindError,
     LockNotRecoverableError,
+    NamespaceError,
     NotOwnerError,
     ShmLockError,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "LockKindError",
     "LockNotRecoverableError",
     "MCSLock",
+    "NamespaceError",
     "NotOwnerError",
     "PIMutex",
     "Region",

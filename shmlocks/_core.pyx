@@ -12,8 +12,8 @@
 cimport cython
 
 from shmlocks.errors import (CapacityError, CorruptRegionError, DeadlockError,
-                             LockKindError, LockNotRecoverableError, NotOwnerError,
-                             ShmLockError)
+                             LockKindError, LockNotRecoverableError, NamespaceError,
+                             NotOwnerError, ShmLockError)
 
 include "_ext/sys.pxi"
 include "_ext/participants.pxi"

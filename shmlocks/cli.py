@@ -152,7 +152,17 @@ def _size(n: int) -> str:
 def _who(p: dict[str, Any] | None) -> str:
     if not p:
         return "-"
-    return f"pid {p['pid']} tid {p['tid']} {'alive' if p['alive'] else 'DEAD'}"
+    where = " (other namespace)" if p.get("other_namespace") else ""
+    return f"pid {p['pid']} tid {p['tid']}{where} {'alive' if p['alive'] else 'DEAD'}"
+
+
+def _creator(d: dict[str, Any]) -> tuple[str, bool | None]:
+    """The creator's state for people, and for --json (None: its pid is another PID
+    namespace's, not ours to look up)."""
+    if d.get("creator_other_namespace"):
+        return "other namespace", None
+    alive = _pid_alive(int(d["creator_pid"]))
+    return ("alive" if alive else "gone"), alive
 
 
 def _flags(lock: dict[str, Any]) -> str:
@@ -185,7 +195,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 dead=sum(1 for p in parts if not p["alive"]),
                 max_participants=d.get("max_participants"),
                 creator_pid=d["creator_pid"],
-                creator_alive=_pid_alive(int(d["creator_pid"])),
+                creator_state=_creator(d)[0],
+                creator_alive=_creator(d)[1],
             )
         records.append(rec)
     if args.json:
@@ -206,7 +217,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 f"{r['locks']}/{r['max_locks']}",
                 f"{r['alive']} alive, {r['dead']} dead",
                 r["max_participants"],
-                f"{r['creator_pid']} ({'alive' if r['creator_alive'] else 'gone'})",
+                f"{r['creator_pid']} ({r['creator_state']})",
             ]
         )
     print(_table(["NAME", "SIZE", "LOCKS", "PARTICIPANTS", "SLOTS", "CREATOR"], rows))
@@ -217,14 +228,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     name = segment_name(args.name)
     _require_region(name)
     d = _describe(name)
+    state, alive = _creator(d)
     if args.json:
-        d = dict(d, creator_alive=_pid_alive(int(d["creator_pid"])))
+        d = dict(d, creator_alive=alive)
         print(json.dumps(d, indent=2))
         return EXIT_OK
-    creator = int(d["creator_pid"])
     print(
         f"segment {d['name']}: {_size(d['size'])} ({d['size']} bytes), layout version {d['version']}, "
-        f"created by pid {creator} ({'alive' if _pid_alive(creator) else 'gone'})"
+        f"created by pid {d['creator_pid']} ({state})"
     )
     locks = d.get("locks", [])
     print(f"locks: {len(locks)} of {d['max_locks']}")
@@ -248,7 +259,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"({alive} alive, {len(parts) - alive} dead)"
     )
     if parts:
-        rows = [[p["slot"], p["pid"], p["tid"], "alive" if p["alive"] else "DEAD"] for p in parts]
+        rows = [
+            [
+                p["slot"],
+                p["pid"],
+                p["tid"],
+                ("alive" if p["alive"] else "DEAD")
+                + (", other namespace" if p.get("other_namespace") else ""),
+            ]
+            for p in parts
+        ]
         print(_table(["SLOT", "PID", "TID", "STATE"], rows, indent="  "))
     dead_holders = [
         lk["name"]

@@ -9,6 +9,7 @@ __all__ = [
     "LockKindError",
     "CorruptRegionError",
     "CapacityError",
+    "NamespaceError",
 ]
 
 
@@ -38,3 +39,9 @@ class CorruptRegionError(ShmLockError, ValueError):
 
 class CapacityError(ShmLockError):
     """No free participant slot or lock slot."""
+
+
+class NamespaceError(ShmLockError):
+    """A lock that cannot work across PID namespaces (pi: the kernel names a priority-
+    inheritance futex's owner by thread id, which differs between namespaces) was opened
+    from a namespace other than its region's creator's."""

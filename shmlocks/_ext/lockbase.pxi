@@ -392,8 +392,8 @@ cdef class _Lock:
         cdef uint32_t h
         self._check()
         h = holder_slot(self.rm, ld32_acq(&self.b.ctl.holder))
-        if h == 0:
-            return None
+        if h == 0 or other_pidns(ld64_acq(&self.rm.part[h - 1].pidns)):
+            return None                  # nobody, or a pid that means nothing here
         return (ld32_rlx(&self.rm.part[h - 1].pid), ld32_rlx(&self.rm.part[h - 1].tid))
 
     @property

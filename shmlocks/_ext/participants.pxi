@@ -72,6 +72,28 @@ cdef enum:
     FUTEX_OWNER_DIED_ = 0x40000000
 
 
+cdef uint64_t g_pidns = 0
+cdef int g_pidns_pid = 0
+
+
+cdef uint64_t my_pidns() noexcept nogil:
+    """This process's PID namespace: the inode of /proc/self/ns/pid (0 if unknown). Pids
+    and tids in a participant record mean something only in its own namespace."""
+    global g_pidns, g_pidns_pid
+    cdef struct_stat st
+    cdef int pid = getpid()
+    if g_pidns_pid != pid:
+        g_pidns = <uint64_t>st.st_ino if stat(b"/proc/self/ns/pid", &st) == 0 else 0
+        g_pidns_pid = pid
+    return g_pidns
+
+
+cdef inline bint other_pidns(uint64_t ns) noexcept nogil:
+    """Is namespace id `ns` (a record's) known and not ours?"""
+    cdef uint64_t mine = my_pidns()
+    return ns != 0 and mine != 0 and ns != mine
+
+
 cdef inline reg_t* reg_lookup(rmap_t* rm) noexcept nogil:
     cdef reg_t* r = <reg_t*>shm_tls_get()
     while r != NULL:
@@ -194,6 +216,7 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
                 raise MemoryError()
             st32_rlx(&p.pid, <uint32_t>getpid())
             st32_rlx(&p.tid, shm_gettid())
+            st64_rlx(&p.pidns, my_pidns())
             shm_op_set(&p.op_lock, 0, 0)
             st64_rel(&p.op_value, 0)
             st64_rel(&p.generation, ld64_rlx(&p.generation) + 1)

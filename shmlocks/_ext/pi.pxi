@@ -17,6 +17,16 @@ cdef class PIMutex(_PthreadMutexLock):
     holder runs at the highest waiter's priority."""
     kind_name = "pi"
 
+    cdef _bind(self, Region region, uint32_t i, name):
+        _Lock._bind(self, region, i, name)
+        if other_pidns(region.rm.hdr.creator_pidns):
+            raise NamespaceError(
+                f"pi lock {name!r} of region {region.name!r} belongs to another PID "
+                "namespace: the kernel names a "
+                "priority-inheritance futex's owner by thread id, and thread ids differ "
+                "between namespaces, so it cannot be shared across them (every other kind "
+                "can)")
+
     cdef bint _spins(self) noexcept nogil:
         cdef int pol = sched_getscheduler(0)        # the slow path only
         return pol != SCHED_FIFO and pol != SCHED_RR

@@ -139,6 +139,7 @@ cdef class Region:
             h.creator_pid = <uint32_t>getpid()
             h.nlocks = 0
             h.glibc_mutex_size = sizeof(pthread_mutex_t)
+            h.creator_pidns = my_pidns()
             _init_pshared_mutex(&h.dir_mutex.m, False)
             for i in range(P):
                 _init_pshared_mutex(&(<shm_participant*>(base + part_off))[i].token.m, False)
@@ -423,14 +424,17 @@ cdef class Region:
             if st:
                 p = &self.rm.part[i]
                 parts.append({"slot": i, "pid": ld32_rlx(&p.pid), "tid": ld32_rlx(&p.tid),
-                              "alive": st == 1})
+                              "alive": st == 1,
+                              "other_namespace": other_pidns(ld64_acq(&p.pidns))})
         locks = []
         for i in range(self.rm.L):
             if ld32_acq(&self.rm.dir[i].state) == SHM_DIRENT_READY:
                 locks.append(self._lock_at(i)._describe())
         return {"name": self.name, "size": self.rm.size, "version": SHM_VERSION,
                 "max_locks": self.rm.L, "max_participants": self.rm.P,
-                "creator_pid": h.creator_pid, "participants": parts, "locks": locks}
+                "creator_pid": h.creator_pid,
+                "creator_other_namespace": other_pidns(h.creator_pidns),
+                "participants": parts, "locks": locks}
 
     def _recover_dead(self):
         """Recover every participant slot whose owner died (their tokens came back
@@ -453,7 +457,8 @@ cdef class Region:
             return None
         p = &self.rm.part[slot1 - 1]
         return {"slot": slot1 - 1, "pid": ld32_rlx(&p.pid), "tid": ld32_rlx(&p.tid),
-                "alive": participant_state(self.rm, slot1 - 1) == 1}
+                "alive": participant_state(self.rm, slot1 - 1) == 1,
+                "other_namespace": other_pidns(ld64_acq(&p.pidns))}
 
 
 def _open_region(name):

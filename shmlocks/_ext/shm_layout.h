@@ -51,7 +51,8 @@ typedef struct shm_header {
     uint32_t creator_pid;
     uint32_t nlocks;           /* directory entries in use (informational) */
     uint32_t glibc_mutex_size; /* sizeof(pthread_mutex_t) of the creator: must match ours */
-    char     _pad0[SHM_LINE - 80];
+    uint64_t creator_pidns;    /* the creator's PID namespace (inode of /proc/self/ns/pid), 0 unknown */
+    char     _pad0[SHM_LINE - 88];
     /* line 1: serialises directory changes (create_lock) across processes; robust */
     union { pthread_mutex_t m; char _pad[SHM_LINE]; } dir_mutex;
 } SHM_LINE_ALIGNED shm_header;
@@ -84,7 +85,10 @@ typedef struct shm_participant {
     uint64_t generation;       /* bumped on each claim, so a stale view can be told apart */
     uint32_t pending;          /* 1: dead, its recovery begun and cut short at a waiter's
                                   deadline; the token is free, the next waiter goes on */
-    char     _pad1[SHM_LINE - 36];
+    uint32_t _pad2;
+    uint64_t pidns;            /* its PID namespace (as creator_pidns): its pid and tid mean
+                                  something only there */
+    char     _pad1[SHM_LINE - 48];
 } SHM_LINE_ALIGNED shm_participant;
 
 /* kinds: the value stored in the directory and in each body's ctl.kind */
@@ -157,7 +161,7 @@ _Static_assert(offsetof(shm_participant, op_step) == offsetof(shm_participant, o
 _Static_assert(sizeof(shm_word) == SHM_LINE, "word is one line");
 _Static_assert(sizeof(shm_node) == SHM_LINE, "node is one line");
 _Static_assert(sizeof(shm_prec) == SHM_LINE, "prec is one line");
-_Static_assert(offsetof(shm_header, _pad0) == 80, "header fields fill 80 bytes");
+_Static_assert(offsetof(shm_header, _pad0) == 88, "header fields fill 88 bytes");
 
 /* body geometry, in lines */
 #define SHM_BODY_CTL    0u

@@ -4,6 +4,7 @@
 from libc.stdint cimport uint32_t, uint64_t, int64_t, int32_t
 from libc.string cimport memset, memcpy, strncmp
 from libc.stdlib cimport malloc, free, calloc
+from posix.stat cimport struct_stat, stat
 from libc.errno cimport errno, EBUSY, EAGAIN, EINTR, ETIMEDOUT, EPERM, EINVAL
 
 cdef extern from "<string.h>" nogil:
@@ -113,6 +114,7 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t creator_pid
         uint32_t nlocks
         uint32_t glibc_mutex_size
+        uint64_t creator_pidns
         shm_mutex_line dir_mutex
 
     ctypedef struct shm_dirent:
@@ -129,6 +131,7 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t op_value
         uint64_t generation
         uint32_t pending
+        uint64_t pidns
 
     ctypedef struct shm_lockctl:
         uint32_t kind
