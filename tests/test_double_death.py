@@ -1,0 +1,160 @@
+"""Two deaths: every ordered pair of crash points, in two different participants.
+
+For a kind and a pair (p1, p2): H holds the lock; A (armed at p1) and then B (armed at
+p2), fresh interpreters, each try to take and release the lock three times; H releases.
+A and B either finish or SIGKILL themselves at their points, in whatever order the
+protocol brings them there: waiting behind H, taking the lock, releasing it, or
+recovering the other (a recoverer killed mid-recovery). Then a live survivor must get the
+lock within 10 s, two processes must count under it exactly, and no slot may be left.
+
+The full matrix is marked slow (`pytest -m slow tests/test_double_death.py`); the suite
+runs a fixed sample of it for every kind.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import uniq
+
+import shmlocks
+
+USERSPACE = ("ticket", "mcs", "clh", "futex")
+
+
+def _points(kind: str) -> list[str]:
+    return sorted(p for p, kinds in shmlocks._crashpoints().items() if kind in kinds)
+
+
+PAIRS = [(k, a, b) for k in USERSPACE for a in _points(k) for b in _points(k)]
+#: the sample the suite runs: every 9th pair of the matrix (each kind, each point appears)
+SAMPLE = PAIRS[::9]
+
+CODE = r"""
+import sys, shmlocks
+l = shmlocks.KINDS[sys.argv[1]].open(sys.argv[2])
+for _ in range(3):
+    if l.acquire(timeout=3):
+        if l.owner_died:
+            l.mark_consistent()
+        l.release()
+"""
+
+
+def _hold(lock, ready, go) -> None:
+    lock.acquire()
+    ready.set()
+    go.wait(30)
+    lock.release()
+
+
+def _count(lock, counter, n) -> None:
+    for _ in range(n):
+        if not lock.acquire(timeout=20):
+            raise SystemExit(3)
+        if lock.owner_died:
+            lock.mark_consistent()
+        counter.value += 1
+        lock.release()
+
+
+def _armed(lock, point: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", CODE, lock.kind, lock.name],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "SHMLOCKS_CRASHPOINT": point},
+    )
+
+
+def _settle(p: subprocess.Popen, seconds: float) -> None:
+    """Give p time to reach its wait (or its death) before the next step."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and p.poll() is None:
+        try:
+            with open(f"/proc/{p.pid}/wchan") as f:
+                if "futex" in f.read():
+                    return
+        except OSError:
+            return
+        time.sleep(0.005)
+
+
+def run_pair(kind: str, p1: str, p2: str) -> str:
+    """One pair; returns how A and B ended ("killed"/"done" each)."""
+    lock = shmlocks.KINDS[kind].create(uniq(f"dd-{kind}"), max_participants=8)
+    ctx = mp.get_context("fork")
+    ready, go = ctx.Event(), ctx.Event()
+    h = ctx.Process(target=_hold, args=(lock, ready, go), daemon=True)
+    armed = []
+    try:
+        h.start()
+        assert ready.wait(20)
+        for point in (p1, p2):
+            armed.append(_armed(lock, point))
+            _settle(armed[-1], 1.0)
+        go.set()
+        h.join(20)
+        ends = []
+        for p in armed:
+            try:
+                _, err = p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{kind} {p1} x {p2}: a participant hung") from None
+            assert p.returncode in (0, -signal.SIGKILL), (kind, p1, p2, p.returncode, err)
+            ends.append("killed" if p.returncode else "done")
+        assert lock.acquire(timeout=10), f"{kind} {p1} x {p2}: the survivor got no lock"
+        if lock.owner_died:
+            lock.mark_consistent()
+        lock.release()
+        counter = ctx.RawValue("q", 0)
+        workers = [ctx.Process(target=_count, args=(lock, counter, 300)) for _ in range(2)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(30)
+            assert w.exitcode == 0, f"{kind} {p1} x {p2}: a counter failed ({w.exitcode})"
+        assert counter.value == 600, f"{kind} {p1} x {p2}: exclusion lost"
+        lock.region._recover_dead()
+        parts = lock.region._describe()["participants"]
+        assert [p["pid"] for p in parts] == [os.getpid()], f"{kind} {p1} x {p2}: {parts}"
+        return "/".join(ends)
+    finally:
+        go.set()
+        for p in armed:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        if h.is_alive():
+            h.kill()
+        lock.close()
+
+
+def _ids(cases):
+    return [f"{k}-{a}-x-{b}" for k, a, b in cases]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("kind", "p1", "p2"), SAMPLE, ids=_ids(SAMPLE))
+def test_double_death_sample(kind, p1, p2):
+    run_pair(kind, p1, p2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("kind", USERSPACE)
+def test_double_death_every_pair(kind):
+    """The whole matrix for one kind; prints how many pairs killed both, one, or none."""
+    tally: dict[str, int] = {}
+    for k, a, b in PAIRS:
+        if k == kind:
+            end = run_pair(k, a, b)
+            tally[end] = tally.get(end, 0) + 1
+    print(f"\n{kind}: {sum(tally.values())} pairs, {tally}")
