@@ -548,63 +548,80 @@ class _Demo:
         print(
             "2. Owner death: a holder is SIGKILLed inside its critical section (invariant a + b == 0)"
         )
-        for cls in (shmlocks.RobustMutex, shmlocks.PIMutex):
-            self._kill_and_recover(cls)
+        print(
+            "   Each holder took the lock, did a += 1 (not yet b -= 1) and was killed with SIGKILL.\n"
+            "   The next acquire(timeout=5) sees owner_died, repairs (b = -a), calls\n"
+            "   mark_consistent() and releases; the hold after that is clean."
+        )
+        rows = [self._kill_and_recover(cls) for cls in shmlocks.KINDS.values()]
+        print(
+            _table(
+                [
+                    "kind",
+                    "holder",
+                    "kill -> next acquire",
+                    "owner_died",
+                    "a, b seen",
+                    "repaired",
+                    "next hold",
+                ],
+                rows,
+                indent="   ",
+            )
+        )
         self._kill_mp_lock()
         print()
 
-    def _kill_holder(self, lock: Any, data: Any) -> int:
+    def _kill_holder(self, lock: Any, data: Any) -> tuple[int, float]:
+        """Start a worker that dies holding `lock`; its pid and the time of the SIGKILL."""
         held = self.ctx.Event()
         p = self.start(_die_holding, lock, data, held)
         if not held.wait(30):
             raise CliError("the worker never took the lock")
+        t_kill = time.perf_counter()
         os.kill(p.pid, signal.SIGKILL)
         p.join(10)
         self.procs.remove(p)
-        return int(p.pid)
+        return int(p.pid), t_kill
 
-    def _kill_and_recover(self, cls: Any) -> None:
+    def _kill_and_recover(self, cls: Any) -> list[object]:
+        """One kind's row: a holder killed mid-update, the next holder's repair."""
         lock = self.new_lock(cls)
         data = self.ctx.RawArray("q", 2)  # a, b
-        tag = f"   {lock.kind + ':':<8}"
-        pid = self._kill_holder(lock, data)
-        print(
-            f"{tag}pid {pid} took the lock, did a += 1 (not yet b -= 1), and was killed with SIGKILL"
-        )
-        print(f"{tag}locked() = {lock.locked()}, owner = {lock.owner}: the holder is dead")
-        t0 = time.perf_counter()
+        pid, t_kill = self._kill_holder(lock, data)
         got = lock.acquire(timeout=5)
-        dt = (time.perf_counter() - t0) * 1e3
+        dt = (time.perf_counter() - t_kill) * 1e3
         if not got:
-            print(f"{tag}UNEXPECTED: acquire(timeout=5) returned False")
             self.ok = False
-            return
+            return [lock.kind, f"pid {pid}", "UNEXPECTED: no lock in 5 s", "-", "-", "-", "-"]
         died = lock.owner_died
-        print(
-            f"{tag}next acquire(timeout=5) -> True after {dt:.1f} ms, owner_died = {died}; a = {data[0]}, b = {data[1]}"
-        )
+        seen = f"{data[0]}, {data[1]}"
         if died:
             data[1] = -data[0]
             lock.mark_consistent()
-            print(
-                f"{tag}repaired: b = -a -> a + b = {data[0] + data[1]}; mark_consistent(); release()"
-            )
+            repaired = f"a + b = {data[0] + data[1]}"
         else:
             self.ok = False
-            print(f"{tag}UNEXPECTED: owner_died is False after the holder was killed")
+            repaired = "UNEXPECTED: owner_died is False"
         lock.release()
         with lock:
             again = lock.owner_died
         self.ok &= not again
-        print(
-            f"{tag}the next hold sees owner_died = {again}: recovered, the lock is as good as new"
-        )
+        return [
+            lock.kind,
+            f"pid {pid}",
+            f"{dt:.1f} ms",
+            str(died),
+            seen,
+            repaired,
+            "clean" if not again else "UNEXPECTED: owner_died again",
+        ]
 
     def _kill_mp_lock(self) -> None:
         lock = self.ctx.Lock()
         data = self.ctx.RawArray("q", 2)
         tag = "   multiprocessing.Lock:"
-        pid = self._kill_holder(lock, data)
+        pid, _ = self._kill_holder(lock, data)
         got = lock.acquire(timeout=0.5)
         if got:
             lock.release()

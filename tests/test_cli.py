@@ -15,6 +15,8 @@ import posix_ipc
 import pytest
 from conftest import Holder, shm_exists, shm_remove, uniq, wait_blocked
 
+import shmlocks
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -166,3 +168,10 @@ def test_demo_runs():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert proc.stdout.strip(), "demo printed nothing"
+    # the owner-death section kills a holder of every kind and shows each one recovered
+    section = proc.stdout.split("2. Owner death")[1].split("3. Hand-off")[0]
+    for kind in shmlocks.KINDS:
+        row = next((ln.split() for ln in section.splitlines() if ln.split()[:1] == [kind]), None)
+        assert row is not None, f"no {kind} row in the owner-death section:\n{section}"
+        assert "True" in row and "clean" in row and "UNEXPECTED" not in row, row
+    assert "multiprocessing.Lock" in section and "wedged for good" in section

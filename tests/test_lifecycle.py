@@ -221,3 +221,21 @@ def test_forked_child_normal_exit_keeps_parents_names(kind):
     finally:
         shm_remove(lock_name)
         shm_remove(region_name)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", list(shmlocks.KINDS))
+def test_weak_references(kind):
+    """Locks and regions support weak references, as threading.Lock does (caches keyed by
+    lock rely on it); a dead referent clears the reference, and its segment is gone."""
+    import weakref
+
+    lock = shmlocks.KINDS[kind].create(uniq(f"weak-{kind}"))
+    name = lock.name
+    ref, rref = weakref.ref(lock), weakref.ref(lock.region)
+    cache = weakref.WeakKeyDictionary({lock: "x"})
+    assert ref() is lock and rref() is lock.region and cache[lock] == "x"
+    del lock
+    gc.collect()
+    assert ref() is None and rref() is None and len(cache) == 0
+    assert not shm_exists(name), "the segment outlived its last reference"

@@ -68,6 +68,7 @@ cdef class _Lock:
     cdef str _name
     cdef uint32_t _code
     cdef uint32_t _lock1              # lock index + 1, as published in op_lock
+    cdef object __weakref__           # caches keyed by lock (WeakKeyDictionary), as for threading.Lock
 
     kind_name = None
 

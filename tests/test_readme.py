@@ -1,0 +1,101 @@
+"""README's `ls` / `inspect` example stays true: the same scene is built for real and the
+command's output must have the README's shape (numbers, column widths and the region's
+name aside), so a change of output or of the layout version shows up here."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import uniq
+
+import shmlocks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _readme_console() -> dict[str, list[str]]:
+    """The README's first console block, split by command: {"ls": lines, "inspect": ...}."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    block = text.split("```console\n", 1)[1].split("```", 1)[0]
+    out: dict[str, list[str]] = {}
+    cur = None
+    for line in block.splitlines():
+        if line.startswith("$ shmlocks "):
+            cur = line.split()[2]
+            out[cur] = []
+        elif cur:
+            out[cur].append(line)
+    return out
+
+
+def _shape(line: str, name: str) -> str:
+    line = line.replace(name, "REGION")
+    line = re.sub(r"\d+(\.\d+)?", "N", line)
+    return " ".join(line.split())
+
+
+def _hold(region_name, lock_name, ready) -> None:
+    lock = shmlocks.Region.open(region_name).open_lock(lock_name)
+    lock.acquire()
+    ready.set()
+    time.sleep(60)
+
+
+def _wait(region_name) -> None:
+    shmlocks.Region.open(region_name).open_lock("jobs").acquire(timeout=30)
+
+
+@pytest.mark.timeout(60)
+def test_readme_inspect_example_matches_a_real_run():
+    readme = _readme_console()
+    name = uniq("readme")
+    region = shmlocks.Region.create(name, max_locks=16, max_participants=64)
+    ctx = mp.get_context("fork")
+    procs = []
+    try:
+        for lock_name, kind in (("jobs", "mcs"), ("cache", "robust"), ("stats", "futex")):
+            region.create_lock(lock_name, kind)
+        ready = ctx.Event()
+        procs.append(ctx.Process(target=_hold, args=(name, "jobs", ready)))
+        procs[-1].start()
+        assert ready.wait(20)
+        procs.append(ctx.Process(target=_wait, args=(name,)))
+        procs[-1].start()
+        time.sleep(0.3)
+        ready = ctx.Event()
+        dead = ctx.Process(target=_hold, args=(name, "cache", ready))
+        dead.start()
+        assert ready.wait(20)
+        os.kill(dead.pid, signal.SIGKILL)
+        dead.join(10)
+
+        def run(*args):
+            return subprocess.run(
+                [sys.executable, "-m", "shmlocks", *args],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout.splitlines()
+
+        real = run("inspect", name)
+        assert [_shape(ln, name) for ln in real] == [
+            _shape(ln, "myapp") for ln in readme["inspect"]
+        ], "\n".join(real)
+        assert f"layout version {shmlocks.LAYOUT_VERSION}," in real[0]
+        ls = run("ls")
+        row = next(ln for ln in ls if ln.split()[:1] == [name])
+        assert _shape(ls[0], name) == _shape(readme["ls"][0], "myapp")
+        assert _shape(row, name) == _shape(readme["ls"][1], "myapp"), row
+    finally:
+        for p in procs:
+            p.kill()
+            p.join(10)
+        region.close()
