@@ -99,3 +99,20 @@ def test_readme_inspect_example_matches_a_real_run():
             p.kill()
             p.join(10)
         region.close()
+
+
+@pytest.mark.timeout(60)
+def test_readme_usage_example_runs_as_printed(tmp_path):
+    """README's first Python example, run as a script: it prints 40000, exactly, and
+    leaves no segment behind."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        code = f.read().split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "usage.py"
+    script.write_text(code)
+    p = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    out, err = p.communicate(timeout=50)
+    assert p.returncode == 0, err
+    assert out.strip() == "40000"
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shmlocks-{p.pid}-")]
