@@ -28,6 +28,7 @@ try:
         TicketLock,
         _crashpoints,
     )
+    from shmlocks._core import _user_crashpoint as crashpoint
 except ModuleNotFoundError as _e:  # pragma: no cover - depends on the install
     if _e.name == "shmlocks._core":
         raise ImportError(
@@ -93,6 +94,7 @@ __all__ = [
     "ShmLockError",
     "TicketLock",
     "_crashpoints",
+    "crashpoint",
     "is_region_file",
     "list_regions",
 ]

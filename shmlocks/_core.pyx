@@ -53,6 +53,7 @@ _CRASHPOINTS = {
     "lock.acquire.taking": _ALL,        # acquire step published, before the kind's atomic
     "lock.acquire.got": _ALL,           # the kind took the lock, holder not yet published
     "lock.acquire.holder": _ALL,        # holder published, acquire step not yet ended
+    "lock.acquire.done": _ALL,          # acquire returned: in the critical section
     "lock.wait.waiting": _ALL,          # slow path published, before waiting
     "lock.release.releasing": _ALL,     # release step published, holder still set
     "lock.release.unholder": _ALL,      # holder cleared, before the kind's unlock
@@ -89,28 +90,72 @@ def _crashpoints():          # shows "(self, /)" to inspect and stubtest
     return dict(_CRASHPOINTS)
 
 
+#: a name with one of these prefixes is the library's: a typo in one fails the import
+_LIB_PREFIXES = tuple(sorted({n.split(".")[0] + "." for n in _CRASHPOINTS}))
+_user_point = None          # [name, passes to let by, signal] while a user point is armed
+_user_names_ok = set()      # names crashpoint() has checked: not the library's
+
+
+def _user_crashpoint(name):     # shmlocks.crashpoint (here `crashpoint` is the C one)
+    """crashpoint(name) -> None
+
+    A crash point in your own code (docs: README "Testing your recovery"). Does nothing
+    unless the process runs with SHMLOCKS_CRASHPOINT=name (or name:N, the N-th pass), when
+    the process SIGKILLs itself here. A name of the library's own points (or with their
+    prefixes) is refused with ValueError."""
+    global _user_point
+    if name not in _user_names_ok:
+        if not isinstance(name, str):
+            raise TypeError(f"crash point name must be a str, not {type(name).__name__}")
+        if name in _CRASHPOINTS or name.startswith(_LIB_PREFIXES):
+            raise ValueError(f"{name!r} is a name of shmlocks' own crash points "
+                             f"(prefixes {', '.join(_LIB_PREFIXES)}): pick another")
+        _user_names_ok.add(name)
+    u = _user_point
+    if u is None or u[0] != name:
+        return
+    if u[1] > 0:
+        u[1] -= 1
+        return
+    _user_point = None
+    import os
+    os.kill(os.getpid(), u[2])
+
+
 def _arm_crashpoint_from_env():
     import os
     spec = os.environ.get("SHMLOCKS_CRASHPOINT")
     if not spec:
         return
+    _arm_crashpoint(spec, os.environ.get("SHMLOCKS_CRASHPOINT_ACTION", "kill"))
+
+
+def _arm_crashpoint(spec, action="kill"):
+    """Arm crash point NAME or NAME:N (a library point or a user one) in this process, as
+    SHMLOCKS_CRASHPOINT does at import (shmlocks.testing arms a child with it)."""
+    global _user_point
+    import signal as _signal
     name, sep, nth = spec.partition(":")
     if sep and not (nth.isdigit() and int(nth) >= 1):
         raise ValueError(f"SHMLOCKS_CRASHPOINT={spec!r}: NAME or NAME:N, N the pass (1, 2, ...)")
-    if name not in _CRASHPOINTS:
-        raise ValueError(f"SHMLOCKS_CRASHPOINT={name!r} is not a crash point of this build "
-                         f"(see shmlocks._crashpoints())")
-    action = os.environ.get("SHMLOCKS_CRASHPOINT_ACTION", "kill")
     if action not in ("kill", "stop"):
         raise ValueError(f"SHMLOCKS_CRASHPOINT_ACTION={action!r}: 'kill' (SIGKILL there, the "
                          "default) or 'stop' (SIGSTOP there, once: a stalled process)")
+    skip = int(nth) - 1 if sep else 0
+    if name not in _CRASHPOINTS:
+        if name.startswith(_LIB_PREFIXES) or not name:
+            raise ValueError(f"SHMLOCKS_CRASHPOINT={name!r} is not a crash point of this build "
+                             f"(see shmlocks._crashpoints())")
+        _user_point = [name, skip,
+                       _signal.SIGSTOP if action == "stop" else _signal.SIGKILL]
+        return
     b = name.encode()
     memcpy(shm_crash_name, <const char*>b, len(b))
     shm_crash_name[len(b)] = 0
     global shm_crash_armed, shm_crash_signal, shm_crash_skip
     if action == "stop":
         shm_crash_signal = SIGSTOP
-    shm_crash_skip = int(nth) - 1 if sep else 0
+    shm_crash_skip = skip
     shm_crash_armed = 1
 
 

@@ -191,6 +191,7 @@ cdef class _Lock:
         crashpoint_at(armed, "lock.acquire.holder")
         shm_op_set(r.op, 0, 0)                       # ... then end the acquire step
         r.held += 1
+        crashpoint_at(armed, "lock.acquire.done")    # in the critical section
         if rc == R_ACQ and ld32_rlx(&self.b.ctl.flags) == 0:
             return True
         return self._got_flags(r, rc)
