@@ -14,6 +14,7 @@ import pytest
 from conftest import ROBUST_KINDS, kill, me, outcome, wait_blocked
 
 import shmlocks
+from shmlocks.testing import kill_while_holding
 
 pytestmark = [pytest.mark.timeout(40), pytest.mark.parametrize("kind", ROBUST_KINDS)]
 
@@ -25,18 +26,14 @@ def _hold_until_killed(lock, conn):
     os._exit(3)
 
 
+def _take(lock):
+    assert lock.acquire(timeout=10)
+    time.sleep(30)  # SIGKILLed as soon as it holds the lock
+
+
 def kill_holder(procs, lock):
-    """A child takes the lock and is SIGKILLed while holding it."""
-    ctx = mp.get_context("fork")
-    r, w = ctx.Pipe(duplex=False)
-    p = procs.start(_hold_until_killed, lock, w, ctx=ctx)
-    w.close()
-    assert r.poll(20), "holder child did not acquire"
-    assert r.recv() == p.pid
-    os.kill(p.pid, signal.SIGKILL)
-    p.join(10)
-    assert p.exitcode == -signal.SIGKILL
-    return p.pid
+    """A child takes the lock and is SIGKILLed while holding it (shmlocks.testing)."""
+    return kill_while_holding(lock, _take, lock, start_method="fork", timeout=20)
 
 
 def _acquire_report(lock, timeout=2.0):
