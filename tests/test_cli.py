@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import posix_ipc
@@ -16,6 +15,7 @@ import pytest
 from conftest import Holder, shm_exists, shm_remove, uniq, wait_blocked
 
 import shmlocks
+from shmlocks.testing import kill_while_holding
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -62,10 +62,9 @@ def _wait_on(lock, conn):
         lock.release()
 
 
-def _die_holding(lock, conn):
+def _take(lock):
     lock.acquire()
-    conn.send((os.getpid(), threading.get_native_id()))
-    time.sleep(30)
+    time.sleep(30)  # SIGKILLed as soon as it holds the lock (shmlocks.testing)
 
 
 def test_inspect_shows_kinds_holders_and_waiters(procs, new_region):
@@ -83,12 +82,7 @@ def test_inspect_shows_kinds_holders_and_waiters(procs, new_region):
     r.recv()
     wait_blocked(waiter.pid)
 
-    r2, w2 = ctx.Pipe(duplex=False)
-    victim = procs.start(_die_holding, dead, w2, ctx=ctx)
-    assert r2.poll(20)
-    dead_pid, dead_tid = r2.recv()
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.join(10)
+    dead_pid = dead_tid = kill_while_holding(dead, _take, dead, start_method="fork", timeout=20)
     try:
         proc = cli("inspect", region.name)
         assert proc.returncode == 0, proc.stderr
