@@ -112,6 +112,19 @@ def _timed_acquire(lock) -> tuple[bool, float]:
     return got == "True", float(took)
 
 
+def _assert_times_out_by_its_deadline(lock) -> None:
+    got, took = _timed_acquire(lock)
+    print(f"\n{lock.kind}: timed acquire returned {got} after {took * 1e3:.1f} ms")
+    assert not got
+    assert took < TIMEOUT + SLACK, f"{took:.3f} s for a {TIMEOUT} s timeout"
+
+
+def _stop_quietly(p: subprocess.Popen | None) -> None:
+    if p is not None and p.poll() is None:
+        os.kill(p.pid, signal.SIGKILL)
+        p.communicate()
+
+
 def _finish(lock, stalled: subprocess.Popen) -> None:
     """Continue the stalled process; it and then we get the lock, and no slot is lost."""
     os.kill(stalled.pid, signal.SIGCONT)
@@ -147,15 +160,10 @@ def test_deadline_holds_while_another_recoverer_has_the_repair_mutex(procs, kind
         h.join(10)
         r = _spawn(lock, "recover.locked", "stop")
         _wait_stopped(r)
-        got, took = _timed_acquire(lock)
-        print(f"\n{kind}: timed acquire returned {got} after {took * 1e3:.1f} ms")
-        assert not got
-        assert took < TIMEOUT + SLACK, f"{took:.3f} s for a {TIMEOUT} s timeout"
+        _assert_times_out_by_its_deadline(lock)
         _finish(lock, r)
     finally:
-        if r is not None and r.poll() is None:
-            os.kill(r.pid, signal.SIGKILL)
-            r.communicate()
+        _stop_quietly(r)
         lock.close()
 
 
@@ -177,13 +185,8 @@ def test_deadline_holds_while_live_joiners_settle(kind, point):
         stalled.stdin.write("go\n")
         stalled.stdin.flush()
         _wait_stopped(stalled)
-        got, took = _timed_acquire(lock)
-        print(f"\n{kind}: timed acquire returned {got} after {took * 1e3:.1f} ms")
-        assert not got
-        assert took < TIMEOUT + SLACK, f"{took:.3f} s for a {TIMEOUT} s timeout"
+        _assert_times_out_by_its_deadline(lock)
         _finish(lock, stalled)
     finally:
-        if stalled is not None and stalled.poll() is None:
-            os.kill(stalled.pid, signal.SIGKILL)
-            stalled.communicate()
+        _stop_quietly(stalled)
         lock.close()
