@@ -20,9 +20,9 @@
 #   yield  sched_yield a few times (lets a descheduled holder run on an oversubscribed box);
 #          while no yield lets another task run (this CPU has nothing else to do), go on
 #          yielding for up to YIELD_IDLE_NS before parking: the holder may itself be waking
-#          from a park (~10-40 us on this VM), and parking then too makes a convoy in which
-#          every hand-off of a FIFO lock costs a wake-up (P=2 throughput halved; 10 us
-#          critical sections handed off in 100 us instead of 22);
+#          from a park (tens of microseconds on a VM), and parking then too makes a convoy in
+#          which every hand-off of a FIFO lock costs a wake-up (commit d11b846 has the
+#          figures: P=2 throughput halved, 10 us sections handed off 4-5x slower);
 #   park   announce (parked += 1), re-check, FUTEX_WAIT on the word for at most PARK_SLICE_NS,
 #          then check the deadline (CLOCK_MONOTONIC) and, with the GIL re-taken briefly,
 #          Python's signal handlers (Ctrl-C -> W_SIGNAL within one slice); with ticks on,
@@ -53,7 +53,7 @@ cdef int64_t SPIN_MIN_NS = 200
 cdef int64_t SPIN_MAX_NS = 16000
 cdef int64_t PARKED_SHORT_NS = 32000  # a wait this short, park and wake-up included, came within a spin
 cdef int YIELD_ROUNDS = 6
-cdef uint32_t BACKOFF_MAX = 64       # pauses (~15 ns each on this Xeon) between two polls
+cdef uint32_t BACKOFF_MAX = 64       # pauses (~10-40 ns each, by CPU model) between two polls
 cdef int64_t YIELD_IDLE_NS = 50000   # yielding with nothing else to run, then park
 cdef int64_t FAR_YIELD_NS = 2000000  # 2 ms of yielding behind other waiters, then park
 cdef int64_t YIELD_SWITCHED_NS = 1500  # a sched_yield this long ran another task (bare: 0.5 us)
@@ -168,8 +168,9 @@ cdef int wait_pause(wait_t* w) noexcept nogil:
     cdef int64_t now, t
     cdef uint32_t i
     if w.phase == 0:
-        # one pause per poll: a pause is ~26 ns on this EPYC (Zen), so a batch of them
-        # between two polls adds its length to every hand-off
+        # one pause per poll: a pause costs tens of ns on recent CPUs (more on AMD Zen
+        # than on most Intel cores), so a batch of them between two polls adds its length
+        # to every hand-off
         cpu_relax()
         if w.backoff != 0:
             for i in range(w.backoff):
@@ -278,7 +279,7 @@ cdef inline void wait_adapt(wait_t* w, uint32_t* budget) noexcept nogil:
     else less. It would have when the wait ended while spinning; or when no yield of it let
     another task run here (so the holder ran on another CPU) and either it ended while
     yielding, or the whole wait, park and wake-up included, took less than PARKED_SHORT_NS.
-    A wake-up costs ~10 us on this VM, so a critical section of ~10 us made every wait
+    A wake-up costs about 10 us on a VM, so a critical section of ~10 us made every wait
     park once the budget was halved for it, and kept it parking: 2x the hand-off time."""
     cdef int64_t s = w.spin_ns
     cdef int64_t took = 0
