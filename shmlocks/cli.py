@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import shmlocks
+from shmlocks._core import _pid_alive
 
 SHM_DIR = Path("/dev/shm")
-MAGIC = b"SHMLOCK1"  # the little-endian uint64 0x314b434f4c4d4853 at offset 0 of a region
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -59,39 +59,6 @@ def segment_name(raw: str) -> str:
     return name
 
 
-def _has_magic(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(MAGIC)) == MAGIC
-    except OSError:
-        return False
-
-
-def is_region_file(path: str | os.PathLike[str]) -> bool:
-    """True if the file starts with the shmlocks magic (the core's check when it has one)."""
-    core_check: Callable[[str], bool] | None = getattr(shmlocks, "is_region_file", None)
-    if core_check is not None:
-        try:
-            return bool(core_check(os.fspath(path)))
-        except OSError:
-            return False
-    return _has_magic(Path(path))
-
-
-def list_regions() -> list[str]:
-    """Names of the shmlocks regions in /dev/shm, sorted."""
-    core_list: Callable[[], list[str]] | None = getattr(shmlocks, "list_regions", None)
-    if core_list is not None:
-        return sorted(core_list())
-    try:
-        entries = list(os.scandir(SHM_DIR))
-    except FileNotFoundError:
-        return []
-    return sorted(
-        e.name for e in entries if e.is_file(follow_symlinks=False) and _has_magic(Path(e.path))
-    )
-
-
 def _require_region(name: str) -> Path:
     """The /dev/shm path of a shmlocks region called ``name``, or a CliError saying why not."""
     path = SHM_DIR / name
@@ -99,7 +66,7 @@ def _require_region(name: str) -> Path:
         raise CliError(f"no shared-memory segment named {name!r}")
     if not os.access(path, os.R_OK):
         raise CliError(f"{name!r}: permission denied")
-    if not is_region_file(path):
+    if not shmlocks.is_region_file(str(path)):
         raise CliError(f"{name!r} is not a shmlocks segment (no shmlocks magic at its start)")
     return path
 
@@ -110,18 +77,6 @@ def _describe(name: str) -> dict[str, Any]:
         return dict(region._describe())
     finally:
         region.close()
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,7 +130,7 @@ def _flags(lock: dict[str, Any]) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    names = list_regions()
+    names = shmlocks.list_regions()
     records: list[dict[str, Any]] = []
     for name in names:
         rec: dict[str, Any] = {"name": name}
