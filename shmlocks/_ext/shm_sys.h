@@ -108,19 +108,22 @@ static char shm_crash_name[64];
 static int shm_crash_signal = SIGKILL;   /* SIGSTOP: stop there once (a stalled process) */
 static int shm_crash_fired = 0;
 static long shm_crash_skip = 0;          /* passes to let by first (name:N arms the N-th) */
-static inline void shm_crashpoint_at(int armed, const char *name) {
-    if (__builtin_expect(armed, 0) && !shm_crash_fired) {
-        const char *a = shm_crash_name, *b = name;
-        while (*a && *a == *b) { a++; b++; }
-        if (*a == 0 && *b == 0) {
-            if (shm_crash_skip > 0) {
-                shm_crash_skip--;
-                return;
-            }
-            shm_crash_fired = shm_crash_signal == SIGSTOP;
-            kill(getpid(), shm_crash_signal);
+/* the armed path, out of line and cold, so that each point costs the fast path one test */
+static __attribute__((noinline, cold)) void shm_crash_check(const char *name) {
+    if (shm_crash_fired) return;
+    const char *a = shm_crash_name, *b = name;
+    while (*a && *a == *b) { a++; b++; }
+    if (*a == 0 && *b == 0) {
+        if (shm_crash_skip > 0) {
+            shm_crash_skip--;
+            return;
         }
+        shm_crash_fired = shm_crash_signal == SIGSTOP;
+        kill(getpid(), shm_crash_signal);
     }
+}
+static inline void shm_crashpoint_at(int armed, const char *name) {
+    if (__builtin_expect(armed, 0)) shm_crash_check(name);
 }
 /* off the fast path: the global, read at each point */
 static inline void shm_crashpoint(const char *name) { shm_crashpoint_at(shm_crash_armed, name); }
