@@ -227,12 +227,17 @@ def start_hogs() -> list[int]:
     return pids
 
 
+def _kill_and_reap(pid: int) -> None:
+    """SIGKILL a child of ours by PID and reap it (gone already is fine)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
 def stop_hogs(pids: list[int]) -> None:
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+        _kill_and_reap(pid)
 
 
 def _start_worker(lock: Any, a: memoryview, w: int, nw: int, seed: int, load: bool = False) -> int:
@@ -361,11 +366,7 @@ class _Run:
         )
 
     def kill(self, w: int) -> None:
-        pid = self.pids.pop(w)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+        _kill_and_reap(self.pids.pop(w))
 
     def reap_all(self, timeout: float) -> list[int]:
         """Wait for every worker to exit by itself; SIGKILL those that do not. Returns the
@@ -383,10 +384,7 @@ class _Run:
                 if done:
                     status = st
                 elif time.monotonic() > deadline:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(pid, 0)
+                    _kill_and_reap(pid)
                     status = -1
                 else:
                     time.sleep(0.002)

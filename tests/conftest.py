@@ -276,6 +276,24 @@ def run_python(code: str, *args: str, timeout: float = 60.0, **kwargs):
     )
 
 
+def wait_stopped(pid: int, timeout: float = 20.0) -> None:
+    """Wait until process ``pid`` is stopped (state T: SIGSTOP, e.g. at a crash point armed
+    with SHMLOCKS_CRASHPOINT_ACTION=stop)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "gone"
+        if state == "T":
+            return
+        if state in ("Z", "X", "gone"):
+            raise AssertionError(f"process {pid} exited instead of stopping")
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} never stopped within {timeout}s")
+
+
 def wait_blocked(pid: int, timeout: float = 5.0) -> bool:
     """Wait until process ``pid`` sleeps in the kernel on a lock (a futex wait, or the
     rt_mutex of FUTEX_LOCK_PI): its lock wait has parked.

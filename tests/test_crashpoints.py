@@ -50,7 +50,7 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import join_all, kill, uniq
+from conftest import join_all, kill, uniq, wait_stopped
 
 import shmlocks
 
@@ -748,14 +748,7 @@ def test_nth_pass_and_stop_action(new_lock):
     )
     try:
         assert [proc.stdout.readline().strip() for _ in range(2)] == ["0", "1"]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with open(f"/proc/{proc.pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "T":
-                    break
-            time.sleep(0.005)
-        else:
-            raise AssertionError("the process did not stop at the third pass")
+        wait_stopped(proc.pid, timeout=10)
         assert lock.locked(), "stopped inside its third release, the lock still held"
         os.kill(proc.pid, signal.SIGCONT)
         out, _ = proc.communicate(timeout=10)

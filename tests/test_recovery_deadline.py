@@ -21,7 +21,7 @@ import sys
 import time
 
 import pytest
-from conftest import uniq, wait_blocked
+from conftest import uniq, wait_blocked, wait_stopped
 
 import shmlocks
 
@@ -76,17 +76,6 @@ def _spawn(lock, point: str, action: str, first: bool = False) -> subprocess.Pop
         text=True,
         env=env,
     )
-
-
-def _wait_stopped(proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with open(f"/proc/{proc.pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "T":
-                return
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.005)
-    raise AssertionError(f"process {proc.pid} never stopped at its crash point")
 
 
 def _timed_acquire(lock) -> tuple[bool, float]:
@@ -159,7 +148,7 @@ def test_deadline_holds_while_another_recoverer_has_the_repair_mutex(procs, kind
         os.kill(h.pid, signal.SIGKILL)
         h.join(10)
         r = _spawn(lock, "recover.locked", "stop")
-        _wait_stopped(r)
+        wait_stopped(r.pid)
         _assert_times_out_by_its_deadline(lock)
         _finish(lock, r)
     finally:
@@ -184,7 +173,7 @@ def test_deadline_holds_while_live_joiners_settle(kind, point):
         assert dead.returncode == -signal.SIGKILL
         stalled.stdin.write("go\n")
         stalled.stdin.flush()
-        _wait_stopped(stalled)
+        wait_stopped(stalled.pid)
         _assert_times_out_by_its_deadline(lock)
         _finish(lock, stalled)
     finally:
