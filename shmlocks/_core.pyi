@@ -42,6 +42,10 @@ class Region:
 
 class _Lock:
     kind_name: ClassVar[str | None]
+    kind_code: ClassVar[int]
+    fifo: ClassVar[bool]
+    recovery: ClassVar[Literal["user", "kernel"] | None]
+    priority_inheritance: ClassVar[bool]
     def __init__(
         self,
         name: str | None = None,

@@ -48,7 +48,7 @@ KINDS = {
 # name -> the kinds whose code passes through it. tests/test_crashpoints.py checks this
 # table against the crash point calls in the sources.
 _ALL = tuple(KINDS)
-_USERSPACE = ("ticket", "mcs", "clh", "futex")   # kinds whose recovery runs in user space
+_USERSPACE = tuple(k for k, c in KINDS.items() if c.recovery == "user")
 _CRASHPOINTS = {
     "lock.acquire.taking": _ALL,        # acquire step published, before the kind's atomic
     "lock.acquire.got": _ALL,           # the kind took the lock, holder not yet published

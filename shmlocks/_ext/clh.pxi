@@ -294,6 +294,10 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
 cdef class CLHLock(_Lock):
     """FIFO CLH queue lock: each waiter spins on its predecessor's cache line."""
     kind_name = "clh"
+    kind_code = SHM_KIND_CLH
+    fifo = True
+    recovery = "user"
+    priority_inheritance = False
 
     cdef inline uint64_t* _tail(self) noexcept nogil:
         return &self.b.wa.u64[0]

@@ -41,6 +41,10 @@ cdef void _futex_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
 cdef class FutexMutex(_Lock):
     """Three-state futex mutex: the fastest hand-off, no fairness (barging)."""
     kind_name = "futex"
+    kind_code = SHM_KIND_FUTEX
+    fifo = False
+    recovery = "user"
+    priority_inheritance = False
 
     cdef inline uint32_t* _word(self) noexcept nogil:
         return &self.b.wa.u32[0]

@@ -70,7 +70,13 @@ cdef class _Lock:
     cdef uint32_t _lock1              # lock index + 1, as published in op_lock
     cdef object __weakref__           # caches keyed by lock (WeakKeyDictionary), as for threading.Lock
 
-    kind_name = None
+    # The kind registry: what every layer above needs to know of a kind (tests, torture,
+    # bench and the CLI read these, never a list of names of their own).
+    kind_name = None              # the `kind` string, a key of shmlocks.KINDS
+    kind_code = 0                 # SHM_KIND_*: stored in the directory and the body
+    fifo = False                  # waiters are served in arrival order
+    recovery = None               # owner death: "user" (shmlocks' step protocol) or "kernel"
+    priority_inheritance = False  # the holder is boosted to its highest waiter's priority
 
     def __init__(self, name=None, *, max_participants=64, mode=0o600, persist=False):
         if type(self) is _Lock:

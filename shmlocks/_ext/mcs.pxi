@@ -305,6 +305,10 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
 cdef class MCSLock(_Lock):
     """FIFO MCS queue lock: each waiter spins on its own cache line."""
     kind_name = "mcs"
+    kind_code = SHM_KIND_MCS
+    fifo = True
+    recovery = "user"
+    priority_inheritance = False
 
     cdef inline uint64_t* _tail(self) noexcept nogil:
         return &self.b.wa.u64[0]

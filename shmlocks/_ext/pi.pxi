@@ -16,6 +16,10 @@ cdef class PIMutex(_PthreadMutexLock):
     """Priority-inheritance robust mutex: waiters are served in priority order and the
     holder runs at the highest waiter's priority."""
     kind_name = "pi"
+    kind_code = SHM_KIND_PI
+    fifo = False
+    recovery = "kernel"
+    priority_inheritance = True
 
     cdef _bind(self, Region region, uint32_t i, name):
         _Lock._bind(self, region, i, name)

@@ -106,3 +106,7 @@ cdef class _PthreadMutexLock(_Lock):
 cdef class RobustMutex(_PthreadMutexLock):
     """Robust pthread mutex: the kernel reports a holder's death (owner_died)."""
     kind_name = "robust"
+    kind_code = SHM_KIND_ROBUST
+    fifo = False
+    recovery = "kernel"
+    priority_inheritance = False

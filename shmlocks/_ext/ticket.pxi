@@ -162,6 +162,10 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
 cdef class TicketLock(_Lock):
     """FIFO ticket lock: waiters are served strictly in arrival order."""
     kind_name = "ticket"
+    kind_code = SHM_KIND_TICKET
+    fifo = True
+    recovery = "user"
+    priority_inheritance = False
 
     cdef inline uint64_t* _next(self) noexcept nogil:
         return &self.b.wa.u64[0]
