@@ -6,29 +6,26 @@ Every command reads or changes POSIX shared-memory segments through the public A
 that is not a shmlocks region, a permission problem) is reported as one line,
 ``shmlocks: error: ...``, with exit status 1, never as a traceback.
 
-The demo's worker functions live at module level so that ``spawn`` and ``forkserver``
-children can import them; the locks reach the children by pickling (by name).
+Each command prints through shmlocks/_table.py: a table for people, ``--json`` for scripts.
+The demo is shmlocks/demo.py, the torture shmlocks/torture.py; here they are only parsed.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
-import json
 import multiprocessing
 import os
 import signal
-import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import shmlocks
-from shmlocks._core import _pid_alive
+from shmlocks._core import _check_name, _pid_alive
+from shmlocks._table import emit, human_size, table
 
 SHM_DIR = Path("/dev/shm")
 
@@ -47,16 +44,12 @@ class CliError(Exception):
 
 
 def segment_name(raw: str) -> str:
-    """Normalise a user-given segment name: one leading ``/`` is accepted and stripped."""
-    name = raw[1:] if raw.startswith("/") else raw
-    shown = repr(raw if len(raw) <= 60 else raw[:57] + "...")
-    if not name:
-        raise CliError(f"invalid segment name {shown}: empty")
-    if "/" in name or "\0" in name or name in (".", ".."):
-        raise CliError(f"invalid segment name {shown}: a name is one path component")
-    if len(name.encode("utf-8", "surrogateescape")) > 255:
-        raise CliError(f"invalid segment name {shown}: longer than 255 bytes")
-    return name
+    """Normalise a user-given segment name with the package's own check (Region.create and
+    Region.open use it): one leading ``/`` is accepted and stripped."""
+    try:
+        return str(_check_name(raw))
+    except (TypeError, ValueError) as e:
+        raise CliError(str(e)) from None
 
 
 def _require_region(name: str) -> Path:
@@ -81,27 +74,6 @@ def _describe(name: str) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------
 # formatting
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> str:
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = [
-        indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in cells
-    ]
-    return "\n".join(lines)
-
-
-def _size(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            break
-    return f"{value:.1f} {unit}"
 
 
 def _who(p: dict[str, Any] | None) -> str:
@@ -154,12 +126,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 creator_alive=_creator(d)[1],
             )
         records.append(rec)
-    if args.json:
-        print(json.dumps(records, indent=2))
-        return EXIT_OK
+    emit(records, args.json, _render_ls)
+    return EXIT_OK
+
+
+def _render_ls(records: list[dict[str, Any]]) -> str:
     if not records:
-        print(f"no shmlocks segments in {SHM_DIR}")
-        return EXIT_OK
+        return f"no shmlocks segments in {SHM_DIR}"
     rows: list[list[object]] = []
     for r in records:
         if "error" in r:
@@ -168,15 +141,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
         rows.append(
             [
                 r["name"],
-                _size(r["size"]),
+                human_size(r["size"]),
                 f"{r['locks']}/{r['max_locks']}",
                 f"{r['alive']} alive, {r['dead']} dead",
                 r["max_participants"],
                 f"{r['creator_pid']} ({r['creator_state']})",
             ]
         )
-    print(_table(["NAME", "SIZE", "LOCKS", "PARTICIPANTS", "SLOTS", "CREATOR"], rows))
-    return EXIT_OK
+    return table(["NAME", "SIZE", "LOCKS", "PARTICIPANTS", "SLOTS", "CREATOR"], rows)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -184,16 +156,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     _require_region(name)
     d = _describe(name)
     state, alive = _creator(d)
-    if args.json:
-        d = dict(d, creator_alive=alive)
-        print(json.dumps(d, indent=2))
-        return EXIT_OK
-    print(
-        f"segment {d['name']}: {_size(d['size'])} ({d['size']} bytes), layout version {d['version']}, "
-        f"created by pid {d['creator_pid']} ({state})"
-    )
+    emit(dict(d, creator_alive=alive, creator_state=state), args.json, _render_inspect)
+    return EXIT_OK
+
+
+def _render_inspect(d: dict[str, Any]) -> str:
+    out = [
+        f"segment {d['name']}: {human_size(d['size'])} ({d['size']} bytes), "
+        f"layout version {d['version']}, created by pid {d['creator_pid']} ({d['creator_state']})"
+    ]
     locks = d.get("locks", [])
-    print(f"locks: {len(locks)} of {d['max_locks']}")
+    out.append(f"locks: {len(locks)} of {d['max_locks']}")
     if locks:
         rows = [
             [
@@ -206,10 +179,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             ]
             for lk in locks
         ]
-        print(_table(["NAME", "KIND", "STATE", "HOLDER", "WAITERS", "FLAGS"], rows, indent="  "))
+        out.append(table(["NAME", "KIND", "STATE", "HOLDER", "WAITERS", "FLAGS"], rows, "  "))
     parts = d.get("participants", [])
     alive = sum(1 for p in parts if p["alive"])
-    print(
+    out.append(
         f"participants: {len(parts)} of {d['max_participants']} slots in use "
         f"({alive} alive, {len(parts) - alive} dead)"
     )
@@ -224,19 +197,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             ]
             for p in parts
         ]
-        print(_table(["SLOT", "PID", "TID", "STATE"], rows, indent="  "))
+        out.append(table(["SLOT", "PID", "TID", "STATE"], rows, indent="  "))
     dead_holders = [
         lk["name"]
         for lk in locks
         if lk["locked"] and lk.get("holder") and not lk["holder"]["alive"]
     ]
     if dead_holders:
-        print(
+        out.append(
             "note: held by a dead thread: "
             + ", ".join(dead_holders)
             + " (the next acquire recovers it and sees owner_died=True)"
         )
-    return EXIT_OK
+    return "\n".join(out)
 
 
 def cmd_unlink(args: argparse.Namespace) -> int:
@@ -292,396 +265,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# demo: worker functions (module level, so spawned children can import them)
+# demo (shmlocks/demo.py)
 
 
-def _worker_setup() -> None:
-    # The parent handles Ctrl-C and kills its workers; a worker just goes quietly.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def cmd_demo(args: argparse.Namespace) -> int:
+    from shmlocks import demo
 
-
-def _count_worker(
-    lock: Any, shared: Any, iterations: int, barrier: Any, times: Any, index: int
-) -> None:
-    """shared = [count, last writer + 1, hand-overs]: all updated together under the lock."""
-    _worker_setup()
-    me = index + 1
-    barrier.wait(30)
-    t0 = time.monotonic()
-    for _ in range(iterations):
-        with lock:
-            shared[0] += 1  # a read-modify-write: exact only if the lock excludes
-            if shared[1] != me:  # the lock came from another process
-                shared[1] = me
-                shared[2] += 1
-    times[2 * index] = t0
-    times[2 * index + 1] = time.monotonic()
-
-
-def _die_holding(lock: Any, data: Any, held: Any) -> None:
-    """Take the lock, break the invariant a + b == 0 halfway, and wait to be SIGKILLed."""
-    _worker_setup()
-    lock.acquire()
-    data[0] += 1  # a += 1 ... and b -= 1 never happens
-    held.set()
-    time.sleep(30)  # the parent kills us long before this ends
-
-
-def _pingpong_worker(
-    lock: Any, shared: Any, clock: Any, me: int, duration: float, barrier: Any, result: Any
-) -> None:
-    """Take turns with the other worker through `lock`.
-
-    shared = [whose turn, stop flag, work]; clock = [when the last holder released].
-    A worker waits for its turn outside the lock, then takes the lock, passes the turn and
-    does a little work before it releases, while the other worker calls acquire(). So every
-    turn hands the lock from one process to the other, and barging locks cannot starve
-    anybody. Records the round trip (from one of my turns to the next) and the hand-off
-    (from the other's release to my acquire returning; CLOCK_MONOTONIC is system-wide).
-    """
-    _worker_setup()
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) >= 2:  # one CPU each: a hand-off between CPUs, not a context switch
-        os.sched_setaffinity(0, {cpus[me % len(cpus)]})
-    stamps: list[float] = []
-    handoffs: list[float] = []
-    barrier.wait(30)
-    now = time.monotonic
-    end = now() + duration
-    hard_end = end + 10  # if the other side is gone, never wait for it longer than this
-    spins = 0
-    while True:
-        while shared[0] != me and not shared[1]:
-            spins += 1
-            if not spins & 0x3F:
-                if now() > hard_end:
-                    shared[1] = 1
-                os.sched_yield()  # be kind to a machine with fewer CPUs than workers
-        if shared[1]:
-            break
-        lock.acquire()
-        t = now()
-        if clock[0]:
-            handoffs.append(t - clock[0])
-        stamps.append(t)
-        shared[0] = 1 - me  # the other worker now calls acquire() and waits for us
-        for _ in range(4):
-            shared[2] += 1  # the critical section's work
-        clock[0] = now()
-        lock.release()
-        if t > end:
-            shared[1] = 1  # tell the other side to stop too
-    trips = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-    nan = float("nan")
-    result[3 * me] = statistics.median(trips) if trips else nan
-    result[3 * me + 1] = len(trips)
-    result[3 * me + 2] = statistics.median(handoffs) if handoffs else nan
-
-
-# --------------------------------------------------------------------------------------------
-# demo: the parent
-
-
-class _Demo:
-    def __init__(self, ctx: Any, workers: int, iterations: int, handoff: float) -> None:
-        self.ctx = ctx
-        self.workers = workers
-        self.iterations = iterations
-        self.handoff = handoff
-        self.locks: list[Any] = []
-        self.procs: list[Any] = []
-        self.ok = True
-
-    # -- bookkeeping: every segment and child made here is undone in cleanup()
-
-    def new_lock(self, cls: Any) -> Any:
-        lock = cls.create()
-        self.locks.append(lock)
-        return lock
-
-    def start(self, target: Callable[..., None], *args: Any) -> Any:
-        p = self.ctx.Process(target=target, args=args, daemon=True)
-        with _children_ignore_sigint():
-            p.start()
-        self.procs.append(p)
-        return p
-
-    def reap(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        stuck = [p for p in self.procs if p.is_alive()]
-        for p in stuck:
-            p.kill()
-            p.join(5)
-        failed = [p.exitcode for p in self.procs if p not in stuck and p.exitcode != 0]
-        self.procs.clear()
-        if stuck:
-            raise CliError(
-                f"{len(stuck)} worker(s) did not finish within {timeout:.0f} s and were killed"
-            )
-        if failed:
-            raise CliError(
-                f"{len(failed)} worker(s) failed (exit codes {failed}); see their output above"
-            )
-
-    def cleanup(self) -> list[str]:
-        for p in self.procs:
-            if p.is_alive():
-                p.kill()
-        for p in self.procs:
-            p.join(5)
-        self.procs.clear()
-        left: list[str] = []
-        for lock in self.locks:
-            name = str(lock.name).lstrip("/")
-            with contextlib.suppress(Exception):
-                lock.close()  # the creator's close() unlinks the name
-            path = SHM_DIR / name
-            if path.exists():
-                try:
-                    import posix_ipc  # type: ignore[import-not-found, unused-ignore]
-
-                    posix_ipc.unlink_shared_memory("/" + name)
-                except Exception:
-                    left.append(name)
-        self.locks.clear()
-        return left
-
-    # -- part 1
-
-    def counting(self) -> None:
-        n, it = self.workers, self.iterations
-        expected = n * it
-        print(
-            f"1. Counting: {n} processes x {it:,} increments of one shared counter, under each lock"
-        )
-        row = "   {:<22}{:>10}  {:<7}{:>8}{:>15}{:>12}"
-        print(row.format("lock", "total", "", "time", "per increment", "hand-overs"), flush=True)
-        for label, make in self._entries():
-            lock = make()
-            shared = self.ctx.RawArray("q", 3)
-            times = self.ctx.RawArray("d", 2 * n)
-            barrier = self.ctx.Barrier(n)
-            for i in range(n):
-                self.start(_count_worker, lock, shared, it, barrier, times, i)
-            self.reap(timeout=60)
-            elapsed = max(times[1::2]) - min(times[0::2])
-            total = int(shared[0])
-            exact = total == expected
-            self.ok &= exact
-            verdict = "exact" if exact else f"WRONG, expected {expected:,}"
-            print(
-                row.format(
-                    label,
-                    f"{total:,}",
-                    verdict,
-                    f"{elapsed:.2f} s",
-                    f"{elapsed / expected * 1e6:.2f} µs",
-                    f"{int(shared[2]) - 1:,}",
-                ),
-                flush=True,
-            )
-        print(
-            "   (hand-overs: how often the lock passed to another process. FIFO locks take turns, so\n"
-            "   with more processes than CPUs a turn may wait for a descheduled process; barging\n"
-            "   locks let the running process keep the lock.)"
-        )
-        print()
-
-    def _entries(self) -> list[tuple[str, Callable[[], Any]]]:
-        """Each lock kind (a fresh standalone lock), then multiprocessing.Lock as the reference."""
-        entries: list[tuple[str, Callable[[], Any]]] = [
-            (kind, functools.partial(self.new_lock, cls)) for kind, cls in shmlocks.KINDS.items()
-        ]
-        entries.append(("multiprocessing.Lock", self.ctx.Lock))
-        return entries
-
-    # -- part 2
-
-    def owner_death(self) -> None:
-        print(
-            "2. Owner death: a holder is SIGKILLed inside its critical section (invariant a + b == 0)"
-        )
-        print(
-            "   Each holder took the lock, did a += 1 (not yet b -= 1) and was killed with SIGKILL.\n"
-            "   The next acquire(timeout=5) sees owner_died, repairs (b = -a), calls\n"
-            "   mark_consistent() and releases; the hold after that is clean."
-        )
-        rows = [self._kill_and_recover(cls) for cls in shmlocks.KINDS.values()]
-        print(
-            _table(
-                [
-                    "kind",
-                    "holder",
-                    "kill -> next acquire",
-                    "owner_died",
-                    "a, b seen",
-                    "repaired",
-                    "next hold",
-                ],
-                rows,
-                indent="   ",
-            )
-        )
-        self._kill_mp_lock()
-        print()
-
-    def _kill_holder(self, lock: Any, data: Any) -> tuple[int, float]:
-        """Start a worker that dies holding `lock`; its pid and the time of the SIGKILL."""
-        held = self.ctx.Event()
-        p = self.start(_die_holding, lock, data, held)
-        if not held.wait(30):
-            raise CliError("the worker never took the lock")
-        t_kill = time.perf_counter()
-        os.kill(p.pid, signal.SIGKILL)
-        p.join(10)
-        self.procs.remove(p)
-        return int(p.pid), t_kill
-
-    def _kill_and_recover(self, cls: Any) -> list[object]:
-        """One kind's row: a holder killed mid-update, the next holder's repair."""
-        lock = self.new_lock(cls)
-        data = self.ctx.RawArray("q", 2)  # a, b
-        pid, t_kill = self._kill_holder(lock, data)
-        got = lock.acquire(timeout=5)
-        dt = (time.perf_counter() - t_kill) * 1e3
-        if not got:
-            self.ok = False
-            return [lock.kind, f"pid {pid}", "UNEXPECTED: no lock in 5 s", "-", "-", "-", "-"]
-        died = lock.owner_died
-        seen = f"{data[0]}, {data[1]}"
-        if died:
-            data[1] = -data[0]
-            lock.mark_consistent()
-            repaired = f"a + b = {data[0] + data[1]}"
-        else:
-            self.ok = False
-            repaired = "UNEXPECTED: owner_died is False"
-        lock.release()
-        with lock:
-            again = lock.owner_died
-        self.ok &= not again
-        return [
-            lock.kind,
-            f"pid {pid}",
-            f"{dt:.1f} ms",
-            str(died),
-            seen,
-            repaired,
-            "clean" if not again else "UNEXPECTED: owner_died again",
-        ]
-
-    def _kill_mp_lock(self) -> None:
-        lock = self.ctx.Lock()
-        data = self.ctx.RawArray("q", 2)
-        tag = "   multiprocessing.Lock:"
-        pid, _ = self._kill_holder(lock, data)
-        got = lock.acquire(timeout=0.5)
-        if got:
-            lock.release()
-        verdict = "unexpectedly free" if got else "wedged for good, nothing can ever release it"
-        print(
-            f"{tag} holder pid {pid} killed the same way; acquire(timeout=0.5) -> {got}:\n"
-            f"{' ' * len(tag)} {verdict}"
-        )
-
-    # -- part 3
-
-    def handoff_table(self) -> None:
-        d = self.handoff
-        print(
-            f"3. Hand-off: two processes take turns through one lock for {d:.1f} s each "
-            "(each waits in acquire() while the other finishes its turn)"
-        )
-        results: list[tuple[str, float, float, int]] = []
-        for label, make in self._entries():
-            lock = make()
-            shared = self.ctx.RawArray("q", 3)
-            clock = self.ctx.RawArray("d", 1)
-            result = self.ctx.RawArray("d", 6)
-            barrier = self.ctx.Barrier(2)
-            for me in (0, 1):
-                self.start(_pingpong_worker, lock, shared, clock, me, d, barrier, result)
-            self.reap(timeout=30)
-            trip = _nanmean(result[0], result[3])
-            handoff = _nanmean(result[2], result[5])
-            results.append((label, handoff, trip, int(result[1] + result[4])))
-        base = results[-1][2]
-        rows: list[list[object]] = []
-        for label, handoff, trip, trips in results:
-            if label == "multiprocessing.Lock":
-                vs = "1.0x (baseline)"
-            elif trip > 0 and base > 0:
-                r = base / trip
-                vs = f"{r:.1f}x faster" if r >= 1 else f"{1 / r:.1f}x slower"
-            else:
-                vs = "?"
-            rows.append([label, _us(handoff), _us(trip), f"{trips:,}", vs])
-        headers = ["lock", "hand-off", "round trip", "round trips", "round trip vs mp.Lock"]
-        print(_table(headers, rows, indent="   "))
-        print("   (medians; hand-off: one process's release() to the other's acquire() returning)")
-        load = os.getloadavg()[0]
-        cpus = os.cpu_count() or 1
-        if load > cpus - 0.5:
-            print(
-                f"   note: this machine is busy (load average {load:.1f} on {cpus} CPUs): "
-                "round trips need both processes on a CPU at once, so they are noisy now"
-            )
-        print()
-
-
-def _nanmean(a: float, b: float) -> float:
-    vals = [v for v in (a, b) if v == v]
-    return sum(vals) / len(vals) if vals else float("nan")
-
-
-def _us(seconds: float) -> str:
-    return "?" if seconds != seconds else f"{seconds * 1e6:.1f} µs"
-
-
-@contextlib.contextmanager
-def _children_ignore_sigint() -> Iterator[None]:
-    """Start children with SIGINT ignored (inherited through fork and exec): Ctrl-C is the parent's."""
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
+        ok = demo.run(args.start_method, args.workers, args.iterations, args.handoff)
+    except demo.DemoError as e:
+        raise CliError(str(e)) from e
+    return EXIT_OK if ok else EXIT_ERROR
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    ctx = multiprocessing.get_context(args.start_method)
-    demo = _Demo(ctx, workers=args.workers, iterations=args.iterations, handoff=args.handoff)
-    t0 = time.monotonic()
-    print(
-        f"shmlocks demo: {len(shmlocks.KINDS)} lock kinds, {os.cpu_count()} CPUs, "
-        f"start method {args.start_method!r}\n",
-        flush=True,
-    )
-    old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        demo.counting()
-        demo.owner_death()
-        demo.handoff_table()
-    finally:
-        signal.signal(signal.SIGTERM, old_term)
-        left = demo.cleanup()
-        if left:
-            print(
-                f"shmlocks: error: could not remove segment(s): {', '.join(left)}", file=sys.stderr
-            )
-    if left:
-        return EXIT_ERROR
-    print(f"all segments removed; done in {time.monotonic() - t0:.1f} s")
-    if not demo.ok:
-        print("shmlocks: error: the demo saw unexpected results (marked above)", file=sys.stderr)
-        return EXIT_ERROR
-    return EXIT_OK
 
 
 # --------------------------------------------------------------------------------------------
@@ -703,7 +301,7 @@ def cmd_torture(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, old_term)
     if args.json:
-        print(json.dumps([r.as_dict() for r in results], indent=2))
+        emit([r.as_dict() for r in results], True, str)
     failed = [r.kind for r in results if not r.ok]
     if failed:
         print(
