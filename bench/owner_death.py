@@ -9,8 +9,6 @@ Outcomes:
   recovered           the waiter got the lock: robust and pi (the kernel marks the robust
                       futex OWNER_DIED and wakes a waiter), fcntl.flock (the kernel drops
                       the lock when the holder's last descriptor closes)
-  not yet (issue 3)   a shmlocks kind whose death recovery is not built yet: the bounded
-                      acquire timed out
   wedges              an anchor that cannot recover (multiprocessing.Lock,
                       posix_ipc.Semaphore): the bounded acquire timed out
   n/a                 threading.Lock: a holder cannot die without its whole process
@@ -31,8 +29,7 @@ import adapters
 from adapters import Adapter
 from common import FORK, LINE, BenchError, Shared, child_setup, children
 
-MUST_RECOVER = ("robust", "pi", "fcntl.flock")
-NOT_YET = tuple(k for k in adapters.KINDS if k not in MUST_RECOVER)  # issue 3
+MUST_RECOVER = (*adapters.KINDS, "fcntl.flock")  # every shmlocks kind recovers
 
 HOLDING, WAITING, RESULT, T_ACQ, DIED = 0, 1, 2, 3, 4
 R_PENDING, R_ACQUIRED, R_TIMED_OUT, R_ERROR = 0, 1, 2, 3
@@ -118,6 +115,5 @@ def measure(
                 f"{adapter.name}: waiter not granted the lock {after:.2f} s after "
                 "the holder's SIGKILL"
             )
-        outcome = "not yet (issue 3)" if adapter.name in NOT_YET else "wedges"
-        return {"outcome": outcome, "timed_out_after_s": after}
+        return {"outcome": "wedges", "timed_out_after_s": after}
     raise BenchError(f"{adapter.name}: the waiter failed (exit code {waiter.exitcode})")

@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
             "random workers (holders and waiters) and restarts them. Reports kills, "
             "recoveries (owner_died seen), the worst time from a death to the next "
             "acquisition, mutual-exclusion violations, wedges and leaked slots; exits 1 if "
-            "any occurred. Kinds whose recovery is not built are skipped."
+            "any occurred."
         ),
     )
     p.add_argument(

@@ -50,8 +50,6 @@ from typing import Any
 
 import shmlocks
 
-#: kinds recovered by the kernel (robust futexes); the others recover in user space
-KERNEL_RECOVERED = ("robust", "pi")
 TRACE_ENTRIES = 1 << 20  # the debug trace's ring (SHMLOCKS_DEBUG builds)
 TRACE_DUMP = 200_000  # events written out at the first violation, error or wedge
 WEDGE_NS = 2_000_000_000  # no acquisition by anyone for this long: a wedge
@@ -81,13 +79,6 @@ ERRORS = STALLS + MAX_WORKERS  # + w: unexpected exceptions (the worker then exi
 RING = ERRORS + MAX_WORKERS  # kill times, a ring of RING_N
 RING_N = 4096
 WORDS = RING + RING_N
-
-
-def recoverable_kinds() -> tuple[str, ...]:
-    """Kinds whose owner death is recovered: the kernel's, and the user-space kinds whose
-    recoverer code exists (their crash points appear under "recover.locked")."""
-    user = set(shmlocks._crashpoints().get("recover.locked", ()))
-    return tuple(k for k in shmlocks.KINDS if k in user or k in KERNEL_RECOVERED)
 
 
 # --------------------------------------------------------------------------------------------
@@ -298,12 +289,11 @@ class Result:
     errors: int = 0
     leaked_alive: int = 0
     leaked_dead: int = 0
-    skipped: str = ""
     notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return bool(self.skipped) or not (
+        return not (
             self.violations
             or self.wedges
             or self.stalls
@@ -314,8 +304,6 @@ class Result:
         )
 
     def line(self) -> str:
-        if self.skipped:
-            return f"{self.kind:<7} skipped: {self.skipped}"
         verdict = "ok" if self.ok else "FAIL"
         leaks = self.leaked_alive + self.leaked_dead
         text = (
@@ -553,11 +541,9 @@ class _Run:
 def torture_kind(
     kind: str, seconds: float, workers: int, seed: int | None = None, load: bool = False
 ) -> Result:
-    """Run one kind's torture (or skip it when its recovery is not built). ``load``: the
+    """Run one kind's torture. ``load``: the
     workers run at mixed nice levels and policies beside a CPU hog per CPU (the caller
     starts the hogs: start_hogs())."""
-    if kind not in recoverable_kinds():
-        return Result(kind, skipped="recovery not implemented")
     if not 1 <= workers <= MAX_WORKERS:
         raise ValueError(f"workers must be between 1 and {MAX_WORKERS}")
     run = _Run(kind, workers, random.randrange(1 << 30) if seed is None else seed, load)

@@ -60,11 +60,9 @@ ROOT = os.path.dirname(HERE)
 # --------------------------------------------------------------------------- the cases
 
 CRASHPOINTS: dict[str, tuple[str, ...]] = shmlocks._crashpoints()
-KERNEL_RECOVERED = ("robust", "pi")
-#: user-space kinds whose recovery is built: their recoverer passes "recover.locked"
-USERSPACE_RECOVERED = tuple(k for k in shmlocks.KINDS if k in CRASHPOINTS.get("recover.locked", ()))
-RECOVERABLE = tuple(k for k in shmlocks.KINDS if k in USERSPACE_RECOVERED or k in KERNEL_RECOVERED)
-CASES = [(k, p) for k in RECOVERABLE for p in sorted(CRASHPOINTS) if k in CRASHPOINTS[p]]
+KERNEL_RECOVERED = tuple(k for k, c in shmlocks.KINDS.items() if c.recovery == "kernel")
+USERSPACE_RECOVERED = tuple(k for k, c in shmlocks.KINDS.items() if c.recovery == "user")
+CASES = [(k, p) for k in shmlocks.KINDS for p in sorted(CRASHPOINTS) if k in CRASHPOINTS[p]]
 
 #: robust/pi: the points at which the dying process owns the pthread mutex (kernel view)
 ROBUST_OWNING = {
@@ -680,9 +678,9 @@ def test_crashpoint_table_matches_the_sources():
 
 
 @pytest.mark.timeout(20)
-def test_every_recoverable_kind_has_its_points():
-    assert set(KERNEL_RECOVERED) <= set(RECOVERABLE)
-    for kind in RECOVERABLE:
+def test_every_kind_has_its_points():
+    assert set(KERNEL_RECOVERED) | set(USERSPACE_RECOVERED) == set(shmlocks.KINDS)
+    for kind in shmlocks.KINDS:
         assert any(kind in kinds for p, kinds in CRASHPOINTS.items() if p.startswith("lock."))
     for kind in USERSPACE_RECOVERED:
         assert kind in CRASHPOINTS.get("recover.done", ()), kind
@@ -835,7 +833,6 @@ ROW_PLANS += [
         ],
     ),
 ]
-ROW_PLANS = [(k, plan) for k, plan in ROW_PLANS if k in RECOVERABLE]
 
 
 def _plan_id(kind: str, plan: list) -> str:

@@ -31,12 +31,6 @@ from conftest import FIFO_KINDS, Holder, LeakyLock, join_all, kill, uniq, wait_b
 import shmlocks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CRASHPOINTS = shmlocks._crashpoints()
-KERNEL_RECOVERED = ("robust", "pi")
-RECOVERABLE = tuple(
-    k for k in shmlocks.KINDS if k in KERNEL_RECOVERED or k in CRASHPOINTS.get("recover.locked", ())
-)
-NOT_RECOVERABLE = tuple(k for k in shmlocks.KINDS if k not in RECOVERABLE)
 
 LATENCY_TARGET = 0.050  # seconds: the target for death -> waiter's acquire
 LATENCY_LIMIT = 0.5  # what is asserted (robust against a busy 2-core machine)
@@ -44,7 +38,7 @@ LATENCY_LIMIT = 0.5  # what is asserted (robust against a busy 2-core machine)
 ctx = mp.get_context("fork")
 
 
-@pytest.fixture(params=RECOVERABLE)
+@pytest.fixture(params=list(shmlocks.KINDS))
 def rkind(request) -> str:
     return request.param
 
@@ -346,19 +340,10 @@ def test_torture_catches_a_broken_lock(monkeypatch, broken):
         self.lock = broken(self.lock)
 
     monkeypatch.setattr(t._Run, "__init__", wrapped)
-    res = t.torture_kind(RECOVERABLE[0], 1.5, 3, seed=2)
+    res = t.torture_kind("ticket", 1.5, 3, seed=2)
     print("\n" + res.line())
     assert not res.ok and res.violations > 0, res.line()
     assert res.kills > 0
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.skipif(not NOT_RECOVERABLE, reason="every kind has its recovery")
-def test_torture_skips_kinds_without_recovery():
-    kind = NOT_RECOVERABLE[0]
-    proc = torture("--kind", kind, "--seconds", "1", "--workers", "2")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "skipped: recovery not implemented" in proc.stdout
 
 
 @pytest.mark.timeout(60)
@@ -399,7 +384,7 @@ def _gone(pid: int) -> bool:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_torture_interrupted_cleans_up(procs, sig):
-    kind = RECOVERABLE[0]
+    kind = "ticket"
     p = procs.popen(
         [sys.executable, "-m", "shmlocks", "torture", "--kind", kind, "--seconds", "60"],
         cwd=ROOT,
