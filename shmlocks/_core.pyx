@@ -32,14 +32,10 @@ CACHE_LINE = SHM_LINE
 LAYOUT_VERSION = SHM_VERSION
 MAGIC = SHM_MAGIC
 
-KINDS = {
-    "ticket": TicketLock,
-    "mcs": MCSLock,
-    "clh": CLHLock,
-    "futex": FutexMutex,
-    "robust": RobustMutex,
-    "pi": PIMutex,
-}
+# The kind registry: each kind's file registers its class and its ops (_register_kind, in
+# participants.pxi) as it is included; every other list of kinds is built from this one.
+KINDS = {cls.kind_name: cls for cls in _KIND_CLASSES}
+_KIND_BY_CODE = {cls.kind_code: cls for cls in KINDS.values()}
 
 # Crash points (docs/design.md §8): a named point between every two protocol steps.
 # SHMLOCKS_CRASHPOINT=<name>, read once at import, makes the process SIGKILL itself there;

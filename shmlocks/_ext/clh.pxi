@@ -457,3 +457,6 @@ cdef class CLHLock(_Lock):
         if t > self.b.P:
             return 1
         return ld32_acq(&self.b.nodes[t].state) != C_FREE
+
+
+_register_kind(CLHLock, _clh_init, _clh_recover, 1)

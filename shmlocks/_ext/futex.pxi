@@ -104,3 +104,6 @@ cdef class FutexMutex(_Lock):
 
     cdef bint _is_locked(self) noexcept nogil:
         return ld32_acq(self._word()) != 0
+
+
+_register_kind(FutexMutex, NULL, _futex_recover, 1)

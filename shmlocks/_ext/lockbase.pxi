@@ -49,12 +49,11 @@ cdef _raise_code(_Lock lk, int rc):
 
 
 cdef void _init_body(shm_body* b, uint32_t code) noexcept nogil:
+    cdef kind_ops_t* ops = kind_ops(code)
     b.ctl.kind = code
     _robust_mutex_init(&b.ctl.repair.m, 0)
-    if code == SHM_KIND_CLH:
-        _clh_init(b)
-    elif code == SHM_KIND_ROBUST or code == SHM_KIND_PI:
-        _pmutex_init(b, code == SHM_KIND_PI)
+    if ops != NULL and ops.init != NULL:
+        ops.init(b)
     b.ctl.magic = SHM_BODY_MAGIC
 
 

@@ -441,3 +441,6 @@ cdef class MCSLock(_Lock):
 
     cdef bint _is_locked(self) noexcept nogil:
         return ld64_acq(self._tail()) != 0
+
+
+_register_kind(MCSLock, NULL, _mcs_recover, 1)

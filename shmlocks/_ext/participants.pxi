@@ -36,6 +36,60 @@ cdef struct reg_t:
     uint32_t* op              # &part[slot].op_lock: where this thread publishes its steps
     int held                  # locks this thread holds in this region
 
+# The kind-ops table: what the layers below the kinds (this file, lockbase.pxi, region.pxi)
+# need of a kind, indexed by its code (SHM_KIND_*), NULL where a kind has nothing to do.
+# Each kind's file fills its entry with _register_kind() at its end; no layer below names
+# a kind.
+#   init(b)           a new lock body, after ctl and the repair mutex (NULL: all zero will do)
+#   recover(rm, b, q) complete dead participant q's protocol on this lock (docs/design.md §6),
+#                     under the lock's repair mutex if `repair` is set; a kind whose owner
+#                     deaths the kernel reports (robust, pi) only forgets q's holder id.
+ctypedef void (*kind_init_fn)(shm_body* b) noexcept nogil
+ctypedef void (*kind_recover_fn)(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil
+
+cdef struct kind_ops_t:
+    kind_init_fn init
+    kind_recover_fn recover
+    bint repair
+
+cdef kind_ops_t g_kind_ops[SHM_KIND_MAX + 1]
+cdef list _KIND_CLASSES = []            # the registered lock classes, in registration order
+
+
+cdef kind_ops_t* kind_ops(uint32_t code) noexcept nogil:
+    """The ops of kind `code` (read from shared memory: checked), or NULL if unknown."""
+    if code == 0 or code > SHM_KIND_MAX or g_kind_ops[code].recover == NULL:
+        return NULL
+    return &g_kind_ops[code]
+
+
+cdef int _register_kind(type cls, kind_init_fn init, kind_recover_fn recover,
+                        bint repair) except -1:
+    cdef uint32_t code = cls.kind_code
+    if code == 0 or code > SHM_KIND_MAX or g_kind_ops[code].recover != NULL:
+        raise RuntimeError(f"kind code {code} of {cls.__name__} is out of range or taken")
+    g_kind_ops[code].init = init
+    g_kind_ops[code].recover = recover
+    g_kind_ops[code].repair = repair
+    _KIND_CLASSES.append(cls)
+    return 0
+
+
+cdef int _robust_mutex_init(pthread_mutex_t* m, bint pi) noexcept nogil:
+    """A process-shared robust mutex (+ priority inheritance): every pthread mutex the
+    region holds is one, so a holder's death is always reported."""
+    cdef pthread_mutexattr_t a
+    cdef int rc
+    pthread_mutexattr_init(&a)
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED)
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST)
+    if pi:
+        pthread_mutexattr_setprotocol(&a, PTHREAD_PRIO_INHERIT)
+    rc = pthread_mutex_init(m, &a)
+    pthread_mutexattr_destroy(&a)
+    return rc
+
+
 cdef pthread_mutex_t g_mutex          # guards every rmap_t's counters and the global list
 cdef pthread_key_t g_key
 cdef rmap_t* g_rmaps = NULL
@@ -305,19 +359,22 @@ cdef int participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
     thread with a half-finished protocol."""
     global shm_recover_cut
     cdef shm_participant* p = &rm.part[slot]
-    cdef uint32_t i, k
+    cdef uint32_t i
     cdef int rc
     cdef shm_body b
+    cdef kind_ops_t* ops
     shm_recover_cut = 0
     trace("recover.begin", slot, ld64_rlx(&p.generation),
           ld32_rlx(&p.op_lock) | (<uint64_t>ld32_rlx(&p.op_step) << 32))
     for i in range(rm.L):
         if ld32_acq(&rm.dir[i].state) != SHM_DIRENT_READY:
             continue
-        k = ld32_rlx(&rm.dir[i].kind)
+        ops = kind_ops(ld32_rlx(&rm.dir[i].kind))
+        if ops == NULL:
+            continue                             # not a kind of ours: nothing to complete
         b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
-        if k == SHM_KIND_ROBUST or k == SHM_KIND_PI:
-            cas32(&b.ctl.holder, participant_hid(rm, slot), 0)
+        if not ops.repair:
+            ops.recover(rm, &b, slot)            # the kernel recovers it (robust, pi)
             continue
         rc = repair_lock(&b)
         if rc == ETIMEDOUT:                      # a live recoverer is slow, or our time
@@ -328,14 +385,7 @@ cdef int participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
             pthread_mutex_unlock(&p.token.m)     # without consistent(): unusable for good
             return 0
         crashpoint("recover.locked")
-        if k == SHM_KIND_TICKET:
-            _ticket_recover(rm, &b, slot)
-        elif k == SHM_KIND_FUTEX:
-            _futex_recover(rm, &b, slot)
-        elif k == SHM_KIND_MCS:
-            _mcs_recover(rm, &b, slot)
-        elif k == SHM_KIND_CLH:
-            _clh_recover(rm, &b, slot)
+        ops.recover(rm, &b, slot)
         pthread_mutex_unlock(&b.ctl.repair.m)
         if shm_recover_cut:                      # a settle wait ran out before a decision
             participant_leave_pending(rm, slot)

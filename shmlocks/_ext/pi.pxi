@@ -35,3 +35,5 @@ cdef class PIMutex(_PthreadMutexLock):
         cdef int pol = sched_getscheduler(0)        # the slow path only
         return pol != SCHED_FIFO and pol != SCHED_RR
 
+
+_register_kind(PIMutex, _pi_init, _pmutex_recover, 0)

@@ -13,10 +13,6 @@ import weakref as _weakref
 import atexit as _atexit
 import posix_ipc as _posix_ipc
 
-cdef dict _KIND_NAMES = {SHM_KIND_TICKET: "ticket", SHM_KIND_MCS: "mcs", SHM_KIND_CLH: "clh",
-                         SHM_KIND_FUTEX: "futex", SHM_KIND_ROBUST: "robust", SHM_KIND_PI: "pi"}
-cdef dict _KIND_CODES = {v: k for k, v in _KIND_NAMES.items()}
-
 OPEN_READY_TIMEOUT = 2.0
 
 
@@ -402,9 +398,9 @@ cdef class Region:
         cdef shm_dirent* d = &self.rm.dir[i]
         cdef uint32_t code = ld32_acq(&d.kind)
         cdef _Lock lk
-        if code not in _KIND_NAMES:
+        cls = _KIND_BY_CODE.get(code)        # (_core.pyx: built from KINDS)
+        if cls is None:
             raise CorruptRegionError(f"region {self.name!r}: lock {i} has unknown kind {code}")
-        cls = KINDS[_KIND_NAMES[code]]
         lk = cls.__new__(cls)
         if name is None:
             name = d.name[:strnlen(d.name, SHM_NAME_MAX - 1)].decode("utf-8", "replace")
@@ -480,7 +476,7 @@ cdef uint32_t _kind_code(kind) except 0:
     if not isinstance(kind, str):
         raise TypeError(f"kind must be one of {list(KINDS)} or a lock class, not {kind!r}")
     try:
-        return _KIND_CODES[kind]
+        return KINDS[kind].kind_code
     except KeyError:
         raise ValueError(f"unknown lock kind {kind!r}: expected one of {list(KINDS)}") from None
 

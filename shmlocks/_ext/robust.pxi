@@ -9,23 +9,18 @@
 # Waiting is bounded: pthread_mutex_clocklock(CLOCK_MONOTONIC) in slices of the wait
 # policy, so timeouts and Ctrl-C work; a waiter spins on trylock briefly first.
 
-cdef int _robust_mutex_init(pthread_mutex_t* m, bint pi) noexcept nogil:
-    """A process-shared robust mutex (+ priority inheritance): every pthread mutex the
-    region holds is one, so a holder's death is always reported."""
-    cdef pthread_mutexattr_t a
-    cdef int rc
-    pthread_mutexattr_init(&a)
-    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED)
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST)
-    if pi:
-        pthread_mutexattr_setprotocol(&a, PTHREAD_PRIO_INHERIT)
-    rc = pthread_mutex_init(m, &a)
-    pthread_mutexattr_destroy(&a)
-    return rc
+cdef void _robust_init(shm_body* b) noexcept nogil:
+    _robust_mutex_init(&b.wa.m, 0)
 
 
-cdef void _pmutex_init(shm_body* b, bint pi) noexcept nogil:
-    _robust_mutex_init(&b.wa.m, pi)
+cdef void _pi_init(shm_body* b) noexcept nogil:
+    _robust_mutex_init(&b.wa.m, 1)
+
+
+cdef void _pmutex_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """Dead participant q: the kernel marked a mutex it held OWNER_DIED (the next locker
+    gets EOWNERDEAD); only its holder id is left to clear."""
+    cas32(&b.ctl.holder, participant_hid(rm, q), 0)
 
 
 cdef inline int _pm_code(int rc) noexcept nogil:
@@ -110,3 +105,6 @@ cdef class RobustMutex(_PthreadMutexLock):
     fifo = False
     recovery = "kernel"
     priority_inheritance = False
+
+
+_register_kind(RobustMutex, _robust_init, _pmutex_recover, 0)

@@ -318,3 +318,6 @@ cdef class TicketLock(_Lock):
 
     cdef bint _is_locked(self) noexcept nogil:
         return ld64_acq(self._next()) != ld64_acq(self._serving())
+
+
+_register_kind(TicketLock, NULL, _ticket_recover, 1)
