@@ -96,3 +96,23 @@ def test_raw_snapshot_shows_the_holder(kind):
     assert 0 <= slot < 3 and parts[slot][0] == os.getpid()
     assert raw["holder"] >> 13 == parts[slot][4] & 0x7FFFF, "the holder names our generation"
     assert after["holder"] == 0
+
+
+@pytest.mark.timeout(30)
+def test_participant_wait_record_on_disk():
+    """A participant's line 1: pid, tid, ... pidns at +40, the wait record (wait_since at
+    +48) and its thread's start time at +56, /proc's field 22 (what names a thread across
+    segments in shmlocks.waitgraph)."""
+    with shmlocks.Region.create(uniq("layout"), max_locks=1, max_participants=2) as region:
+        lock = region.create_lock("a", "futex")
+        with lock:
+            slot = (lock._raw()["holder"] & 0x1FFF) - 1
+        with open(os.path.join(SHM_DIR, region.name), "rb") as f:
+            data = f.read()
+    part_off = geometry(1, 2)[1]
+    line1 = part_off + slot * 2 * LINE + LINE
+    pid, tid = struct.unpack_from("<II", data, line1)
+    wait_since, tstart = struct.unpack_from("<QQ", data, line1 + 48)
+    with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+        field22 = int(f.read().rpartition(b")")[2].split()[19])
+    assert (pid, tstart, wait_since) == (os.getpid(), field22, 0)

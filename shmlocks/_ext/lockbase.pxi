@@ -298,7 +298,8 @@ cdef class _Lock:
             shm_op_set(r.op, 0, 0)
             self._raise_deadlock()
         wait_init(&w, deadline, &self.b.precs[me].spin_ns)
-        shm_op_set(r.op, self._lock1, SHM_OP_WAITING)     # "me waits for this lock"
+        st64_rlx(&self.rm.part[me].wait_since, <uint64_t>shm_now_ns())   # the wait record:
+        shm_op_set(r.op, self._lock1, SHM_OP_WAITING)     # "me waits for this lock" (since)
         crashpoint("lock.wait.waiting")
         shm_recover_deadline = deadline              # recoveries we run keep our deadline
         if self.rm.nthreads <= 1:

@@ -148,6 +148,17 @@ cdef inline bint other_pidns(uint64_t ns) noexcept nogil:
     return ns != 0 and mine != 0 and ns != mine
 
 
+cdef uint64_t thread_start(uint32_t tid):
+    """The calling thread's start time (clock ticks since boot, /proc field 22), 0 if
+    unknown: with (pidns, pid, tid) it names this thread and no later one with its tid.
+    Registration only (a file read)."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+            return int(f.read().rpartition(b")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 cdef inline reg_t* reg_lookup(rmap_t* rm) noexcept nogil:
     cdef reg_t* r = <reg_t*>shm_tls_get()
     while r != NULL:
@@ -271,6 +282,9 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
             st32_rlx(&p.pid, <uint32_t>getpid())
             st32_rlx(&p.tid, shm_gettid())
             st64_rlx(&p.pidns, my_pidns())
+            st64_rlx(&p.tstart, thread_start(p.tid))
+            st64_rlx(&p.wait_since, 0)
+            st32_rlx(&p.detects, 0)
             shm_op_set(&p.op_lock, 0, 0)
             st64_rel(&p.op_value, 0)
             st64_rel(&p.generation, ld64_rlx(&p.generation) + 1)

@@ -26,7 +26,7 @@
 
 #define SHM_LINE        128u              /* padding unit: two 64-byte lines (adjacent-line prefetch) */
 #define SHM_MAGIC       0x314b434f4c4d4853ULL   /* "SHMLOCK1", little endian */
-#define SHM_VERSION     3u
+#define SHM_VERSION     4u
 #define SHM_NAME_MAX    56u               /* bytes of a lock name, NUL included */
 #define SHM_MAX_PARTICIPANTS 4096u
 #define SHM_MAX_LOCKS   4096u
@@ -85,10 +85,17 @@ typedef struct shm_participant {
     uint64_t generation;       /* bumped on each claim, so a stale view can be told apart */
     uint32_t pending;          /* 1: dead, its recovery begun and cut short at a waiter's
                                   deadline; the token is free, the next waiter goes on */
-    uint32_t _pad2;
+    uint32_t detects;          /* 1: this waiter looks for deadlocks (its process has a
+                                  deadlock timeout); the victim of a cycle is chosen among
+                                  these (docs/design.md §9) */
     uint64_t pidns;            /* its PID namespace (as creator_pidns): its pid and tid mean
                                   something only there */
-    char     _pad1[SHM_LINE - 48];
+    uint64_t wait_since;       /* CLOCK_MONOTONIC ns when its current wait began (written
+                                  on the slow path, before op_step = WAITING) */
+    uint64_t tstart;           /* its thread's start time (/proc .../stat field 22, clock
+                                  ticks since boot): (pidns, pid, tid, tstart) names one
+                                  thread across every segment, immune to tid reuse */
+    char     _pad1[SHM_LINE - 64];
 } SHM_LINE_ALIGNED shm_participant;
 
 /* kinds: the value stored in the directory and in each body's ctl.kind */
@@ -162,6 +169,9 @@ _Static_assert(sizeof(shm_word) == SHM_LINE, "word is one line");
 _Static_assert(sizeof(shm_node) == SHM_LINE, "node is one line");
 _Static_assert(sizeof(shm_prec) == SHM_LINE, "prec is one line");
 _Static_assert(offsetof(shm_header, _pad0) == 88, "header fields fill 88 bytes");
+_Static_assert(offsetof(shm_participant, wait_since) == SHM_LINE + 48
+               && offsetof(shm_participant, tstart) == SHM_LINE + 56,
+               "the wait record: line 1, bytes 48..63 (shmlocks/waitgraph.py reads them)");
 
 /* body geometry, in lines */
 #define SHM_BODY_CTL    0u

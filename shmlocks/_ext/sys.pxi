@@ -131,7 +131,10 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t op_value
         uint64_t generation
         uint32_t pending
+        uint32_t detects
         uint64_t pidns
+        uint64_t wait_since
+        uint64_t tstart
 
     ctypedef struct shm_lockctl:
         uint32_t kind
