@@ -538,3 +538,12 @@ cdef int _validate(char* base, size_t size, n) except -1:
     if h.total_size != total or size != total:
         raise CorruptRegionError(f"segment {n!r}: size {size} does not match its layout ({total})")
     return 0
+
+
+def _validate_segment(const unsigned char[::1] buf not None, name):
+    """Validate a read-only view of a whole segment exactly as Region.open does (raises
+    CorruptRegionError); shmlocks/waitgraph.py scans /dev/shm with it, never writing."""
+    if buf.shape[0] < <Py_ssize_t>sizeof(shm_header):
+        raise CorruptRegionError(f"segment {name!r} is too small ({buf.shape[0]} bytes) "
+                                 "to be a region")
+    _validate(<char*>&buf[0], <size_t>buf.shape[0], name)
