@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import Holder, me, outcome, shm_exists, timed, uniq
+from support import Holder, me, outcome, shm_exists, timed, uniq
 
 import shmlocks
 

@@ -17,7 +17,7 @@ import time
 
 import posix_ipc
 import pytest
-from conftest import (
+from support import (
     KINDS,
     ROBUST_KINDS,
     kill,

@@ -12,7 +12,7 @@ import time
 
 import posix_ipc
 import pytest
-from conftest import Holder, shm_exists, shm_remove, uniq, wait_blocked
+from support import Holder, shm_exists, shm_remove, uniq, wait_blocked
 
 import shmlocks
 from shmlocks.testing import kill_while_holding

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from conftest import KINDS
+from support import KINDS
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -50,7 +50,7 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import join_all, kill, uniq, wait_stopped
+from support import join_all, kill, uniq, wait_stopped
 
 import shmlocks
 

@@ -21,7 +21,7 @@ import sys
 import time
 
 import pytest
-from conftest import uniq
+from support import uniq
 
 import shmlocks
 

@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from conftest import FIFO_KINDS, abort_stress, join_all, kill, wait_blocked
+from support import FIFO_KINDS, abort_stress, join_all, kill, wait_blocked
 
 UNSET = -9
 

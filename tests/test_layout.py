@@ -5,7 +5,7 @@ import os
 import struct
 
 import pytest
-from conftest import SHM_DIR, uniq
+from support import SHM_DIR, uniq
 
 import shmlocks
 

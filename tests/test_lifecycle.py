@@ -9,7 +9,7 @@ import json
 import textwrap
 
 import pytest
-from conftest import KINDS, Holder, run_python, shm_exists, shm_remove, uniq
+from support import KINDS, Holder, run_python, shm_exists, shm_remove, uniq
 
 import shmlocks
 

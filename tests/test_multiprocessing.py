@@ -10,7 +10,7 @@ import pickle
 import threading
 
 import pytest
-from conftest import KINDS, START_METHODS, Holder, me, outcome
+from support import KINDS, START_METHODS, Holder, me, outcome
 
 pytestmark = pytest.mark.timeout(60)
 

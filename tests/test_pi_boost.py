@@ -19,7 +19,7 @@ import os
 import time
 
 import pytest
-from conftest import kill
+from support import kill
 
 TEST_CPU = 1
 PARENT_CPU = 0

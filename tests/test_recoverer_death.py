@@ -25,7 +25,7 @@ import sys
 import time
 
 import pytest
-from conftest import uniq, wait_blocked
+from support import uniq, wait_blocked
 
 import shmlocks
 

@@ -26,7 +26,7 @@ import threading
 import time
 
 import pytest
-from conftest import FIFO_KINDS, Holder, LeakyLock, join_all, kill, uniq, wait_blocked
+from support import FIFO_KINDS, Holder, LeakyLock, join_all, kill, uniq, wait_blocked
 
 import shmlocks
 

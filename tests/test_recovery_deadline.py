@@ -21,7 +21,7 @@ import sys
 import time
 
 import pytest
-from conftest import uniq, wait_blocked, wait_stopped
+from support import uniq, wait_blocked, wait_stopped
 
 import shmlocks
 

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import ROBUST_KINDS, kill, me, outcome, wait_blocked
+from support import ROBUST_KINDS, kill, me, outcome, wait_blocked
 
 import shmlocks
 from shmlocks.testing import kill_while_holding

@@ -9,7 +9,7 @@ import struct
 import time
 
 import pytest
-from conftest import KINDS, SHM_DIR, kill, uniq
+from support import KINDS, SHM_DIR, kill, uniq
 
 import shmlocks
 from shmlocks import waitgraph

@@ -1,0 +1,352 @@
+"""The test suite's helpers (tests/conftest.py holds only the fixtures): unique segment
+names and /dev/shm clean-up, a tracker that starts child processes and kills only those (by
+PID), a child that holds a lock on request, and small probes (is a process blocked in the
+kernel? what did a call raise?).
+
+Functions that run in child processes are module-level so that they pickle by reference
+under the spawn and forkserver start methods (pytest puts tests/ on sys.path and
+multiprocessing hands sys.path on, so children import ``support.common``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import uuid
+
+import shmlocks
+
+__all__ = [
+    "FIFO_KINDS",
+    "Holder",
+    "KINDS",
+    "NAME_PREFIX",
+    "Procs",
+    "ROBUST_KINDS",
+    "SHM_DIR",
+    "START_METHODS",
+    "assert_timed_out",
+    "close_quietly",
+    "is_locked",
+    "join_all",
+    "kill",
+    "me",
+    "outcome",
+    "run_python",
+    "shm_entries",
+    "shm_exists",
+    "shm_path",
+    "shm_remove",
+    "timed",
+    "uniq",
+    "wait_blocked",
+    "wait_stopped",
+]
+
+# --------------------------------------------------------------------------- constants
+
+#: every lock kind, in the order shmlocks.KINDS lists them
+KINDS = tuple(shmlocks.KINDS)
+#: the kinds whose contract is FIFO order (the registry's ``fifo``)
+FIFO_KINDS = tuple(k for k, c in shmlocks.KINDS.items() if c.fifo)
+#: the kinds whose owner death the kernel recovers (robust futexes: the registry's ``recovery``)
+ROBUST_KINDS = tuple(k for k, c in shmlocks.KINDS.items() if c.recovery == "kernel")
+START_METHODS = ("fork", "spawn", "forkserver")
+
+SHM_DIR = "/dev/shm"
+NAME_PREFIX = "shmlt-"
+
+
+# --------------------------------------------------------------------------- names
+
+#: names handed out by uniq() during the current test (reset by the leak fixture)
+names_this_test: set[str] = set()
+
+
+def uniq(prefix: str) -> str:
+    """A segment name no other test, worker or run will use."""
+    name = f"{NAME_PREFIX}{prefix}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    names_this_test.add(name)
+    return name
+
+
+def shm_path(name: str) -> str:
+    return os.path.join(SHM_DIR, name.lstrip("/"))
+
+
+def shm_exists(name: str) -> bool:
+    return os.path.exists(shm_path(name))
+
+
+def shm_remove(name: str) -> None:
+    """Remove a segment's name if it is still there (test clean-up only)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(shm_path(name))
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir(SHM_DIR))
+
+
+def close_quietly(obj) -> None:
+    """Close a lock or region if it is still open; unlink its name as a safety net."""
+    if obj is None:
+        return
+    try:
+        name = obj.name
+    except Exception:
+        name = None
+    with contextlib.suppress(Exception):
+        obj.close()
+    if name:
+        shm_remove(name)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _trampoline(conn, func, args, kwargs):
+    """Child side of Procs.call: run func and send back its result or its traceback."""
+    try:
+        result = func(*args, **kwargs)
+    except BaseException as exc:  # everything, KeyboardInterrupt too, goes back to the parent
+        conn.send(("err", "".join(traceback.format_exception(exc))))
+    else:
+        conn.send(("ok", result))
+    conn.close()
+
+
+class Procs:
+    """Starts child processes and, at teardown, SIGKILLs the ones still alive, by PID."""
+
+    def __init__(self):
+        self._procs = []
+        self._popens = []
+
+    def start(self, target, *args, method="fork", ctx=None, **kwargs):
+        ctx = ctx or mp.get_context(method)
+        p = ctx.Process(target=target, args=args, kwargs=kwargs, daemon=True)
+        p.start()
+        self._procs.append(p)
+        return p
+
+    def call(self, func, *args, method="fork", timeout=30.0, **kwargs):
+        """Run ``func(*args, **kwargs)`` in a child and return its result.
+
+        A child exception becomes an AssertionError carrying the child's traceback; a child
+        that dies from a signal or does not answer within ``timeout`` fails the test.
+        """
+        ctx = mp.get_context(method)
+        r, w = ctx.Pipe(duplex=False)
+        p = self.start(_trampoline, w, func, args, kwargs, ctx=ctx)
+        w.close()
+        try:
+            if not r.poll(timeout):
+                kill(p)
+                raise AssertionError(
+                    f"child {func.__name__} ({method}) gave no answer in {timeout}s; "
+                    f"exitcode={p.exitcode}"
+                )
+            try:
+                status, value = r.recv()
+            except EOFError:
+                p.join(5)
+                raise AssertionError(
+                    f"child {func.__name__} ({method}) died without answering: "
+                    f"exitcode={p.exitcode}"
+                ) from None
+        finally:
+            r.close()
+        p.join(10)
+        if p.is_alive():
+            kill(p)
+            raise AssertionError(f"child {func.__name__} ({method}) did not exit")
+        if status == "err":
+            raise AssertionError(f"child {func.__name__} ({method}) raised:\n{value}")
+        assert p.exitcode == 0, f"child {func.__name__} exit code {p.exitcode}"
+        return value
+
+    def popen(self, argv, **kwargs):
+        p = subprocess.Popen(argv, **kwargs)
+        self._popens.append(p)
+        return p
+
+    def cleanup(self):
+        for p in self._procs:
+            if p.is_alive():
+                kill(p)
+        for p in self._popens:
+            if p.poll() is None:
+                p.kill()  # Popen.kill signals its own PID only
+                p.wait(10)
+
+
+def kill(p, sig=signal.SIGKILL, timeout=10.0) -> None:
+    """Kill one process we started, by its PID, and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(p.pid, sig)
+    p.join(timeout)
+
+
+def join_all(processes, timeout: float) -> list:
+    """Join every process within one shared deadline; return those still alive."""
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+    return [p for p in processes if p.is_alive()]
+
+
+def run_python(code: str, *args: str, timeout: float = 60.0, **kwargs):
+    """Run a fresh interpreter on ``code`` with ``sys.argv[1:] = args``; the caller checks
+    returncode, stdout and stderr (a CompletedProcess)."""
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        **kwargs,
+    )
+
+
+def wait_stopped(pid: int, timeout: float = 20.0) -> None:
+    """Wait until process ``pid`` is stopped (state T: SIGSTOP, e.g. at a crash point armed
+    with SHMLOCKS_CRASHPOINT_ACTION=stop)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "gone"
+        if state == "T":
+            return
+        if state in ("Z", "X", "gone"):
+            raise AssertionError(f"process {pid} exited instead of stopping")
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} never stopped within {timeout}s")
+
+
+def wait_blocked(pid: int, timeout: float = 5.0) -> bool:
+    """Wait until process ``pid`` sleeps in the kernel on a lock (a futex wait, or the
+    rt_mutex of FUTEX_LOCK_PI): its lock wait has parked.
+
+    Returns False if /proc/<pid>/wchan is not informative on this kernel, after a plain
+    0.2 s grace sleep (the fallback the tests rely on then).
+    """
+    path = f"/proc/{pid}/wchan"
+    deadline = time.monotonic() + timeout
+    informative = False
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                wchan = f.read().strip()
+        except OSError:
+            break
+        if wchan not in ("", "0"):
+            informative = True
+        if "futex" in wchan or "rt_mutex" in wchan:
+            time.sleep(0.02)
+            return True
+        time.sleep(0.002)
+    if not informative:
+        time.sleep(0.2)
+        return False
+    raise AssertionError(f"process {pid} did not block in a lock wait within {timeout}s")
+
+
+# --------------------------------------------------------------------------- small probes
+
+
+def outcome(func, *args, **kwargs):
+    """``("ok", result)`` or the name of the exception ``func`` raised (for child reports)."""
+    try:
+        return ("ok", func(*args, **kwargs))
+    except Exception as exc:
+        return type(exc).__name__
+
+
+def me() -> tuple[int, int]:
+    return (os.getpid(), threading.get_native_id())
+
+
+def is_locked(lock) -> bool:
+    """``lock.locked()``, or its equivalent for multiprocessing.Lock (3.11 lacks it)."""
+    if hasattr(lock, "locked"):
+        return lock.locked()
+    if lock.acquire(False):
+        lock.release()
+        return False
+    return True
+
+
+def timed(func, *args, **kwargs):
+    t0 = time.monotonic()
+    result = func(*args, **kwargs)
+    return result, time.monotonic() - t0
+
+
+def assert_timed_out(lock, timeout: float, *, blocking=True) -> float:
+    """``lock.acquire(blocking, timeout)`` must return False after >= timeout, well before
+    timeout + 1 s. Returns the time it took."""
+    result, elapsed = timed(lock.acquire, blocking, timeout)
+    assert result is False, f"acquire(timeout={timeout}) returned {result!r} on a held lock"
+    assert elapsed >= timeout - 1e-3, f"acquire(timeout={timeout}) gave up early: {elapsed:.4f}s"
+    assert elapsed < timeout + 1.0, f"acquire(timeout={timeout}) overran: {elapsed:.3f}s"
+    return elapsed
+
+
+# --------------------------------------------------------------------------- a holder child
+
+
+def _holder_main(lock, conn, release_ev, hold_max):
+    ok = lock.acquire(True, 10)
+    conn.send((os.getpid(), threading.get_native_id(), ok))
+    if not ok:
+        return
+    release_ev.wait(hold_max)
+    released_at = time.monotonic()
+    lock.release()
+    conn.send(released_at)
+
+
+class Holder:
+    """A child process holding ``lock`` until ``release()`` (or being killed)."""
+
+    def __init__(self, procs: Procs, lock, method="fork", hold_max=30.0):
+        ctx = mp.get_context(method)
+        self._release_ev = ctx.Event()
+        self._r, w = ctx.Pipe(duplex=False)
+        self.proc = procs.start(_holder_main, lock, w, self._release_ev, hold_max, ctx=ctx)
+        w.close()
+        if not self._r.poll(30):
+            kill(self.proc)
+            raise AssertionError("holder child did not report within 30 s")
+        self.pid, self.tid, ok = self._r.recv()
+        assert ok, "holder child could not acquire the (free) lock within 10 s"
+        self.released_at = None
+
+    @property
+    def owner(self) -> tuple[int, int]:
+        return (self.pid, self.tid)
+
+    def release(self, timeout=10.0) -> float:
+        """Tell the child to release; returns the monotonic time it released at."""
+        self._release_ev.set()
+        assert self._r.poll(timeout), "holder child did not release"
+        self.released_at = self._r.recv()
+        self.proc.join(timeout)
+        assert self.proc.exitcode == 0, f"holder exit code {self.proc.exitcode}"
+        return self.released_at
+
+    def kill(self) -> None:
+        kill(self.proc)
+        assert self.proc.exitcode == -signal.SIGKILL
