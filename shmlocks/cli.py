@@ -1,5 +1,5 @@
-"""The ``shmlocks`` command line: ``ls``, ``inspect``, ``unlink``, ``demo``, ``bench`` and
-``torture``.
+"""The ``shmlocks`` command line: ``ls``, ``inspect``, ``deadlocks``, ``unlink``, ``demo``,
+``bench`` and ``torture``.
 
 Every command reads or changes POSIX shared-memory segments through the public API (plus
 ``Region._describe`` for triage). An expected failure (a missing or invalid name, a segment
@@ -7,7 +7,8 @@ that is not a shmlocks region, a permission problem) is reported as one line,
 ``shmlocks: error: ...``, with exit status 1, never as a traceback.
 
 Each command prints through shmlocks/_table.py: a table for people, ``--json`` for scripts.
-The demo is shmlocks/demo.py, the torture shmlocks/torture.py; here they are only parsed.
+The demo is shmlocks/demo.py, the torture shmlocks/torture.py, ``deadlocks`` (and what
+``inspect`` shows of waits) shmlocks/deadlocks.py.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any
 import shmlocks
 from shmlocks._core import _check_name, _pid_alive
 from shmlocks._table import emit, human_size, table
+from shmlocks.deadlocks import annotate
+from shmlocks.deadlocks import register as register_deadlocks
 
 SHM_DIR = Path("/dev/shm")
 
@@ -154,7 +157,7 @@ def _render_ls(records: list[dict[str, Any]]) -> str:
 def cmd_inspect(args: argparse.Namespace) -> int:
     name = segment_name(args.name)
     _require_region(name)
-    d = _describe(name)
+    d = annotate(_describe(name))
     state, alive = _creator(d)
     emit(dict(d, creator_alive=alive, creator_state=state), args.json, _render_inspect)
     return EXIT_OK
@@ -194,10 +197,15 @@ def _render_inspect(d: dict[str, Any]) -> str:
                 p["tid"],
                 ("alive" if p["alive"] else "DEAD")
                 + (", other namespace" if p.get("other_namespace") else ""),
+                ",".join(p["holds"]) or "-",
+                p["waits_for"] or "-",
+                "-" if p["waiting_s"] is None else f"{p['waiting_s']:.3f} s",
             ]
             for p in parts
         ]
-        out.append(table(["SLOT", "PID", "TID", "STATE"], rows, indent="  "))
+        out.append(
+            table(["SLOT", "PID", "TID", "STATE", "HOLDS", "WAITS FOR", "WAITING"], rows, "  ")
+        )
     dead_holders = [
         lk["name"]
         for lk in locks
@@ -416,6 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", metavar="NAME", help="segment name (a leading / is optional)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_inspect)
+
+    register_deadlocks(sub)
 
     p = sub.add_parser("unlink", help="remove a segment's name")
     p.add_argument("name", metavar="NAME", help="segment name (a leading / is optional)")
