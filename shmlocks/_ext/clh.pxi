@@ -213,17 +213,16 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         return
     xn = &b.nodes[X]
     if op == SHM_OP_RELEASING:  # [C1] [C2] (docs/design.md §7.3)
-        cas32(&b.ctl.holder, participant_hid(rm, q), 0)
         if X != r.pred and r.pred <= b.P:
             # Free its node only if it had not yet: once freed, the node passes to its
             # successor, who may already have adopted and enqueued it again (a later
             # round), and may do so while we look: only the round tells them apart.
-            if _clh_still_queued_as(b, X, ld32_acq(&r.round)):
-                if ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:    # it still held the lock:
-                    for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)  # its release decides
+            if _clh_still_queued_as(b, X, ld32_acq(&r.round)):   # [C1] it still held
+                recover_verdict(rm, b, q, op)        # [V] the lock: its release decides
                 st32_seq(&xn.state, C_FREE)
                 wake_if_parked(&xn.state, &xn.parked)
-            st32_rel(&r.mine, r.pred)                # adopt the predecessor's node
+            st32_rel(&r.mine, r.pred)                # [C1] [C2] adopt the predecessor's node
+        holder_forget(rm, b, q)
         return
     st = ld32_seq(&xn.state)  # [C3]
     if st == C_FREE or ld32_acq(&xn.round) != ld32_acq(&r.round):
@@ -284,9 +283,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         _clh_release_as(b, q, shm_crash_armed)       # granted meanwhile: pass it on
         return
     trace("clh.recover.holds", q | (<uint64_t>op << 32), X, p)
-    if op == 0:                                      # [C8] it holds the lock
-        for32(&b.ctl.flags, SHM_F_OWNER_DIED)        # it was in its critical section
-    cas32(&b.ctl.holder, participant_hid(rm, q), 0)
+    recover_verdict(rm, b, q, op)                    # [C8] it holds the lock: [V]
     crashpoint("clh.recover.flagged")
     _clh_release_as(b, q, shm_crash_armed)
 

@@ -25,13 +25,9 @@ cdef void _futex_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     cdef uint32_t v = ld32_seq(word)
     cdef uint32_t op
     if _fx_owner1(v) != q + 1:
-        return
+        return                                       # [F2] it does not hold it: nothing
     op = participant_op(rm, q, b.index + 1)
-    if op == 0:
-        for32(&b.ctl.flags, SHM_F_OWNER_DIED)        # it was in its critical section
-    elif op == SHM_OP_RELEASING and ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:
-        for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)    # it was releasing without consistent
-    cas32(&b.ctl.holder, participant_hid(rm, q), 0)
+    recover_verdict(rm, b, q, op)                    # [F1] the word names it: [V]
     crashpoint("futex.recover.flagged")
     if cas32(word, v, 0):
         if v & FX_W:

@@ -250,12 +250,12 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     cdef uint32_t pred
     cdef uint64_t t, v
     if op == SHM_OP_RELEASING:
-        cas32(&b.ctl.holder, participant_hid(rm, q), 0)
-        if st == M_GRANT:                            # [M1] it still held the lock: its release
-            if ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:    # decides recoverability
-                for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
+        if st == M_GRANT:                            # [M1] it still held the lock:
+            recover_verdict(rm, b, q, op)            # [V] its release decides recoverability
             _mcs_release_as(rm, b, q, 1, shm_crash_armed)
-        elif st == M_IDLE:                           # [M2] (docs/design.md §7.2)
+            return
+        holder_forget(rm, b, q)
+        if st == M_IDLE:                             # [M2] (docs/design.md §7.2)
             _mcs_finish_pass(rm, b, q)               # it died passing the lock on
         return
     if st == M_IDLE and ld64_acq(&rm.part[q].op_value) != 0:  # [M2]
@@ -288,9 +288,7 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             if pred == M_UNKNOWN:
                 pred = _t_prev(ld64_seq(&b.wa.u64[0]))
     if st == M_GRANT or pred == 0:                   # [M4] it holds the lock
-        if op == 0:
-            for32(&b.ctl.flags, SHM_F_OWNER_DIED)    # it was in its critical section
-        cas32(&b.ctl.holder, participant_hid(rm, q), 0)
+        recover_verdict(rm, b, q, op)                # [V] (op is not RELEASING here)
         crashpoint("mcs.recover.flagged")
         st32_rel(&n.state, M_GRANT)
         _mcs_release_as(rm, b, q, 0, shm_crash_armed)

@@ -413,6 +413,28 @@ cdef int participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
     return 1
 
 
+cdef inline void holder_forget(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """Clear the lock's holder record if it names dead participant q (this occupant of the
+    slot, not a later one): a CAS, so it is redone harmlessly."""
+    cas32(&b.ctl.holder, participant_hid(rm, q), 0)
+
+
+cdef void recover_verdict(rmap_t* rm, shm_body* b, uint32_t q, uint32_t op) noexcept nogil:
+    """[V] (docs/design.md §6.4) Dead participant q holds the lock (the kind's recovery
+    decided it), at step `op`: say what its hold leaves behind, then end it.
+      op 0 (in its critical section)        -> OWNER_DIED: the next holder must repair
+      RELEASING with OWNER_DIED already set -> NOTRECOVERABLE, as its own release would
+      TAKING / WAITING (granted, not back)  -> nothing: it never entered
+    The flags first, then the holder record, in the order _release uses: whoever sees
+    the holder cleared sees the flags the next holder inherits. The kind then releases
+    the lock on q's behalf. Every store is idempotent: a redo gives the same result."""
+    if op == 0:
+        for32(&b.ctl.flags, SHM_F_OWNER_DIED)
+    elif op == SHM_OP_RELEASING and ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:
+        for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
+    holder_forget(rm, b, q)
+
+
 cdef void participant_try_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
     """A waiter found participant `slot` dead (or suspects it): if its token comes back
     EOWNERDEAD, or free with a recovery pending, we are its one recoverer; recover it (by

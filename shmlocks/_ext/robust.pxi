@@ -20,7 +20,7 @@ cdef void _pi_init(shm_body* b) noexcept nogil:
 cdef void _pmutex_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     """Dead participant q: the kernel marked a mutex it held OWNER_DIED (the next locker
     gets EOWNERDEAD); only its holder id is left to clear."""
-    cas32(&b.ctl.holder, participant_hid(rm, q), 0)
+    holder_forget(rm, b, q)
 
 
 cdef inline int _pm_code(int rc) noexcept nogil:

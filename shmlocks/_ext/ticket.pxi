@@ -117,11 +117,7 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             # serving check): the mark is its own and means nothing now. Left, it would
             # block the abandon of ticket t + P one lap later (R_CORRUPT).
             cas64(&b.nodes[t % b.P].value, t + 1, 0)
-            if op == 0:
-                for32(&b.ctl.flags, SHM_F_OWNER_DIED)
-            elif op == SHM_OP_RELEASING and ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:
-                for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
-            cas32(&b.ctl.holder, participant_hid(rm, q), 0)
+            recover_verdict(rm, b, q, op)            # [V]
             crashpoint("ticket.recover.flagged")
             _ticket_grant(b, t + 1, shm_crash_armed)
         elif s > t:                                  # [T2] it died releasing: redo the grant
