@@ -18,6 +18,7 @@ from shmlocks.errors import (CapacityError, CorruptRegionError, DeadlockError,
 include "_ext/sys.pxi"
 include "_ext/participants.pxi"
 include "_ext/wait.pxi"
+include "_ext/stats.pxi"
 include "_ext/region.pxi"
 include "_ext/lockbase.pxi"
 include "_ext/queue.pxi"

@@ -198,6 +198,7 @@ cdef class _Lock:
         r.held += 1
         crashpoint_at(armed, "lock.acquire.done")    # in the critical section
         if rc == R_ACQ and ld32_rlx(&self.b.ctl.flags) == 0:
+            stats_hold(self.b.ctl, ld32_rlx(&self.rm.part[r.slot].pid))
             return True
         return self._got_flags(r, rc)
 
@@ -213,6 +214,9 @@ cdef class _Lock:
             self._unlock(r.slot, shm_crash_armed)
             shm_op_set(r.op, 0, 0)
             _raise_code(self, R_NOTREC)
+        stats_hold(self.b.ctl, ld32_rlx(&self.rm.part[r.slot].pid))
+        if f & SHM_F_OWNER_DIED:
+            stats_owner_death(self.b.ctl)
         return True
 
     def acquire(self, blocking=True, timeout=-1):
@@ -289,6 +293,7 @@ cdef class _Lock:
         global shm_recover_deadline
         cdef wait_t w
         cdef uint32_t me = r.slot
+        cdef int64_t t0
         if rc == R_ACQ_DIED:
             return self._got(r, rc, shm_crash_armed)
         if rc < 0:
@@ -298,7 +303,8 @@ cdef class _Lock:
             shm_op_set(r.op, 0, 0)
             self._raise_deadlock()
         wait_init(&w, deadline, &self.b.precs[me].spin_ns)
-        st64_rlx(&self.rm.part[me].wait_since, <uint64_t>shm_now_ns())   # the wait record:
+        t0 = shm_now_ns()                            # also the wait's start, for stats_waited
+        st64_rlx(&self.rm.part[me].wait_since, <uint64_t>t0)   # the wait record:
         shm_op_set(r.op, self._lock1, SHM_OP_WAITING)     # "me waits for this lock" (since)
         crashpoint("lock.wait.waiting")
         shm_recover_deadline = deadline              # recoveries we run keep our deadline
@@ -320,9 +326,11 @@ cdef class _Lock:
                 self._unlock(me, shm_crash_armed)
                 shm_op_set(r.op, 0, 0)
                 return _raise_pending()
+            stats_waited(self.b.ctl, shm_now_ns() - t0)
             return self._got(r, rc, shm_crash_armed)
         shm_op_set(r.op, 0, 0)
         if rc == R_TIMEOUT:
+            stats_timeout(self.b.ctl)
             return False
         if rc == R_SIGNAL:
             return _raise_pending()

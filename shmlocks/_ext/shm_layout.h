@@ -26,7 +26,7 @@
 
 #define SHM_LINE        128u              /* padding unit: two 64-byte lines (adjacent-line prefetch) */
 #define SHM_MAGIC       0x314b434f4c4d4853ULL   /* "SHMLOCK1", little endian */
-#define SHM_VERSION     4u
+#define SHM_VERSION     5u
 #define SHM_NAME_MAX    56u               /* bytes of a lock name, NUL included */
 #define SHM_MAX_PARTICIPANTS 4096u
 #define SHM_MAX_LOCKS   4096u
@@ -106,16 +106,28 @@ enum { SHM_KIND_TICKET = 1, SHM_KIND_MCS = 2, SHM_KIND_CLH = 3,
 #define SHM_F_OWNER_DIED      1u   /* the current hold follows an owner death */
 #define SHM_F_NOTRECOVERABLE  2u   /* released while inconsistent: every acquire fails */
 
+/* The ctl line.  Lower half: identity, the holder record and the statistics the holder
+ * writes under the lock with plain (relaxed) stores: the holder stores ctl.holder at every
+ * acquire anyway, so they cost no extra line transfer.  Upper half: the repair mutex and
+ * the two counters written rarely (owner_deaths, by a holder) or by non-holders with
+ * atomics (timeouts).  Statistics are numbers, never indices (docs/design.md §10). */
 typedef struct shm_lockctl {
     uint32_t kind;
     uint32_t flags;            /* SHM_F_* */
     uint32_t holder;           /* holder id: (index + 1) | generation << 13, 0 = none (a
                                   snapshot; participants.pxi holder_id) */
     uint32_t magic;            /* SHM_BODY_MAGIC once initialised */
-    uint64_t acquisitions;     /* informational; written by holders only */
-    char     _pad[SHM_LINE / 2 - 24];
+    uint64_t acquisitions;     /* holds begun */
+    uint64_t handoffs;         /* holds begun by another process than the last holder's */
+    uint64_t contended;        /* holds that went through the slow path */
+    uint64_t wait_total_ns;    /* time those spent in the slow path */
+    uint64_t wait_max_ns;
+    uint32_t last_pid;         /* the last holder's pid (handoffs), 0 = none yet */
+    uint32_t _pad0;
     /* serialises recovery of dead participants on this lock (robust; rarely touched) */
-    union { pthread_mutex_t m; char _pad[SHM_LINE / 2]; } repair;
+    union { pthread_mutex_t m; char _pad[SHM_LINE / 2 - 16]; } repair;
+    uint64_t owner_deaths;     /* holds begun with owner_died set */
+    uint64_t timeouts;         /* timed acquires that gave up: atomic add by the waiter */
 } SHM_LINE_ALIGNED shm_lockctl;
 #define SHM_BODY_MAGIC 0x4b4f4c42u   /* "BLOK" */
 
@@ -162,7 +174,9 @@ _Static_assert(sizeof(shm_participant) == 2 * SHM_LINE, "participant is two line
 _Static_assert(offsetof(shm_participant, pid) == SHM_LINE, "participant identity on line 1");
 _Static_assert(sizeof(shm_lockctl) == SHM_LINE, "ctl is one line");
 _Static_assert(offsetof(shm_lockctl, repair) == SHM_LINE / 2, "repair mutex in the ctl line's upper half");
-_Static_assert(sizeof(pthread_mutex_t) <= SHM_LINE / 2, "a pthread mutex fits half a line");
+_Static_assert(sizeof(pthread_mutex_t) <= SHM_LINE / 2 - 16, "a pthread mutex fits the repair slot");
+_Static_assert(offsetof(shm_lockctl, last_pid) == 56, "holder-written statistics fill the lower half");
+_Static_assert(offsetof(shm_lockctl, owner_deaths) == SHM_LINE - 16, "rare counters end the ctl line");
 _Static_assert(offsetof(shm_participant, op_step) == offsetof(shm_participant, op_lock) + 4,
                "op_lock and op_step form one 64-bit word (published with one store)");
 _Static_assert(sizeof(shm_word) == SHM_LINE, "word is one line");

@@ -92,7 +92,7 @@ cdef extern from "shm_layout.h" nogil:
 
     ctypedef union shm_mutex_line "union { pthread_mutex_t m; char _pad[SHM_LINE]; }":
         pthread_mutex_t m
-    ctypedef union shm_mutex_half "union { pthread_mutex_t m; char _pad[SHM_LINE / 2]; }":
+    ctypedef union shm_mutex_repair "union { pthread_mutex_t m; char _pad[SHM_LINE / 2 - 16]; }":
         pthread_mutex_t m
     enum: SHM_OP_TAKING
     enum: SHM_OP_WAITING
@@ -142,7 +142,14 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t holder
         uint32_t magic
         uint64_t acquisitions
-        shm_mutex_half repair
+        uint64_t handoffs
+        uint64_t contended
+        uint64_t wait_total_ns
+        uint64_t wait_max_ns
+        uint32_t last_pid
+        shm_mutex_repair repair
+        uint64_t owner_deaths
+        uint64_t timeouts
 
     ctypedef union shm_word:
         uint32_t u32[32]
