@@ -442,6 +442,27 @@ cdef class _Lock:
             self._consistent()
             fand32(&self.b.ctl.flags, ~(<uint32_t>SHM_F_OWNER_DIED))
 
+    def stats(self):
+        """A snapshot of this lock's statistics, summed over every process that used it
+        since it was created (or since reset_stats()):
+
+        ``acquisitions`` holds begun; ``contended`` those that had to wait (went through
+        the slow path); ``wait_total_s``, ``wait_max_s`` the time they waited, in seconds;
+        ``timeouts`` timed acquires that returned False (a non-blocking acquire that finds
+        the lock held is not one); ``owner_deaths`` holds that began with ``owner_died``;
+        ``handoffs`` holds taken by another process than the previous holder's.
+
+        Each counter is read atomically, the set not at one instant. A holder killed at
+        the wrong moment may leave a count one short, never a wrong number."""
+        self._check()
+        return stats_read(self.b.ctl)
+
+    def reset_stats(self):
+        """Zero this lock's statistics, for every process. A count being updated by a
+        holder at that instant may keep its value (reset while the lock is quiet)."""
+        self._check()
+        stats_reset(self.b.ctl)
+
     def close(self):
         """Detach this object; a lock made by create()/open() also closes its region."""
         if self._closed:

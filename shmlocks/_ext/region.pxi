@@ -432,6 +432,25 @@ cdef class Region:
                 "creator_other_namespace": other_pidns(h.creator_pidns),
                 "participants": parts, "locks": locks}
 
+    def stats(self):
+        """{lock name: lock.stats()} for every lock of the region (see _Lock.stats)."""
+        cdef uint32_t i
+        self._check_open()
+        out = {}
+        for i in range(self.rm.L):
+            if ld32_acq(&self.rm.dir[i].state) == SHM_DIRENT_READY:
+                lk = self._lock_at(i)
+                out[lk.name] = lk.stats()
+        return out
+
+    def reset_stats(self):
+        """Zero the statistics of every lock of the region (see _Lock.reset_stats)."""
+        cdef uint32_t i
+        self._check_open()
+        for i in range(self.rm.L):
+            if ld32_acq(&self.rm.dir[i].state) == SHM_DIRENT_READY:
+                self._lock_at(i).reset_stats()
+
     def _recover_dead(self):
         """Recover every participant slot whose owner died (their tokens came back
         EOWNERDEAD to us). Returns how many. Normally done lazily, by the waiters that
