@@ -1,8 +1,9 @@
 """Contended throughput: P workers loop {acquire; counter += 1; release} for a fixed time.
 
-The counter lives in shared memory and is incremented by a plain read-modify-write
-(``w[0] = w[0] + 1`` on a memoryview: a load, an add and a store, with nothing atomic
-about it), so ``counter == sum(per-worker counts)`` holds only if the lock excluded.
+The loop is the exclusion checker's lightest (shmlocks/_harness.py ``count_until``): the
+counter in shared memory is incremented by a plain read-modify-write (a load, an add and a
+store on a memoryview, with nothing atomic about it), so ``counter == sum(per-worker
+counts)`` holds only if the lock excluded.
 Reports ops/s, Jain's fairness index over the per-worker counts and the max/min share.
 
 Workers are forked processes, except for threading.Lock, which is not cross-process: it
@@ -32,25 +33,22 @@ from common import (
     usage,
 )
 
-CTR, STOP = 0, 1  # slots; worker i's slot is 2 + i: [count, usage (4 words)]
+from shmlocks._harness import Exclusion, words
+
+STOP = 1  # a slot; worker i's slot is 2 + i: [count, usage (4 words)]; then the checker
 
 
-def _loop(adapter: Adapter, w: memoryview, idx: int, barrier: Any, timeout: float) -> None:
+def _loop(
+    adapter: Adapter, w: memoryview, ex: Exclusion, idx: int, barrier: Any, timeout: float
+) -> None:
     h = adapter.attach()
-    acquire, release = h.acquire, h.release
-    stop = STOP * LINE
-    ctr = CTR * LINE
     n = 0
     mine = (2 + idx) * LINE
     start = usage()
     try:
         barrier.wait(timeout)
         start = usage()
-        while not w[stop]:
-            acquire()
-            w[ctr] = w[ctr] + 1  # non-atomic on purpose: exact only under exclusion
-            release()
-            n += 1
+        n = ex.count_until(h.acquire, h.release, idx + 1, STOP * LINE)
     finally:
         w[mine] = n
         put_usage(w, mine + 1, start)
@@ -59,13 +57,14 @@ def _loop(adapter: Adapter, w: memoryview, idx: int, barrier: Any, timeout: floa
 
 def measure(adapter: Adapter, nworkers: int, duration: float, timeout: float = 10.0) -> dict:
     """One run of ``duration`` seconds with ``nworkers`` workers; raises BenchError."""
-    shared = Shared(2 + nworkers)
+    shared = Shared(2 + nworkers, extra=words(nworkers))
     w = shared.w
+    ex = Exclusion(w, shared.extra_base, participants=nworkers)
     try:
         t0, t1 = run_workers(
             adapter.cross_process,
             _loop,
-            [(adapter, w, i, BARRIER, timeout) for i in range(nworkers)],
+            [(adapter, w, ex, i, BARRIER, timeout) for i in range(nworkers)],
             _drive,
             (w, duration, timeout),
             w,
@@ -75,9 +74,9 @@ def measure(adapter: Adapter, nworkers: int, duration: float, timeout: float = 1
         )
         counts = [w[(2 + i) * LINE] for i in range(nworkers)]
         use = [get_usage(w, (2 + i) * LINE + 1) for i in range(nworkers)]
-        counter = w[CTR * LINE]
+        books = ex.report()
     finally:
-        del w
+        del w, ex
         shared.close()
     total = sum(counts)
     elapsed = t1 - t0
@@ -88,8 +87,8 @@ def measure(adapter: Adapter, nworkers: int, duration: float, timeout: float = 1
         "ops": total,
         "ops_per_s": total / elapsed if elapsed > 0 else 0.0,
         "counts": counts,
-        "counter": counter,
-        "exclusion_ok": counter == total,
+        "counter": books.total,
+        "exclusion_ok": books.ok and books.expected == total,
         "jain": jain(counts),
         "max_min": max_min_share(counts),
         "usage": use,

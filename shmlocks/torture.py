@@ -6,26 +6,14 @@ mapping of int64 words (the bookkeeping below). The controller (this process) is
 killer: every 5-50 ms it SIGKILLs a worker (half the time the current holder, sometimes two
 at once), reaps it and starts a new one in its place.
 
-Bookkeeping that makes the verdict exact. A critical section, with the lock held:
-
-    if lock.owner_died: resolve the pending marker, count a recovery, mark_consistent()
-    elif a pending marker is set: a violation (two sections at once, or a missed owner_died)
-    check counter == sum(done)                   (else a violation)
-    pending := (w, counter, done[w])             the marker, written before ...
-    counter := counter + 1                       ... the non-atomic read-modify-write
-    done[w] += 1                                 the worker's count, after the increment
-    (sometimes hold a while)
-    pending := none                              just before release()
-
-A marker found set by a holder that did not see owner_died means two sections overlapped or
-a death in a critical section went unreported: both are violations.
-
-A worker killed inside the section leaves the marker set. Its recoverer (the next holder:
-it sees owner_died) resolves it from the words themselves: if the counter was incremented
-but the count was not, the section is credited to the dead worker (one in-flight section,
-counted as such), otherwise nothing happened or all of it did. Resolution is idempotent, so
-a recoverer killed while resolving is resolved again by the next. After resolution
-``counter == sum(done)`` holds exactly, so any difference is a mutual-exclusion violation.
+Bookkeeping that makes the verdict exact: the exclusion checker of shmlocks/_harness.py. In
+each critical section the holder first repairs after ``owner_died`` (a section a dead worker
+left pending is settled from the words themselves, idempotently) and checks
+``counter == sum(done)`` (else a violation, counted once); then the checker's section: a
+marker across the whole section (one found set by a holder that did not see owner_died is
+an overlap or an unreported death: a violation), a non-atomic increment, the worker's count,
+sometimes a long hold. So after any number of kills any difference is a mutual-exclusion
+violation.
 
 Also measured: for every kill, the time from just before the SIGKILL to the next
 acquisition by anyone (the worst is reported); a wedge is no acquisition by anyone for more
@@ -49,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import shmlocks
+from shmlocks._harness import MARK_W, Exclusion, words
 
 TRACE_ENTRIES = 1 << 20  # the debug trace's ring (SHMLOCKS_DEBUG builds)
 TRACE_DUMP = 200_000  # events written out at the first violation, error or wedge
@@ -57,14 +46,9 @@ MAX_WORKERS = 64
 KILL_INTERVAL = (0.005, 0.050)  # seconds between kills
 
 # shared words ----------------------------------------------------------------------------
-COUNTER = 0  # the counter under the lock
-PEND_W = 1  # worker index + 1 inside its section, or 0: the pending marker ...
-PEND_C = 2  # ... the counter when that section began
-PEND_D = 3  # ... and done[w] when it began
 STOP = 4  # workers stop
-VIOLATIONS = 5  # sections that found exclusion broken (overlap, miss, count mismatch)
+VIOLATIONS = 5  # sections that found the count off (overlaps: the checker's own word)
 RECOVERIES = 6  # holds that saw owner_died
-INFLIGHT = 7  # sections credited to a dead worker by its recoverer
 LAST_ACQ = 8  # CLOCK_MONOTONIC ns of the last acquisition by anyone
 KILLS_ISSUED = 9  # written by the killer only
 KILLS_SEEN = 10  # kills whose next acquisition has been timed
@@ -73,8 +57,8 @@ SUM_NS = 12  # sum of kill -> next acquisition
 ADJUST = 13  # counter - sum(done) accepted after a violation (so each counts once)
 HOLDER = 14  # worker index + 1 of the current holder (a snapshot for the killer)
 ACQUIRED = 15  # acquisitions
-DONE = 64  # + w: sections completed by worker slot w (all its incarnations)
-STALLS = DONE + MAX_WORKERS  # + w: bounded "blocking" acquires that timed out
+CHECK = 64  # the exclusion checker's words (shmlocks/_harness.py): counter, marker, done[w + 1]
+STALLS = CHECK + words(MAX_WORKERS)  # + w: bounded "blocking" acquires that timed out
 ERRORS = STALLS + MAX_WORKERS  # + w: unexpected exceptions (the worker then exits)
 RING = ERRORS + MAX_WORKERS  # kill times, a ring of RING_N
 RING_N = 4096
@@ -91,28 +75,20 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
 
 
-def _resolve(a: memoryview) -> None:
-    """The recoverer's repair: settle a section left pending by a dead holder."""
-    w1 = a[PEND_W]
-    if w1:
-        w = w1 - 1
-        if a[COUNTER] == a[PEND_C] + 1 and a[DONE + w] == a[PEND_D]:
-            a[INFLIGHT] += 1
-            a[DONE + w] += 1  # incremented, not yet counted: credit the dead worker
-        a[PEND_W] = 0
+def _checker(a: memoryview, nw: int) -> Exclusion:
+    """The exclusion checker over the shared words; worker w is its participant w + 1."""
+    return Exclusion(a, CHECK, participants=nw)
 
 
 def _section(lock: Any, a: memoryview, w: int, nw: int, rng: random.Random) -> None:
     """One critical section (the lock is held); releases the lock."""
     t = time.monotonic_ns()
     a[HOLDER] = w + 1
+    ex = _checker(a, nw)
     if lock.owner_died:
-        _resolve(a)
+        ex.repair()
         a[RECOVERIES] += 1
         lock.mark_consistent()
-    elif a[PEND_W]:
-        a[VIOLATIONS] += 1  # someone else is inside, or its death went unreported
-        _resolve(a)
     # time the kills that happened before this acquisition and are not timed yet
     issued, seen = a[KILLS_ISSUED], a[KILLS_SEEN]
     if seen < issued:
@@ -129,23 +105,19 @@ def _section(lock: Any, a: memoryview, w: int, nw: int, rng: random.Random) -> N
         a[WORST_NS], a[SUM_NS], a[KILLS_SEEN] = worst, total, seen
     a[LAST_ACQ] = t
     a[ACQUIRED] += 1
-    c = a[COUNTER]
-    diff = c - sum(a[DONE : DONE + nw])
+    books = ex.report()
+    diff = books.total - books.expected
     if diff != a[ADJUST]:
         a[VIOLATIONS] += 1
         a[ADJUST] = diff
-    a[PEND_C] = c
-    a[PEND_D] = a[DONE + w]
-    a[PEND_W] = w + 1
-    if rng.random() < 0.3:
-        os.sched_yield()  # widen the read-modify-write window
-    a[COUNTER] = c + 1
+    # the marker set here spans the section, so an unreported death is caught
+    ex.enter(w + 1, widen=rng.random() < 0.3)
     if rng.random() < 0.05:
         time.sleep(0.0002)  # now and then a kill lands between the increment and the count
-    a[DONE + w] += 1
+    ex.count(w + 1)
     if rng.random() < 0.25:
         time.sleep(rng.uniform(0.0001, 0.002))  # a long hold: a target for the killer
-    a[PEND_W] = 0  # the marker spans the section, so an unreported death is caught
+    ex.leave(w + 1)
     a[HOLDER] = 0
     lock.release()
 
@@ -405,7 +377,8 @@ class _Run:
 
     def broken(self) -> bool:
         a = self.a
-        return bool(a[VIOLATIONS] or any(a[ERRORS : ERRORS + self.nw]))
+        overlaps = _checker(a, self.nw).report().violations
+        return bool(a[VIOLATIONS] or overlaps or any(a[ERRORS : ERRORS + self.nw]))
 
     def dump_trace(self) -> None:
         """Once per run, at the first sign of trouble: the debug trace's last events, to a
@@ -508,24 +481,26 @@ class _Run:
         else:
             if not got:
                 self.note_wedge("at the final acquire")
+        ex = _checker(a, self.nw)
         if got:
             if self.lock.owner_died:
-                _resolve(a)
+                ex.repair()
                 res.recoveries += 1
                 self.lock.mark_consistent()
-            elif a[PEND_W]:
-                res.violations += 1
-                _resolve(a)
+            elif a[CHECK + MARK_W]:
+                res.violations += 1  # a death in a section went unreported
+                ex.repair()
             self.lock.release()
-        res.sections = sum(a[DONE : DONE + self.nw])
-        diff = a[COUNTER] - res.sections
+        books = ex.report()
+        res.sections = books.expected
+        diff = books.total - books.expected
         if diff != a[ADJUST]:
             res.violations += 1
-        res.violations += a[VIOLATIONS]
+        res.violations += a[VIOLATIONS] + books.violations
         if a[ADJUST] or diff:
-            res.notes.append(f"counter {a[COUNTER]} != completed sections {res.sections}")
+            res.notes.append(f"counter {books.total} != completed sections {res.sections}")
         res.recoveries += a[RECOVERIES]
-        res.inflight = a[INFLIGHT]
+        res.inflight = books.inflight
         res.acquisitions = a[ACQUIRED]
         res.stalls = sum(a[STALLS : STALLS + self.nw])
         res.errors += sum(a[ERRORS : ERRORS + self.nw])
