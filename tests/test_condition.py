@@ -15,6 +15,8 @@ import time
 import pytest
 from support import KINDS
 
+from shmlocks._harness import Exclusion, words
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -53,38 +55,37 @@ def test_wait_timeout_returns_false_and_reacquires(new_lock, kind):
     assert not lock.locked()
 
 
-def _hammer(lock, counter, n):
-    for _ in range(n):
-        with lock:
-            counter.value += 1
+def _hammer(lock, ex, n):
+    ex.loop(lock.acquire, lock.release, 1, n)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_producer_consumer_beside_another_process(new_lock, kind):
     """Two consumer threads wait on a Condition over the lock; a producer thread notifies
     one item at a time, then notify_all() at the end. Meanwhile a forked process takes the
-    same lock 20,000 times. Every item is consumed exactly once and the child's count is
-    exact."""
+    same lock 20,000 times. Every item is consumed exactly once, and the exclusion checker
+    (its sections run by the child and, under the condition, by the consumers) is exact."""
     lock = new_lock(kind)
     cond = threading.Condition(lock)
-    counter = mp.get_context("fork").RawValue("q", 0)
-    child = mp.get_context("fork").Process(target=_hammer, args=(lock, counter, 20_000))
+    ex = Exclusion(mp.get_context("fork").RawArray("q", words(3)), participants=3)
+    child = mp.get_context("fork").Process(target=_hammer, args=(lock, ex, 20_000))
     child.start()
     items: list[int] = []
     consumed: list[int] = []
     done = [False]
     n_items = 300
 
-    def consumer():
+    def consumer(who):
         with cond:
             while True:
                 cond.wait_for(lambda: items or done[0], timeout=5)
                 if items:
+                    ex.section(who)
                     consumed.append(items.pop(0))
                 elif done[0]:
                     return
 
-    consumers = [threading.Thread(target=consumer) for _ in range(2)]
+    consumers = [threading.Thread(target=consumer, args=(2 + i,)) for i in range(2)]
     for t in consumers:
         t.start()
     for i in range(n_items):
@@ -100,5 +101,6 @@ def test_producer_consumer_beside_another_process(new_lock, kind):
     child.join(30)
     assert child.exitcode == 0
     assert sorted(consumed) == list(range(n_items))
-    assert counter.value == 20_000
+    books = ex.report()
+    assert books.ok and books.total == 20_000 + n_items, books
     assert not lock.locked()

@@ -21,9 +21,10 @@ import sys
 import time
 
 import pytest
-from support import uniq
+from support import recovering_sections, uniq
 
 import shmlocks
+from shmlocks._harness import Exclusion, words
 
 USERSPACE = ("ticket", "mcs", "clh", "futex")
 
@@ -52,16 +53,6 @@ def _hold(lock, ready, go) -> None:
     ready.set()
     go.wait(30)
     lock.release()
-
-
-def _count(lock, counter, n) -> None:
-    for _ in range(n):
-        if not lock.acquire(timeout=20):
-            raise SystemExit(3)
-        if lock.owner_died:
-            lock.mark_consistent()
-        counter.value += 1
-        lock.release()
 
 
 def _armed(lock, point: str) -> subprocess.Popen:
@@ -114,14 +105,18 @@ def run_pair(kind: str, p1: str, p2: str) -> str:
         if lock.owner_died:
             lock.mark_consistent()
         lock.release()
-        counter = ctx.RawValue("q", 0)
-        workers = [ctx.Process(target=_count, args=(lock, counter, 300)) for _ in range(2)]
+        ex = Exclusion(ctx.RawArray("q", words(2)), participants=2)
+        workers = [
+            ctx.Process(target=recovering_sections, args=(lock, ex, 1 + i, 300, 20.0))
+            for i in range(2)
+        ]
         for w in workers:
             w.start()
         for w in workers:
             w.join(30)
             assert w.exitcode == 0, f"{kind} {p1} x {p2}: a counter failed ({w.exitcode})"
-        assert counter.value == 600, f"{kind} {p1} x {p2}: exclusion lost"
+        books = ex.report()
+        assert books.ok and books.total == 600, f"{kind} {p1} x {p2}: exclusion lost: {books}"
         lock.region._recover_dead()
         parts = lock.region._describe()["participants"]
         assert [p["pid"] for p in parts] == [os.getpid()], f"{kind} {p1} x {p2}: {parts}"

@@ -12,6 +12,8 @@ import threading
 import pytest
 from support import KINDS, START_METHODS, Holder, me, outcome
 
+from shmlocks._harness import Exclusion, words
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -79,20 +81,18 @@ def test_region_as_process_arg(procs, new_region, method):
 
 
 _pool_lock = None
-_pool_counter = None
+_pool_checker = None
 
 
-def _pool_init(lock, counter):
-    global _pool_lock, _pool_counter
-    _pool_lock, _pool_counter = lock, counter
+def _pool_init(lock, ex):
+    global _pool_lock, _pool_checker
+    _pool_lock, _pool_checker = lock, ex
 
 
 def _pool_task(i):
     with _pool_lock:
         owner = _pool_lock.owner
-        v = _pool_counter.value
-        os.sched_yield()
-        _pool_counter.value = v + 1
+        _pool_checker.section(1 + i % 2, widen=True)
     return os.getpid(), owner == me(), i
 
 
@@ -101,13 +101,14 @@ def _pool_task(i):
 def test_pool_initializer(new_lock, kind, method):
     lock = new_lock(kind)
     ctx = mp.get_context(method)
-    counter = ctx.Value("q", 0, lock=False)
+    ex = Exclusion(ctx.RawArray("q", words(2)), participants=2)
     ntasks = 40
-    with ctx.Pool(2, initializer=_pool_init, initargs=(lock, counter)) as pool:
+    with ctx.Pool(2, initializer=_pool_init, initargs=(lock, ex)) as pool:
         results = pool.map(_pool_task, range(ntasks), chunksize=1)
         pool.close()
         pool.join()
-    assert counter.value == ntasks
+    books = ex.report()
+    assert books.ok and books.total == ntasks, books
     assert sorted(i for _, _, i in results) == list(range(ntasks))
     assert all(ok for _, ok, _ in results), "owner inside a pool task was not the task's thread"
     assert os.getpid() not in {pid for pid, _, _ in results}

@@ -25,9 +25,10 @@ import sys
 import time
 
 import pytest
-from support import uniq, wait_blocked
+from support import recovering_sections, uniq, wait_blocked
 
 import shmlocks
+from shmlocks._harness import Exclusion, words
 
 #: (kind, crash point a recoverer passes while it releases a dead holder's lock)
 CASES = [
@@ -54,23 +55,9 @@ def _hold(lock, ready) -> None:
     time.sleep(60)
 
 
-def _count(lock, counter, n) -> int:
-    """n sections; returns how many of them saw owner_died (and repaired)."""
-    died = 0
-    for _ in range(n):
-        if not lock.acquire(timeout=30):
-            raise TimeoutError("no lock within 30 s")
-        if lock.owner_died:
-            died += 1
-            lock.mark_consistent()
-        counter.value += 1
-        lock.release()
-    return died
-
-
-def _counter_proc(lock, counter, n, report, role) -> None:
+def _counter_proc(lock, ex, who, n, report, role) -> None:
     try:
-        report.put((role, "ok", _count(lock, counter, n)))
+        report.put((role, "ok", recovering_sections(lock, ex, who, n)))
     except BaseException as e:  # noqa: BLE001 - reported to the test
         report.put((role, f"{type(e).__name__}: {e}", 0))
 
@@ -96,13 +83,13 @@ def _recover_and_die(lock, point: str) -> subprocess.CompletedProcess:
 def test_recoverer_killed_while_releasing_for_a_dead_holder(procs, kind, point):
     lock = shmlocks.KINDS[kind].create(uniq(f"rdeath-{kind}"), max_participants=6)
     ctx = mp.get_context("fork")
-    counter = ctx.RawValue("q", 0)
+    ex = Exclusion(ctx.RawArray("q", words(3)), participants=3)
     report = ctx.Queue()
     ready = ctx.Event()
     try:
         h = procs.start(_hold, lock, ready)
         assert ready.wait(20), "the holder never got the lock"
-        w = procs.start(_counter_proc, lock, counter, N, report, "W")
+        w = procs.start(_counter_proc, lock, ex, 1, N, report, "W")
         wait_blocked(w.pid)
         os.kill(w.pid, signal.SIGSTOP)  # W must not recover H itself
         os.kill(h.pid, signal.SIGKILL)
@@ -112,13 +99,16 @@ def test_recoverer_killed_while_releasing_for_a_dead_holder(procs, kind, point):
             f"the recoverer did not die at {point}: {r.returncode} {r.stdout} {r.stderr}"
         )
         os.kill(w.pid, signal.SIGCONT)
-        others = [procs.start(_counter_proc, lock, counter, N, report, "C") for _ in range(2)]
+        others = [procs.start(_counter_proc, lock, ex, 2 + i, N, report, "C") for i in range(2)]
         results = sorted(report.get(timeout=60) for _ in range(3))
         for p in (w, *others):
             p.join(30)
         assert [r[:2] for r in results] == [("C", "ok"), ("C", "ok"), ("W", "ok")], results
         assert sum(r[2] for r in results) == 1, f"owner_died must be seen once: {results}"
-        assert counter.value == 3 * N, "two holders at once after the double death"
+        books = ex.report()
+        assert books.ok and books.total == 3 * N, (
+            f"two holders at once after the double death: {books}"
+        )
         assert lock.acquire(timeout=5)
         assert not lock.owner_died
         lock.release()

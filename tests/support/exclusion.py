@@ -24,6 +24,7 @@ __all__ = [
     "abort_stress",
     "busy_for",
     "check_mutual_exclusion",
+    "recovering_sections",
 ]
 
 
@@ -67,6 +68,25 @@ def check_mutual_exclusion(
     codes = [p.exitcode for p in workers]
     assert codes == [0] * nprocs, f"worker exit codes {codes}"
     return ex.report(expected=n * iters, seconds=time.monotonic() - t0)
+
+
+def recovering_sections(lock, ex: Exclusion, who: int, n: int, timeout: float = 30.0) -> int:
+    """``n`` sections of the checker, each after a bounded acquire (TimeoutError if the lock
+    does not come within ``timeout``), repairing after ``owner_died``; returns how many
+    holds saw owner_died."""
+    died = 0
+    for _ in range(n):
+        if not lock.acquire(timeout=timeout):
+            raise TimeoutError(f"no lock within {timeout} s")
+        try:
+            if lock.owner_died:
+                died += 1
+                ex.repair()
+                lock.mark_consistent()
+            ex.section(who)
+        finally:
+            lock.release()
+    return died
 
 
 # --------------------------------------------------------------------------- broken locks
