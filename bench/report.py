@@ -26,7 +26,7 @@ import shmlocks
 HERE = Path(__file__).resolve().parent
 CORES = os.cpu_count() or 1
 REF = adapters.REFERENCE
-FIFO = ("ticket", "mcs", "clh")
+FIFO = tuple(k for k, c in shmlocks.KINDS.items() if c.fifo)  # the registry's
 
 
 # ==========================================================================================
@@ -340,6 +340,19 @@ def markdown(
     seconds: float,
     self_check: dict | None,
 ) -> str:
+    """results.md: one function per section, in this order."""
+    L = _header(mode, mach, seconds)
+    L += _uncontended(mode, s)
+    L += _contended(mode, s, self_check)
+    L += _handoff(mode, s)
+    L += _owner_death(mode, s)
+    L += _targets(mode, targets)
+    L += _notes(notes, problems)
+    return "\n".join(L)
+
+
+def _header(mode: Mode, mach: dict, seconds: float) -> list[str]:
+    """The title, the machine, the noise and how to read the figures."""
     L: list[str] = []
     L.append(f"# shmlocks benchmarks ({mode.name} run)")
     L.append("")
@@ -374,8 +387,12 @@ def markdown(
         "(so they measure the GIL as much as the lock)."
     )
     L.append("")
+    return L
 
-    # 1. uncontended
+
+def _uncontended(mode: Mode, s: dict) -> list[str]:
+    """The uncontended table: ns per acquire/release pair, pyperf."""
+    L: list[str] = []
     un = s["uncontended"]
     ref = un.get(REF, {})
     loop = s.get("loop_overhead_ns")
@@ -413,8 +430,12 @@ def markdown(
         "loop-corrected, for reading only; ratios and targets use the raw figures."
     )
     L.append("")
+    return L
 
-    # 2. contended
+
+def _contended(mode: Mode, s: dict, self_check: dict | None) -> list[str]:
+    """Contended throughput, then fairness and exclusion."""
+    L: list[str] = []
     co = s["contended"]
     ps = [str(p) for p in mode.procs]
     if self_check and self_check.get("caught"):
@@ -486,8 +507,12 @@ def markdown(
     hdr.append("counter = sum")
     L += _table(hdr, rows)
     L.append("")
+    return L
 
-    # 3. hand-off
+
+def _handoff(mode: Mode, s: dict) -> list[str]:
+    """Hand-off round trips (README.md, "Hand-off"): two tables and the harness floor."""
+    L: list[str] = []
     ho = s["handoff"]
     L.append("## Hand-off latency: µs per round trip (two hand-offs)")
     L.append("")
@@ -514,53 +539,9 @@ def markdown(
     )
     L.append("")
 
-    def handoff_table(two: bool) -> list[str]:
-        rows = []
-        for name in adapters.NAMES:
-            h = ho.get(name)
-            if not h:
-                continue
-            row = [_label(name)]
-            for cs in mode.cs_ns:
-                e = h.get(str(cs))
-                refe = ho.get(REF, {}).get(str(cs))
-                if e is None:
-                    row += ["–", "–", "–"]
-                    continue
-                if two:
-                    n_all = e["runs"]
-                    starved = e["starved_runs"]
-                    e, refe = e["two_cpu"], refe and refe["two_cpu"]
-                    mark = f" [{e['runs'] if e else 0}/{n_all}]"
-                else:
-                    starved = e["starved_runs"]
-                    mark = f" †{e['one_cpu_runs']}" if e["one_cpu_runs"] else ""
-                    if e["median_ns"] is None:
-                        e = None
-                mark += f" ‡{starved}" if starved else ""
-                if not e:
-                    row += ["–" + mark, "–", "–"]
-                    continue
-                row += [
-                    _cell(e["median_ns"], 1e3, 2) + mark,
-                    _x(
-                        ratio(
-                            e["median_ns"]["median"],
-                            refe and refe["median_ns"] and refe["median_ns"]["median"],
-                        )
-                    ),
-                    _num(e["p99_ns"]["median"] / 1e3, 1),
-                ]
-            rows.append(row)
-        hdr = ["lock"]
-        for cs in mode.cs_ns:
-            lab = "no CS" if cs == 0 else f"CS {cs / 1000:g} µs"
-            hdr += [f"{lab}: median", "×mp", "p99"]
-        return _table(hdr, rows)
-
     L.append("### Runs that did not take turns on one CPU")
     L.append("")
-    L += handoff_table(True)
+    L += _handoff_table(mode, ho, True)
     L.append("")
     fl = s.get("handoff_floor_ns")
     if fl:
@@ -581,10 +562,60 @@ def markdown(
         L.append("")
     L.append("### Every run, as measured")
     L.append("")
-    L += handoff_table(False)
+    L += _handoff_table(mode, ho, False)
     L.append("")
+    return L
 
-    # 4. owner death
+
+def _handoff_table(mode: Mode, ho: dict, two: bool) -> list[str]:
+    """One hand-off table: the runs not on one CPU (``two``), or every run."""
+    rows = []
+    for name in adapters.NAMES:
+        h = ho.get(name)
+        if not h:
+            continue
+        row = [_label(name)]
+        for cs in mode.cs_ns:
+            e = h.get(str(cs))
+            refe = ho.get(REF, {}).get(str(cs))
+            if e is None:
+                row += ["–", "–", "–"]
+                continue
+            if two:
+                n_all = e["runs"]
+                starved = e["starved_runs"]
+                e, refe = e["two_cpu"], refe and refe["two_cpu"]
+                mark = f" [{e['runs'] if e else 0}/{n_all}]"
+            else:
+                starved = e["starved_runs"]
+                mark = f" †{e['one_cpu_runs']}" if e["one_cpu_runs"] else ""
+                if e["median_ns"] is None:
+                    e = None
+            mark += f" ‡{starved}" if starved else ""
+            if not e:
+                row += ["–" + mark, "–", "–"]
+                continue
+            row += [
+                _cell(e["median_ns"], 1e3, 2) + mark,
+                _x(
+                    ratio(
+                        e["median_ns"]["median"],
+                        refe and refe["median_ns"] and refe["median_ns"]["median"],
+                    )
+                ),
+                _num(e["p99_ns"]["median"] / 1e3, 1),
+            ]
+        rows.append(row)
+    hdr = ["lock"]
+    for cs in mode.cs_ns:
+        lab = "no CS" if cs == 0 else f"CS {cs / 1000:g} µs"
+        hdr += [f"{lab}: median", "×mp", "p99"]
+    return _table(hdr, rows)
+
+
+def _owner_death(mode: Mode, s: dict) -> list[str]:
+    """Owner death: SIGKILL to the blocked waiter's acquisition."""
+    L: list[str] = []
     od = s["owner_death"]
     L.append("## Owner death: holder SIGKILLed, waiter blocked")
     L.append("")
@@ -610,8 +641,12 @@ def markdown(
         rows.append([name, d["outcome"], fig, died])
     L += _table(["lock", "outcome", "kill → acquisition (ms)", "owner_died seen"], rows)
     L.append("")
+    return L
 
-    # targets
+
+def _targets(mode: Mode, targets: list[dict]) -> list[str]:
+    """The issue's targets, met or not."""
+    L: list[str] = []
     L.append("## Targets (issue 4)")
     L.append("")
     L.append("Each cell: the ratio (or time) measured in this run, the target, and the verdict.")
@@ -641,6 +676,12 @@ def markdown(
             "short to judge targets by.)"
         )
     L.append("")
+    return L
+
+
+def _notes(notes: list[str], problems: list[str]) -> list[str]:
+    """Notes and problems, if any."""
+    L: list[str] = []
     if notes:
         L.append("## Notes")
         L.append("")
@@ -651,7 +692,7 @@ def markdown(
         L.append("")
         L += [f"- {p}" for p in problems]
         L.append("")
-    return "\n".join(L)
+    return L
 
 
 # ==========================================================================================
