@@ -1,4 +1,5 @@
-"""Hand-off latency: two workers pass a turn through the lock.
+"""Hand-off latency: two workers pass a turn through the lock (a hand-off: README.md,
+"Hand-off"; shmlocks/demo.py measures it with this same protocol).
 
 Each worker loops {acquire; if the turn is mine: [critical section], flip the turn;
 release}. The turn word is only touched under the lock, so every turn change is a

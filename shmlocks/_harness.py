@@ -19,7 +19,8 @@ section is credited to it (``inflight``); otherwise nothing or all of it happene
 idempotent (a repairer killed while repairing is repaired again), so after any number of
 deaths ``counter == sum(done)`` holds exactly when the lock excluded.
 
-Also counted: hand-overs, holds whose holder differs from the previous holder's.
+Also counted: hand-offs (README.md, "Hand-off"), holds by another participant than the
+previous holder.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ MARK_D = 3  # ... and done[who] when it began
 VIOLATIONS = 4  # sections that found another one in progress
 INFLIGHT = 5  # sections of dead participants credited by repair()
 LAST = 6  # who held last
-HANDOVERS = 7  # holds by another participant than the last holder
+HANDOFFS = 7  # hand-offs: holds by another participant than the last holder
 DONE = 8  # + who: sections completed by participant ``who``
 
 
@@ -54,7 +55,7 @@ class ExclusionReport:
     expected: int  # sections completed (sum of done), or what the caller expected
     violations: int
     inflight: int = 0
-    handovers: int = 0
+    handoffs: int = 0
     seconds: float = 0.0
 
     @property
@@ -82,7 +83,7 @@ class Exclusion:
             self.repair()
         if a[b + LAST] != who:
             a[b + LAST] = who
-            a[b + HANDOVERS] += 1
+            a[b + HANDOFFS] += 1
         c = a[b + COUNTER]
         a[b + MARK_C] = c
         a[b + MARK_D] = a[b + DONE + who]
@@ -138,7 +139,7 @@ class Exclusion:
         dies here, so the marker is the participant alone: nothing to repair)."""
         a, b = self.a, self.base
         ctr, mark, viol = b + COUNTER, b + MARK_W, b + VIOLATIONS
-        last, hand = b + LAST, b + HANDOVERS
+        last, hand = b + LAST, b + HANDOFFS
         for n in range(iterations):
             acquire()
             try:
@@ -192,6 +193,6 @@ class Exclusion:
             expected=sum(self.done()) if expected is None else expected,
             violations=int(a[b + VIOLATIONS]),
             inflight=int(a[b + INFLIGHT]),
-            handovers=int(a[b + HANDOVERS]),
+            handoffs=int(a[b + HANDOFFS]),
             seconds=seconds,
         )

@@ -59,43 +59,37 @@ def _die_holding(lock: Any, data: Any, held: Any) -> None:
 def _pingpong_worker(
     lock: Any, shared: Any, clock: Any, me: int, duration: float, barrier: Any, result: Any
 ) -> None:
-    """Take turns with the other worker through `lock`.
+    """Take turns with the other worker through `lock`: bench/handoff.py's protocol.
 
-    shared = [whose turn, stop flag, work]; clock = [when the last holder released].
-    A worker waits for its turn outside the lock, then takes the lock, passes the turn and
-    does a little work before it releases, while the other worker calls acquire(). So every
-    turn hands the lock from one process to the other, and barging locks cannot starve
-    anybody. Records the round trip (from one of my turns to the next) and the hand-off
-    (from the other's release to my acquire returning; CLOCK_MONOTONIC is system-wide).
+    shared = [whose turn, stop flag]; clock = [when the turn was last passed]. Each worker
+    loops {acquire; if the turn is mine: pass it; release}. The turn word is only touched
+    under the lock, so every turn is a hand-off (README.md, "Hand-off"): the lock passing
+    from one process to the other, which waits for it in acquire() (it retries at once when
+    it finds the turn is not its own). Records the round trip (from one of my turns to my
+    next: two hand-offs) and the hand-off time (from the other's release() that passed me
+    the turn to my acquire() returning; CLOCK_MONOTONIC is system-wide).
     """
     _worker_setup()
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) >= 2:  # one CPU each: a hand-off between CPUs, not a context switch
-        os.sched_setaffinity(0, {cpus[me % len(cpus)]})
     stamps: list[float] = []
     handoffs: list[float] = []
     barrier.wait(30)
     now = time.monotonic
     end = now() + duration
     hard_end = end + 10  # if the other side is gone, never wait for it longer than this
-    spins = 0
-    while True:
-        while shared[0] != me and not shared[1]:
-            spins += 1
-            if not spins & 0x3F:
-                if now() > hard_end:
-                    shared[1] = 1
-                os.sched_yield()  # be kind to a machine with fewer CPUs than workers
-        if shared[1]:
-            break
+    tries = 0
+    while not shared[1]:
         lock.acquire()
         t = now()
+        if shared[0] != me:
+            lock.release()
+            tries += 1
+            if not tries & 0x3FF and now() > hard_end:
+                shared[1] = 1
+            continue
         if clock[0]:
             handoffs.append(t - clock[0])
         stamps.append(t)
-        shared[0] = 1 - me  # the other worker now calls acquire() and waits for us
-        for _ in range(4):
-            shared[2] += 1  # the critical section's work
+        shared[0] = 1 - me
         clock[0] = now()
         lock.release()
         if t > end:
@@ -185,8 +179,8 @@ class _Demo:
         print(
             f"1. Counting: {n} processes x {it:,} increments of one shared counter, under each lock"
         )
-        row = "   {:<22}{:>10}  {:<7}{:>8}{:>15}{:>12}"
-        print(row.format("lock", "total", "", "time", "per increment", "hand-overs"), flush=True)
+        row = "   {:<22}{:>10}  {:<7}{:>8}{:>15}{:>11}"
+        print(row.format("lock", "total", "", "time", "per increment", "hand-offs"), flush=True)
         for label, make in self._entries():
             lock = make()
             ex = Exclusion(self.ctx.RawArray("q", words(n)), participants=n)
@@ -212,12 +206,12 @@ class _Demo:
                     verdict,
                     f"{elapsed:.2f} s",
                     f"{elapsed / expected * 1e6:.2f} µs",
-                    f"{books.handovers - 1:,}",
+                    f"{books.handoffs - 1:,}",
                 ),
                 flush=True,
             )
         print(
-            "   (hand-overs: how often the lock passed to another process. FIFO locks take turns, so\n"
+            "   (hand-offs: how often the lock passed to another process. FIFO locks take turns, so\n"
             "   with more processes than CPUs a turn may wait for a descheduled process; barging\n"
             "   locks let the running process keep the lock.)"
         )
@@ -325,13 +319,13 @@ class _Demo:
     def handoff_table(self) -> None:
         d = self.handoff
         print(
-            f"3. Hand-off: two processes take turns through one lock for {d:.1f} s each "
-            "(each waits in acquire() while the other finishes its turn)"
+            f"3. Hand-off: two processes pass a turn through one lock for {d:.1f} s each "
+            "(each waits in acquire() while the other holds it)"
         )
         results: list[tuple[str, float, float, int]] = []
         for label, make in self._entries():
             lock = make()
-            shared = self.ctx.RawArray("q", 3)
+            shared = self.ctx.RawArray("q", 2)
             clock = self.ctx.RawArray("d", 1)
             result = self.ctx.RawArray("d", 6)
             barrier = self.ctx.Barrier(2)
@@ -354,7 +348,10 @@ class _Demo:
             rows.append([label, _us(handoff), _us(trip), f"{trips:,}", vs])
         headers = ["lock", "hand-off", "round trip", "round trips", "round trip vs mp.Lock"]
         print(table(headers, rows, indent="   "))
-        print("   (medians; hand-off: one process's release() to the other's acquire() returning)")
+        print(
+            "   (medians; hand-off: one process's release() to the waiting one's acquire()\n"
+            "   returning; round trip: two hand-offs, as bench/handoff.py measures it)"
+        )
         load = os.getloadavg()[0]
         cpus = os.cpu_count() or 1
         if load > cpus - 0.5:

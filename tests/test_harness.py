@@ -52,7 +52,7 @@ def test_checker_passes_a_real_lock(procs, ticket):
     report = check_mutual_exclusion(procs, ticket, "fork", nprocs=3, iters=2000)
     assert report.ok, report
     assert report.total == report.expected == 6000
-    assert report.handovers > 1, "three processes took turns, yet no hand-over was counted"
+    assert report.handoffs > 1, "three processes took turns, yet no hand-off was counted"
 
 
 @pytest.mark.parametrize("broken", ["noop", "sometimes-two"])
