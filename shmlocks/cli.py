@@ -1,5 +1,5 @@
-"""The ``shmlocks`` command line: ``ls``, ``inspect``, ``deadlocks``, ``unlink``, ``demo``,
-``bench`` and ``torture``.
+"""The ``shmlocks`` command line: ``ls``, ``inspect``, ``deadlocks``, ``stat``,
+``unlink``, ``demo``, ``bench`` and ``torture``.
 
 Every command reads or changes POSIX shared-memory segments through the public API (plus
 ``Region._describe`` for triage). An expected failure (a missing or invalid name, a segment
@@ -29,6 +29,7 @@ from shmlocks._core import _check_name, _pid_alive
 from shmlocks._table import emit, human_size, table
 from shmlocks.deadlocks import annotate
 from shmlocks.deadlocks import register as register_deadlocks
+from shmlocks.stats_cli import register as register_stat
 
 SHM_DIR = Path("/dev/shm")
 
@@ -426,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_inspect)
 
     register_deadlocks(sub)
+    register_stat(sub)
 
     p = sub.add_parser("unlink", help="remove a segment's name")
     p.add_argument("name", metavar="NAME", help="segment name (a leading / is optional)")
