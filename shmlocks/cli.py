@@ -1,4 +1,4 @@
-"""The ``shmlocks`` command line: ``ls``, ``inspect``, ``deadlocks``, ``stat``,
+"""The ``shmlocks`` command line: ``ls``, ``inspect``, ``deadlocks``, ``stat``, ``top``,
 ``unlink``, ``demo``, ``bench`` and ``torture``.
 
 Every command reads or changes POSIX shared-memory segments through the public API (plus
@@ -30,6 +30,7 @@ from shmlocks._table import emit, human_size, table
 from shmlocks.deadlocks import annotate
 from shmlocks.deadlocks import register as register_deadlocks
 from shmlocks.stats_cli import register as register_stat
+from shmlocks.top import register as register_top
 
 SHM_DIR = Path("/dev/shm")
 
@@ -428,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_deadlocks(sub)
     register_stat(sub)
+    register_top(sub)
 
     p = sub.add_parser("unlink", help="remove a segment's name")
     p.add_argument("name", metavar="NAME", help="segment name (a leading / is optional)")

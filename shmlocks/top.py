@@ -1,0 +1,241 @@
+"""``shmlocks top [NAME ...]``: a live view of the busiest locks on the machine.
+
+Every ``--interval`` seconds (default 1) it reads the counters of every lock of every
+shmlocks segment in /dev/shm (or of the segments named) and shows, busiest first, the rates
+from the deltas: acquires/s, hand-offs/s, % of the acquires that waited, their mean wait,
+timeouts/s; then the max wait (since the counters began), the holder and the waiters.
+
+On a terminal it redraws in place (raw termios + ANSI: the alternate screen, cbreak mode so
+one key is read at once, the cursor hidden) until ``q`` or Ctrl-C, then restores the
+terminal as it found it. With stdout not a terminal, or with ``--json``, it prints one
+snapshot (rates over one interval) and exits. Segments that cannot be read are skipped
+with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import shutil
+import sys
+import termios
+import time
+import tty
+from typing import Any, TextIO
+
+import shmlocks
+from shmlocks._table import table
+from shmlocks.stats_cli import duration, holder_text, segment_stats
+
+NO_SEGMENTS = "no shmlocks segments"
+
+
+def sample(names: list[str] | None) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
+    """{(segment, lock): record} for the named segments (all when None), and notes on the
+    ones that could not be read."""
+    notes: list[str] = []
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for seg in names if names is not None else shmlocks.list_regions():
+        try:
+            d = segment_stats(seg)
+        except FileNotFoundError:
+            if names is not None:
+                notes.append(f"{seg}: gone")
+            continue
+        except (shmlocks.ShmLockError, OSError, ValueError) as e:
+            notes.append(f"{seg}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+            continue
+        for lk in d["locks"]:
+            out[(seg, lk["name"])] = dict(lk, segment=seg)
+    return out, notes
+
+
+def _delta(cur: dict[str, Any], prev: dict[str, Any] | None, key: str) -> float:
+    if prev is None:
+        return 0
+    c, p = cur[key], prev[key]
+    return c - p if c >= p else c  # a reset: what was counted since
+
+
+def rates(
+    cur: dict[tuple[str, str], dict[str, Any]],
+    prev: dict[tuple[str, str], dict[str, Any]] | None,
+    dt: float,
+) -> list[dict[str, Any]]:
+    """One row per lock with the rates over the last ``dt`` seconds (None: no earlier
+    sample yet), busiest first."""
+    rows = []
+    for key, r in cur.items():
+        p = prev.get(key) if prev is not None else None
+        row = dict(r)
+        if prev is None or dt <= 0:
+            row.update(acquires_s=None, handoffs_s=None, timeouts_s=None)
+            row.update(contended_pct=None, wait_mean_s=None)
+        else:
+            acq = _delta(r, p, "acquisitions")
+            cont = _delta(r, p, "contended")
+            row["acquires_s"] = acq / dt
+            row["handoffs_s"] = _delta(r, p, "handoffs") / dt
+            row["timeouts_s"] = _delta(r, p, "timeouts") / dt
+            row["contended_pct"] = 100.0 * cont / acq if acq else None
+            row["wait_mean_s"] = _delta(r, p, "wait_total_s") / cont if cont else None
+        rows.append(row)
+    rows.sort(
+        key=lambda w: (-(w["acquires_s"] or 0), -w["waiters"], -w["acquisitions"], w["segment"])
+    )
+    return rows
+
+
+def _rate(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f}" if v < 10 else f"{v:.0f}"
+
+
+def render(rows: list[dict[str, Any]], notes: list[str], interval: float) -> list[str]:
+    """The screen's lines (a header line, then the table, then notes)."""
+    nseg = len({r["segment"] for r in rows})
+    head = (
+        f"shmlocks top  {time.strftime('%H:%M:%S')}  {len(rows)} locks in {nseg} segments"
+        f"  (every {interval:g} s; q or Ctrl-C quits)"
+    )
+    if not rows:
+        return [head, "", NO_SEGMENTS if not notes else "no readable shmlocks segments"] + [
+            f"note: {n}" for n in notes
+        ]
+    body = [
+        [
+            r["segment"],
+            r["name"],
+            r["kind"],
+            _rate(r["acquires_s"]),
+            _rate(r["handoffs_s"]),
+            "-" if r["contended_pct"] is None else f"{r['contended_pct']:.1f}",
+            duration(r["wait_mean_s"]),
+            duration(r["wait_max_s"] if r["contended"] else None),
+            _rate(r["timeouts_s"]),
+            holder_text(r),
+            r["waiters"],
+        ]
+        for r in rows
+    ]
+    headers = [
+        "SEGMENT",
+        "LOCK",
+        "KIND",
+        "ACQ/S",
+        "HANDOFF/S",
+        "%CONT",
+        "WAIT MEAN",
+        "WAIT MAX",
+        "TIMEOUT/S",
+        "HOLDER",
+        "WAITERS",
+    ]
+    return [head, "", *table(headers, body).splitlines()] + [f"note: {n}" for n in notes]
+
+
+def snapshot_once(names: list[str] | None, interval: float, as_json: bool, out: TextIO) -> int:
+    first, _ = sample(names)
+    t0 = time.monotonic()
+    time.sleep(interval)
+    cur, notes = sample(names)
+    rows = rates(cur, first, time.monotonic() - t0)
+    if as_json:
+        out.write(json.dumps({"locks": rows, "notes": notes}, indent=2) + "\n")
+    elif not rows and not notes:
+        out.write(NO_SEGMENTS + "\n")
+    else:
+        out.write("\n".join(render(rows, notes, interval)[2:]) + "\n")
+    return 0
+
+
+def live(names: list[str] | None, interval: float, out: TextIO) -> int:
+    """Redraw every ``interval`` until q or Ctrl-C; the terminal is restored whatever
+    happens (an exception included)."""
+    tty_fd: int | None = sys.stdin.fileno() if sys.stdin.isatty() else None
+    fd = tty_fd
+    saved = termios.tcgetattr(tty_fd) if tty_fd is not None else None
+    try:
+        if fd is not None:
+            tty.setcbreak(fd)  # keys one at a time, no echo; Ctrl-C still raises SIGINT
+        out.write("\x1b[?1049h\x1b[?25l")  # the alternate screen, the cursor hidden
+        prev: dict[tuple[str, str], dict[str, Any]] | None = None
+        t_prev = time.monotonic()
+        while True:
+            cur, notes = sample(names)
+            now = time.monotonic()
+            rows = rates(cur, prev, now - t_prev)
+            prev, t_prev = cur, now
+            size = shutil.get_terminal_size()
+            lines = [ln[: size.columns] for ln in render(rows, notes, interval)]
+            out.write("\x1b[H\x1b[2J" + "\n".join(lines[: max(1, size.lines - 1)]))
+            out.flush()
+            deadline = now + interval
+            while (left := deadline - time.monotonic()) > 0:
+                if fd is None:
+                    time.sleep(left)
+                    break
+                ready, _, _ = select.select([fd], [], [], left)
+                if ready:
+                    keys = os.read(fd, 64)
+                    if not keys:
+                        fd = None  # end of input: only Ctrl-C quits now
+                    elif b"q" in keys or b"Q" in keys:
+                        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            out.write("\x1b[?25h\x1b[?1049l")
+            out.flush()
+        if tty_fd is not None and saved is not None:
+            termios.tcsetattr(tty_fd, termios.TCSADRAIN, saved)
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from shmlocks.cli import _require_region, segment_name
+
+    names: list[str] | None = None
+    if args.names:
+        names = []
+        for raw in args.names:
+            n = segment_name(raw)
+            _require_region(n)
+            names.append(n)
+    if args.json or not sys.stdout.isatty():
+        return snapshot_once(names, args.interval, args.json, sys.stdout)
+    return live(names, args.interval, sys.stdout)
+
+
+def _interval(text: str) -> float:
+    v = float(text)
+    if not 0.05 <= v <= 3600:
+        raise argparse.ArgumentTypeError("the interval is 0.05 to 3600 seconds")
+    return v
+
+
+def register(sub: Any) -> None:
+    """Add the ``top`` command to the CLI's subparsers."""
+    p = sub.add_parser(
+        "top",
+        help="a live view of the busiest locks on the machine (q or Ctrl-C quits)",
+        description="Refreshed every interval: for each lock of every shmlocks segment "
+        "(or of the NAMEs given), busiest first, acquires/s, hand-offs/s, %% of acquires "
+        "that waited and their mean wait, the max wait, timeouts/s, the holder (pid, alive "
+        "or dead) and the waiters. q or Ctrl-C quits. With stdout not a terminal, or with "
+        "--json, prints one snapshot (rates over one interval) and exits.",
+    )
+    p.add_argument("names", nargs="*", metavar="NAME", help="segments to watch (default: all)")
+    p.add_argument(
+        "--interval",
+        type=_interval,
+        default=1.0,
+        metavar="SECONDS",
+        help="refresh period, and the span of the rates (default 1)",
+    )
+    p.add_argument("--json", action="store_true", help="one snapshot, machine-readable")
+    p.set_defaults(func=cmd_top)

@@ -1,0 +1,166 @@
+"""``shmlocks top``: one snapshot into a pipe or as JSON, "no shmlocks segments", and the
+live view driven in a real pseudo-terminal (keys in, screen out, terminal modes restored)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import multiprocessing as mp
+import os
+import re
+import select
+import signal
+import struct
+import sys
+import termios
+import time
+
+import pytest
+from test_cli import cli, lock_line
+
+import shmlocks
+from shmlocks import cli as shmlocks_cli
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _hammer(lock, stop, started):
+    started.set()
+    deadline = time.monotonic() + 40
+    while not stop.is_set() and time.monotonic() < deadline:
+        for _ in range(200):
+            lock.acquire()
+            lock.release()
+        time.sleep(0.001)
+
+
+class Hammer:
+    """A child process acquiring and releasing ``lock`` until stopped (40 s at most)."""
+
+    def __init__(self, procs, lock):
+        ctx = mp.get_context("fork")
+        self.stop, started = ctx.Event(), ctx.Event()
+        self.proc = procs.start(_hammer, lock, self.stop, started)
+        assert started.wait(20)
+
+    def end(self):
+        self.stop.set()
+        self.proc.join(20)
+        assert self.proc.exitcode == 0
+
+
+def test_top_without_a_terminal_prints_one_snapshot(new_lock, procs):
+    lock = new_lock("futex")
+    h = Hammer(procs, lock)
+    try:
+        proc = cli("top", lock.name, "--interval", "0.3")
+        js = cli("top", lock.name, "--interval", "0.3", "--json")
+    finally:
+        h.end()
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout, "no terminal control sequences into a pipe"
+    row = lock_line(proc.stdout, lock.name).split()
+    assert row[1:3] == ["lock", "futex"] and float(row[3]) > 0, row
+    assert js.returncode == 0, js.stderr
+    (rec,) = json.loads(js.stdout)["locks"]
+    assert rec["segment"] == lock.name and rec["acquires_s"] > 0
+
+
+def test_top_with_no_segments_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(shmlocks, "list_regions", lambda: [])
+    assert shmlocks_cli.main(["top", "--interval", "0.05"]) == 0
+    assert capsys.readouterr().out.strip() == "no shmlocks segments"
+
+
+def test_top_missing_segment_fails_in_one_line():
+    proc = cli("top", "shmlt-no-such-segment-top")
+    assert proc.returncode == 1 and proc.stderr.startswith("shmlocks: error:")
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _take_tty():
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # the pty becomes our controlling terminal
+
+
+@pytest.mark.parametrize("key", [b"q", b"\x03"], ids=["q", "ctrl-c"])
+def test_top_in_a_pty_shows_rates_and_restores_the_terminal(key, new_lock, procs):
+    lock = new_lock("ticket")
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))
+    before = termios.tcgetattr(slave)
+    h = Hammer(procs, lock)
+    p = None
+    try:
+        p = procs.popen(
+            [sys.executable, "-m", "shmlocks", "top", lock.name],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+            preexec_fn=_take_tty,
+        )
+        screen = b""
+        rate = 0.0
+        deadline = time.monotonic() + 30
+        while rate <= 0 and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                screen += os.read(master, 65536)
+            frame = ANSI.sub("", screen.decode("utf-8", "replace").rsplit("\x1b[2J", 1)[-1])
+            rows = [ln.split() for ln in frame.splitlines() if ln.startswith(lock.name)]
+            if rows and len(rows[-1]) > 3 and rows[-1][3] != "-":
+                rate = float(rows[-1][3])
+        assert rate > 0, f"no non-zero rate on the screen:\n{screen[-2000:]!r}"
+        during = termios.tcgetattr(slave)
+        assert not during[3] & termios.ICANON, "top reads keys one at a time"
+        os.write(master, key)
+        assert p.wait(10) == 0
+        with_tail = screen
+        while select.select([master], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            with_tail += chunk
+        assert with_tail.endswith(b"\x1b[?25h\x1b[?1049l") or b"\x1b[?1049l" in with_tail
+        assert termios.tcgetattr(slave) == before, "terminal modes restored"
+    finally:
+        h.end()
+        if p is not None and p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(10)
+        os.close(master)
+        os.close(slave)
+
+
+def test_top_unit_rates_and_ordering():
+    from shmlocks.top import rates
+
+    def rec(acq, cont, wait, waiters=0):
+        return {
+            "segment": "s",
+            "name": str(acq),
+            "kind": "mcs",
+            "locked": False,
+            "holder": None,
+            "waiters": waiters,
+            "acquisitions": acq,
+            "contended": cont,
+            "wait_total_s": wait,
+            "wait_max_s": wait,
+            "timeouts": 0,
+            "owner_deaths": 0,
+            "handoffs": acq // 2,
+        }
+
+    prev = {("s", "a"): rec(100, 10, 1.0), ("s", "b"): rec(1000, 0, 0.0)}
+    cur = {("s", "a"): rec(300, 60, 3.0), ("s", "b"): rec(5, 0, 0.0)}  # b was reset
+    rows = rates(cur, prev, 2.0)
+    assert [r["acquires_s"] for r in rows] == [100.0, 2.5]
+    assert rows[0]["contended_pct"] == 25.0 and rows[0]["wait_mean_s"] == 2.0 / 50
+    assert rows[1]["contended_pct"] == 0.0 and rows[1]["wait_mean_s"] is None
+    assert all(r["acquires_s"] is None for r in rates(cur, None, 1.0))
