@@ -106,6 +106,13 @@ class Adapter:
     def close(self) -> None:
         pass
 
+    def reset_stats(self) -> None:
+        """Zero the lock's own counters (shmlocks kinds; the anchors keep none)."""
+
+    def stats(self) -> dict[str, Any] | None:
+        """The lock's own counters (lock.stats()), or None for a lock that keeps none."""
+        return None
+
     def __repr__(self) -> str:
         return f"<bench adapter {self.name}>"
 
@@ -130,6 +137,12 @@ class ShmlocksAdapter(Adapter):
 
     def close(self) -> None:
         self.lock.close()
+
+    def reset_stats(self) -> None:
+        self.lock.reset_stats()
+
+    def stats(self) -> dict[str, Any] | None:
+        return dict(self.lock.stats())
 
 
 class ThreadingAdapter(Adapter):

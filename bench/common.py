@@ -52,6 +52,19 @@ def spread(xs: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
+def lock_counters(st: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
+    """What a run reports from the lock's own counters (``lock.stats()``; None for a lock
+    that keeps none): the counters, the % of acquisitions that waited, hand-offs/s."""
+    if st is None:
+        return {"lock_stats": None, "contended_pct": None, "handoffs_per_s": None}
+    acq = st["acquisitions"]
+    return {
+        "lock_stats": st,
+        "contended_pct": 100.0 * st["contended"] / acq if acq else None,
+        "handoffs_per_s": st["handoffs"] / seconds if seconds > 0 else None,
+    }
+
+
 def percentile(sorted_xs: Sequence[float], p: float) -> float:
     """Nearest-rank percentile (0 < p <= 100) of an already sorted list."""
     if not sorted_xs:

@@ -4,7 +4,10 @@ The loop is the exclusion checker's lightest (shmlocks/_harness.py ``count_until
 counter in shared memory is incremented by a plain read-modify-write (a load, an add and a
 store on a memoryview, with nothing atomic about it), so ``counter == sum(per-worker
 counts)`` holds only if the lock excluded.
-Reports ops/s, Jain's fairness index over the per-worker counts and the max/min share.
+Reports ops/s, Jain's fairness index over the per-worker counts and the max/min share;
+for the shmlocks kinds, from the lock's own counters (lock.stats(), zeroed before the run),
+the % of acquisitions that waited and the hand-offs per second, and ``stats_match``: the
+counters' acquisitions equal the harness's count of sections.
 
 Workers are forked processes, except for threading.Lock, which is not cross-process: it
 runs P threads of one process (and so measures the GIL as much as the lock), and every
@@ -27,6 +30,7 @@ from common import (
     cpu_wait_share,
     get_usage,
     jain,
+    lock_counters,
     max_min_share,
     put_usage,
     run_workers,
@@ -60,6 +64,7 @@ def measure(adapter: Adapter, nworkers: int, duration: float, timeout: float = 1
     shared = Shared(2 + nworkers, extra=words(nworkers))
     w = shared.w
     ex = Exclusion(w, shared.extra_base, participants=nworkers)
+    adapter.reset_stats()
     try:
         t0, t1 = run_workers(
             adapter.cross_process,
@@ -80,7 +85,10 @@ def measure(adapter: Adapter, nworkers: int, duration: float, timeout: float = 1
         shared.close()
     total = sum(counts)
     elapsed = t1 - t0
+    st = adapter.stats()
     return {
+        **lock_counters(st, elapsed),
+        "stats_match": None if st is None else st["acquisitions"] == total,
         "workers": "processes" if adapter.cross_process else "threads",
         "n": nworkers,
         "seconds": elapsed,

@@ -14,6 +14,12 @@ raw round trips, nothing subtracted.
 
 Each worker also counts its own flips: they may differ by at most one, a cheap second
 check that the lock excluded. threading.Lock runs two threads of one process (labelled).
+
+For the shmlocks kinds the lock's own counters (lock.stats(), zeroed before the run) give
+hand-offs/s and the % of acquisitions that waited. Every flip but the first follows a hold
+by the other worker, so ``stats_match`` checks hand-offs >= flips - 1 and acquisitions >=
+flips (a worker that finds it is not its turn makes holds, and hand-offs, that flip
+nothing: ``turns_per_s`` is the harness's count, flips per second).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from common import (
     cpu_share,
     cpu_wait_share,
     get_usage,
+    lock_counters,
     percentile,
     put_usage,
     run_workers,
@@ -95,6 +102,7 @@ def measure(
     w = shared.w
     base = shared.extra_base
     what = f"{adapter.name} hand-off cs={cs_ns}ns"
+    adapter.reset_stats()
     try:
         elapsed = run_workers(
             adapter.cross_process,
@@ -115,7 +123,14 @@ def measure(
         del w
         shared.close()
     rts = sorted(b - a for a, b in zip(stamps, stamps[1:], strict=False))
+    st = adapter.stats()
+    nflips = flips[0] + flips[1]
     out: dict[str, Any] = {
+        **lock_counters(st, elapsed),
+        "turns_per_s": nflips / elapsed if elapsed > 0 else None,
+        "stats_match": None
+        if st is None
+        else st["handoffs"] >= nflips - 1 and st["acquisitions"] >= nflips,
         "workers": "processes" if adapter.cross_process else "threads",
         "cs_ns": cs_ns,
         "round_trips": len(rts),

@@ -63,6 +63,7 @@ def summarize(raw: dict[str, Any], mode: Mode) -> dict[str, Any]:
                 "exclusion_ok": all(r["exclusion_ok"] for r in runs),
                 "cpus": spread([_cpus(r["usage"]) for r in runs]),
                 "workers": runs[0]["workers"],
+                **_counters(runs),
             }
     for name, bycs in raw["handoff"].items():
         for cs, all_runs in bycs.items():
@@ -87,6 +88,10 @@ def summarize(raw: dict[str, Any], mode: Mode) -> dict[str, Any]:
                 else None,
                 "round_trips": sum(r["round_trips"] for r in runs),
                 "workers": all_runs[0]["workers"],
+                **_counters(all_runs),
+                "turns_per_s": spread([r["turns_per_s"] for r in all_runs if r.get("turns_per_s")])
+                if any(r.get("turns_per_s") for r in all_runs)
+                else None,
             }
     for name, runs in raw["owner_death"].items():
         rec = [r["recovery_ms"] for r in runs if r["outcome"] == "recovered"]
@@ -97,6 +102,23 @@ def summarize(raw: dict[str, Any], mode: Mode) -> dict[str, Any]:
             "timed_out_after_s": runs[-1].get("timed_out_after_s"),
         }
     return s
+
+
+def _counters(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the runs' lock counters say (lock.stats(); None for locks that keep none):
+    the % of acquisitions that waited, hand-offs/s, and whether every run's counters
+    agreed with the harness's own count (``stats_match``)."""
+
+    def sp(key: str) -> dict[str, float] | None:
+        xs = [r[key] for r in runs if r.get(key) is not None]
+        return spread(xs) if xs else None
+
+    checked = [r["stats_match"] for r in runs if r.get("stats_match") is not None]
+    return {
+        "contended_pct": sp("contended_pct"),
+        "handoffs_per_s": sp("handoffs_per_s"),
+        "stats_match": all(checked) if checked else None,
+    }
 
 
 def _cpus(use: list[dict[str, int]]) -> float:
@@ -507,6 +529,46 @@ def _contended(mode: Mode, s: dict, self_check: dict | None) -> list[str]:
     hdr.append("counter = sum")
     L += _table(hdr, rows)
     L.append("")
+    L += _contended_counters(co, multi)
+    return L
+
+
+def _contended_counters(co: dict, ps: list[str]) -> list[str]:
+    """The shmlocks kinds' own counters (lock.stats()) over the same runs."""
+    rows = []
+    for name in adapters.NAMES:
+        c = co.get(name)
+        if not c or not any(c.get(p) and c[p].get("handoffs_per_s") for p in ps):
+            continue
+        row = [_label(name)]
+        ok: bool | None = True
+        for p in ps:
+            e = c.get(p)
+            row += [
+                _cell(e and e.get("contended_pct"), 1, 1),
+                _cell(e and e.get("handoffs_per_s"), 1e3, 1),
+            ]
+            if e and e.get("stats_match") is False:
+                ok = False
+        row.append("yes" if ok else "**NO**")
+        rows.append(row)
+    if not rows:
+        return []
+    L = ["### From the locks' own counters", ""]
+    L.append(
+        "What each lock counted itself (`lock.stats()`, zeroed before each run; "
+        'README.md, "Lock statistics"): the % of acquisitions that had to wait, and '
+        "thousands of hand-offs (a hold begun by another process than the previous one) "
+        "per second. Last column: in every run the counters' acquisitions equal the "
+        "harness's count of sections."
+    )
+    L.append("")
+    hdr = ["lock"]
+    for p in ps:
+        hdr += [f"% waited P={p}", f"k hand-offs/s P={p}"]
+    hdr.append("acquisitions = sections")
+    L += _table(hdr, rows)
+    L.append("")
     return L
 
 
@@ -563,6 +625,48 @@ def _handoff(mode: Mode, s: dict) -> list[str]:
     L.append("### Every run, as measured")
     L.append("")
     L += _handoff_table(mode, ho, False)
+    L.append("")
+    L += _handoff_counters(mode, ho)
+    return L
+
+
+def _handoff_counters(mode: Mode, ho: dict) -> list[str]:
+    """The shmlocks kinds' own counters over the hand-off runs, beside the harness's turns."""
+    rows = []
+    for name in adapters.NAMES:
+        h = ho.get(name)
+        if not h or not any(e and e.get("handoffs_per_s") for e in h.values()):
+            continue
+        row = [_label(name)]
+        ok = True
+        for cs in mode.cs_ns:
+            e = h.get(str(cs))
+            row += [
+                _cell(e and e.get("handoffs_per_s"), 1e3, 1),
+                _cell(e and e.get("turns_per_s"), 1e3, 1),
+                _cell(e and e.get("contended_pct"), 1, 1),
+            ]
+            if e and e.get("stats_match") is False:
+                ok = False
+        row.append("yes" if ok else "**NO**")
+        rows.append(row)
+    if not rows:
+        return []
+    L = ["### From the locks' own counters", ""]
+    L.append(
+        "Thousands of hand-offs per second as each lock counted them (`lock.stats()`, "
+        "zeroed before each run), beside the harness's own count of turns passed (each "
+        "a hand-off; a worker that finds it is not its turn makes holds, and hand-offs, "
+        "that pass nothing), and the % of acquisitions that waited. Last column: in "
+        "every run hand-offs >= turns - 1 and acquisitions >= turns."
+    )
+    L.append("")
+    hdr = ["lock"]
+    for cs in mode.cs_ns:
+        lab = "no CS" if cs == 0 else f"CS {cs / 1000:g} µs"
+        hdr += [f"{lab}: k hand-offs/s", "k turns/s", "% waited"]
+    hdr.append("counters ≥ turns")
+    L += _table(hdr, rows)
     L.append("")
     return L
 

@@ -202,6 +202,11 @@ class Run:
                             f"EXCLUSION VIOLATED: {name} x{p}: counter "
                             f"{out['counter']} != sum of counts {out['ops']}"
                         )
+                    if out["stats_match"] is False:
+                        self.problem(
+                            f"LOCK COUNTERS WRONG: {name} x{p}: stats() acquisitions "
+                            f"{out['lock_stats']['acquisitions']} != {out['ops']} sections"
+                        )
 
     def handoff(self) -> None:
         m = self.mode
@@ -230,6 +235,11 @@ class Run:
                         self.problem(
                             f"EXCLUSION VIOLATED: {name} hand-off cs={cs}: turn "
                             f"flips {out['flips']} differ by more than one"
+                        )
+                    if out["stats_match"] is False:
+                        self.problem(
+                            f"LOCK COUNTERS WRONG: {name} hand-off cs={cs}: stats() "
+                            f"{out['lock_stats']} cannot follow flips {out['flips']}"
                         )
 
     def owner_death(self) -> None:
