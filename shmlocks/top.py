@@ -95,11 +95,16 @@ def _rate(v: float | None) -> str:
     return f"{v:.1f}" if v < 10 else f"{v:.0f}"
 
 
+def _n(k: int, what: str) -> str:
+    return f"{k} {what}{'' if k == 1 else 's'}"
+
+
 def render(rows: list[dict[str, Any]], notes: list[str], interval: float) -> list[str]:
     """The screen's lines (a header line, then the table, then notes)."""
     nseg = len({r["segment"] for r in rows})
     head = (
-        f"shmlocks top  {time.strftime('%H:%M:%S')}  {len(rows)} locks in {nseg} segments"
+        f"shmlocks top  {time.strftime('%H:%M:%S')}  {_n(len(rows), 'lock')} in "
+        f"{_n(nseg, 'segment')}"
         f"  (every {interval:g} s; q or Ctrl-C quits)"
     )
     if not rows:
