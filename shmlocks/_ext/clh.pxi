@@ -288,6 +288,45 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     _clh_release_as(b, q, shm_crash_armed)
 
 
+cdef void _clh_check_owner(rmap_t* rm, shm_body* b, uint32_t pn) noexcept nogil:
+    """park()'s tick: is the owner of node pn, which we wait on, alive? Recover it if not."""
+    cdef uint32_t y
+    for y in range(b.P):
+        if ld32_acq(&b.precs[y].mine) == pn:
+            if participant_dead(rm, y):
+                participant_try_recover(rm, y)
+            return
+
+
+cdef void _clh_tend_abandoned(rmap_t* rm, shm_body* b, uint32_t X) noexcept nogil:
+    """park()'s tick while our node X, abandoned by the thread that had our slot before
+    us, waits to be handed back: check the owner of the node it waited on; if nothing is
+    queued behind X, step it out of the tail ourselves (as its abort would have); else
+    recover the one who owes us the hand-back if it is dead: the first waiter behind us,
+    past the nodes behind us that were abandoned too (that waiter reclaims them first)."""
+    cdef shm_node* x = &b.nodes[X]
+    cdef uint64_t t
+    cdef uint32_t p
+    cdef uint32_t s = X, st, guard
+    _clh_check_owner(rm, b, ld32_acq(&x.pred))
+    t = ld64_seq(&b.wa.u64[0])
+    p = ld32_acq(&x.pred)
+    if <uint32_t>(t & 0xffffffffU) == X:
+        if (p <= b.P and ld32_seq(&x.state) == C_ABANDONED
+                and cas64(&b.wa.u64[0], t, _clh_tail(p, C_UNKNOWN))):
+            trace("clh.tend.out", X, p, t)
+            st32_seq(&x.state, C_RECLAIMED)          # out of the queue: ours again
+        return
+    for guard in range(b.P + 1):
+        s = _clh_succ_of(b, s)
+        if s == QUEUE_NONE or s > b.P:
+            return
+        _clh_check_owner(rm, b, s)                   # its owner: recovered if dead
+        st = ld32_acq(&b.nodes[s].state)
+        if st != C_ABANDONED and st != C_RECLAIMING:
+            return
+
+
 cdef class CLHLock(_Lock):
     """FIFO CLH queue lock: each waiter spins on its predecessor's cache line."""
     kind_name = "clh"
@@ -349,40 +388,6 @@ cdef class CLHLock(_Lock):
             return R_ACQ if rc == R_ACQ else R_BUSY
         return rc
 
-    cdef void _check_ahead(self, uint32_t pn) noexcept nogil:
-        """Each park slice: is the owner of the node we wait on alive? Recover it if not."""
-        cdef uint32_t y
-        for y in range(self.b.P):
-            if ld32_acq(&self.b.precs[y].mine) == pn:
-                if participant_dead(self.rm, y):
-                    participant_try_recover(self.rm, y)
-                return
-
-    cdef void _tend_abandoned(self, uint32_t X) noexcept nogil:
-        """Each park slice while our node X, abandoned by the thread that had our slot
-        before us, waits to be handed back: if nothing is queued behind it, step it out
-        of the tail ourselves (as its abort would have); else recover the one who owes us
-        the hand-back if it is dead: the first waiter behind us, past the nodes behind us
-        that were abandoned too (that waiter reclaims them first, then ours)."""
-        cdef shm_node* x = &self.b.nodes[X]
-        cdef uint64_t t = ld64_seq(self._tail())
-        cdef uint32_t p = ld32_acq(&x.pred)
-        cdef uint32_t s = X, st, guard
-        if <uint32_t>(t & 0xffffffffU) == X:
-            if (p <= self.b.P and ld32_seq(&x.state) == C_ABANDONED
-                    and cas64(self._tail(), t, _clh_tail(p, C_UNKNOWN))):
-                trace("clh.tend.out", X, p, t)
-                st32_seq(&x.state, C_RECLAIMED)      # out of the queue: ours again
-            return
-        for guard in range(self.b.P + 1):
-            s = _clh_succ_of(&self.b, s)
-            if s == QUEUE_NONE or s > self.b.P:
-                return
-            self._check_ahead(s)                     # its owner: recovered if dead
-            st = ld32_acq(&self.b.nodes[s].state)
-            if st != C_ABANDONED and st != C_RECLAIMING:
-                return
-
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
         cdef uint32_t X = ld32_rlx(&r.mine)
@@ -390,12 +395,15 @@ cdef class CLHLock(_Lock):
         cdef shm_node* x
         cdef shm_node* pn
         cdef node_wait_t ctx
+        cdef park_t pk
         cdef int res
         if X > self.b.P:
             return R_CORRUPT
         ctx.nodes = self.b.nodes
         ctx.P = self.b.P
         x = &self.b.nodes[X]
+        pk.rm = self.rm
+        pk.b = &self.b
         if rc == R_BUSY:
             st = ld32_acq(&x.state)
             if (st == C_ABANDONED and x.value == ld64_rlx(&self.rm.part[me].generation)
@@ -406,31 +414,35 @@ cdef class CLHLock(_Lock):
                 return R_CORRUPT
             else:
                 if st == C_RECLAIMING or st == C_ABANDONED:   # not yet handed back
-                    while True:
-                        res = wait_for(_clh_not_reclaiming, x, &x.state, &x.parked, w, 1)
-                        if res != W_TICK:
-                            break
-                        self._check_ahead(ld32_acq(&x.pred))
-                        self._tend_abandoned(X)
-                    if res != W_READY:
-                        return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
+                    pk.ready = _clh_not_reclaiming
+                    pk.ctx = x
+                    pk.word = &x.state
+                    pk.parked = &x.parked
+                    pk.tick = _clh_tend_abandoned
+                    pk.arg = X
+                    res = park(&pk, w)
+                    if res != R_ACQ:
+                        return res
                 rc = self._enqueue(me, shm_crash_armed)
                 if rc != R_PENDING:
                     return rc
+        pk.ready = _clh_not_busy
+        pk.ctx = &ctx
+        pk.tick = _clh_check_owner
         while True:
             p = ld32_rlx(&r.pred)
             if p > self.b.P:
                 return R_CORRUPT
             pn = &self.b.nodes[p]
             ctx.n = pn
-            res = wait_for(_clh_not_busy, &ctx, &pn.state, &pn.parked, w, 1)
-            if res == W_TICK:
-                self._check_ahead(p)
-                continue
-            if res != W_READY:
+            pk.word = &pn.state                      # we park on our predecessor's node
+            pk.parked = &pn.parked
+            pk.arg = p
+            res = park(&pk, w)
+            if res != R_ACQ:
                 rc = _clh_abort_as(self.rm, &self.b, me, 0)
-                if rc == R_TIMEOUT and res == W_SIGNAL:
-                    return R_SIGNAL
+                if rc == R_TIMEOUT:
+                    return res                       # R_TIMEOUT or R_SIGNAL
                 return rc
             st = ld32_acq(&pn.state)
             if st == C_FREE:

@@ -88,6 +88,7 @@ cdef class FutexMutex(_Lock):
                 return R_TIMEOUT
             if r == W_SIGNAL:
                 return R_SIGNAL
+            wait_tick(w)                             # the per-wait hook (wait.pxi)
             self._check_owner(ld32_acq(word))
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:

@@ -21,16 +21,6 @@
 from cpython.exc cimport PyErr_Occurred
 from cpython.float cimport PyFloat_AsDouble
 
-cdef enum:
-    R_TIMEOUT = 0
-    R_ACQ = 1
-    R_ACQ_DIED = 2
-    R_PENDING = 3
-    R_BUSY = 4
-    R_SIGNAL = -1
-    R_NOTREC = -2
-    R_CORRUPT = -3
-
 cdef object _NEG1 = -1
 cdef double _FOREVER_S = 1e9          # timeouts beyond ~31 years mean "wait forever"
 cdef double _TIMEOUT_MAX = __import__("threading").TIMEOUT_MAX   # larger: OverflowError

@@ -300,6 +300,22 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         wake_if_parked(&n.state, &n.parked)
 
 
+cdef void _mcs_check_ahead(rmap_t* rm, shm_body* b, uint32_t me) noexcept nogil:
+    """park()'s tick: is the live node we depend on alive? Walk back past abandoned nodes
+    (their threads left) to the first waiter or holder; recover it if dead."""
+    cdef uint32_t p = queue_link(&b.nodes[me])      # a hint
+    cdef uint32_t st, guard = 0
+    while p != 0 and p <= b.P and guard <= b.P:
+        if participant_dead(rm, p - 1):
+            participant_try_recover(rm, p - 1)
+            return
+        st = ld32_acq(&b.nodes[p - 1].state)
+        if st != M_ABANDONED and st != M_PASSING:
+            return
+        p = queue_link(&b.nodes[p - 1])
+        guard += 1
+
+
 cdef class MCSLock(_Lock):
     """FIFO MCS queue lock: each waiter spins on its own cache line."""
     kind_name = "mcs"
@@ -366,26 +382,18 @@ cdef class MCSLock(_Lock):
         st32_rel(&n.state, M_IDLE)
         return R_BUSY
 
-    cdef void _check_ahead(self, uint32_t me) noexcept nogil:
-        """Each park slice: is the live node we depend on alive? Walk back past abandoned
-        nodes (their threads left) to the first waiter or holder; recover it if dead."""
-        cdef uint32_t p = queue_link(&self.b.nodes[me])  # a hint
-        cdef uint32_t st, guard = 0
-        while p != 0 and p <= self.b.P and guard <= self.b.P:
-            if participant_dead(self.rm, p - 1):
-                participant_try_recover(self.rm, p - 1)
-                return
-            st = ld32_acq(&self.b.nodes[p - 1].state)
-            if st != M_ABANDONED and st != M_PASSING:
-                return
-            p = queue_link(&self.b.nodes[p - 1])
-            guard += 1
-
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         cdef shm_node* n = &self.b.nodes[me]
         cdef node_wait_t ctx
+        cdef park_t pk
         cdef uint32_t st
         cdef int res
+        pk.word = &n.state                           # we park on our own node
+        pk.parked = &n.parked
+        pk.tick = _mcs_check_ahead
+        pk.rm = self.rm
+        pk.b = &self.b
+        pk.arg = me
         if rc == R_BUSY:
             st = ld32_acq(&n.state)
             if (st == M_ABANDONED and n.value == ld64_rlx(&self.rm.part[me].generation)
@@ -395,13 +403,11 @@ cdef class MCSLock(_Lock):
                 return R_CORRUPT
             else:
                 if st == M_PASSING or st == M_ABANDONED:   # a releaser has yet to pass it
-                    while True:
-                        res = wait_for(_mcs_not_passing, n, &n.state, &n.parked, w, 1)
-                        if res != W_TICK:
-                            break
-                        self._check_ahead(me)
-                    if res != W_READY:
-                        return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
+                    pk.ready = _mcs_not_passing
+                    pk.ctx = n
+                    res = park(&pk, w)
+                    if res != R_ACQ:
+                        return res
                 if ld32_acq(&n.state) != M_IDLE:
                     return R_CORRUPT
                 rc = self._enqueue(me, shm_crash_armed)
@@ -410,16 +416,14 @@ cdef class MCSLock(_Lock):
         ctx.n = n
         ctx.nodes = self.b.nodes
         ctx.P = self.b.P
-        while True:
-            res = wait_for(_mcs_not_waiting, &ctx, &n.state, &n.parked, w, 1)
-            if res != W_TICK:
-                break
-            self._check_ahead(me)
-        if res == W_READY:
+        pk.ready = _mcs_not_waiting
+        pk.ctx = &ctx
+        res = park(&pk, w)
+        if res == R_ACQ:
             return R_ACQ if ld32_acq(&n.state) == M_GRANT else R_CORRUPT
         st64_rel(&n.value, ld64_rlx(&self.rm.part[me].generation))
         if cas32(&n.state, M_WAIT, M_ABANDONED):     # leave; a releaser will pass through
-            return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
+            return res                               # R_TIMEOUT or R_SIGNAL
         return R_ACQ                                 # granted as we were leaving
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:

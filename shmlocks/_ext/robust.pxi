@@ -86,6 +86,7 @@ cdef class _PthreadMutexLock(_Lock):
                 return R_TIMEOUT
             if r == W_SIGNAL:
                 return R_SIGNAL
+            wait_tick(w)                             # the per-wait hook (wait.pxi)
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         return 0 if pthread_mutex_unlock(&self.b.wa.m) == 0 else R_CORRUPT

@@ -155,6 +155,25 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         u += 1
 
 
+cdef void _ticket_check_serving(rmap_t* rm, shm_body* b, uint32_t unused) noexcept nogil:
+    """park()'s tick: is the owner of `serving` alive? Recover it if not."""
+    cdef uint64_t s = ld64_seq(&b.wb.u64[0])
+    cdef uint32_t x
+    cdef uint32_t lock1 = b.index + 1
+    for x in range(b.P):
+        if ld64_acq(&b.precs[x].ticket) == s + 1:
+            if participant_dead(rm, x):
+                participant_try_recover(rm, x)
+            return
+    if ld64_seq(&b.nodes[s % b.P].value) == s + 1:
+        return                                       # abandoned: a release will skip it
+    if ld64_seq(&b.wa.u64[0]) == s:
+        return                                       # nobody holds it
+    for x in range(b.P):                             # unpublished: a taker died mid-step?
+        if participant_dead(rm, x) and _taking(participant_op(rm, x, lock1)):
+            participant_try_recover(rm, x)
+
+
 cdef class TicketLock(_Lock):
     """FIFO ticket lock: waiters are served strictly in arrival order."""
     kind_name = "ticket"
@@ -193,6 +212,20 @@ cdef class TicketLock(_Lock):
             return 1
         return 0
 
+    cdef int _park(self, ready_fn ready, _ticket_ctx* ctx, shm_node* nd,
+                   wait_t* w) noexcept nogil:
+        """park() on node nd's grant counter, checking the owner of `serving` each slice."""
+        cdef park_t pk
+        pk.ready = ready
+        pk.ctx = ctx
+        pk.word = &nd.state
+        pk.parked = &nd.parked
+        pk.tick = _ticket_check_serving
+        pk.rm = self.rm
+        pk.b = &self.b
+        pk.arg = 0
+        return park(&pk, w)
+
     cdef int _settle_inherited(self, uint32_t me, wait_t* w) noexcept nogil:
         """An abandoned ticket inherited with the slot: wait until it is passed."""
         cdef shm_prec* r = &self.b.precs[me]
@@ -202,13 +235,9 @@ cdef class TicketLock(_Lock):
         cdef int res
         ctx.serving = &nd.value
         ctx.t = a
-        while True:
-            res = wait_for(_ticket_marker_gone, &ctx, &nd.state, &nd.parked, w, 1)
-            if res != W_TICK:
-                break
-            self._check_serving()
-        if res != W_READY:
-            return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
+        res = self._park(_ticket_marker_gone, &ctx, nd, w)
+        if res != R_ACQ:
+            return res
         r.abandoned = 0
         return 0
 
@@ -271,16 +300,12 @@ cdef class TicketLock(_Lock):
         nd = &self.b.nodes[t % self.b.P]
         ctx.serving = self._serving()
         ctx.t = t
-        while True:
-            res = wait_for(_ticket_ready, &ctx, &nd.state, &nd.parked, w, 1)
-            if res != W_TICK:
-                break
-            self._check_serving()
-        if res == W_READY:
+        res = self._park(_ticket_ready, &ctx, nd, w)
+        if res == R_ACQ:
             return R_ACQ
         rc = self._abandon(me, t)
-        if rc == R_TIMEOUT and res == W_SIGNAL:
-            return R_SIGNAL
+        if rc == R_TIMEOUT:
+            return res                               # R_TIMEOUT or R_SIGNAL
         return rc
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
@@ -292,25 +317,6 @@ cdef class TicketLock(_Lock):
         crashpoint_at(armed, "ticket.release.granted")
         st64_rel(&r.ticket, 0)                       # last: a death before it is redone
         return 0
-
-    cdef void _check_serving(self) noexcept nogil:
-        """Each park slice: is the owner of `serving` alive? Recover it if not."""
-        cdef uint64_t s = ld64_seq(self._serving())
-        cdef uint32_t x
-        cdef uint32_t lock1 = self._lock1
-        for x in range(self.b.P):
-            if ld64_acq(&self.b.precs[x].ticket) == s + 1:
-                if participant_dead(self.rm, x):
-                    participant_try_recover(self.rm, x)
-                return
-        if ld64_seq(&self.b.nodes[s % self.b.P].value) == s + 1:
-            return                                   # abandoned: a release will skip it
-        if ld64_seq(self._next()) == s:
-            return                                   # nobody holds it
-        for x in range(self.b.P):                    # unpublished: a taker died mid-step?
-            if (participant_dead(self.rm, x)
-                    and _taking(participant_op(self.rm, x, lock1))):
-                participant_try_recover(self.rm, x)
 
     cdef bint _is_locked(self) noexcept nogil:
         return ld64_acq(self._next()) != ld64_acq(self._serving())

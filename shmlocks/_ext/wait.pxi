@@ -40,6 +40,17 @@
 # it is released (wait_nogil) before the first yield, park or blocking call, and re-taken
 # by the caller (wait_regil) after _wait returns. Otherwise _wait runs without it.
 
+# What an acquire step returns (the kinds' internal interface, lockbase.pxi), and park().
+cdef enum:
+    R_TIMEOUT = 0
+    R_ACQ = 1
+    R_ACQ_DIED = 2
+    R_PENDING = 3
+    R_BUSY = 4
+    R_SIGNAL = -1
+    R_NOTREC = -2
+    R_CORRUPT = -3
+
 cdef enum:
     W_READY = 1
     W_TIMEOUT = -2
@@ -233,9 +244,9 @@ cdef int wait_far(wait_t* w) noexcept nogil:
 
 
 cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
-                  wait_t* w, bint ticks=0) noexcept nogil:
+                  wait_t* w) noexcept nogil:
     """Wait until ready(ctx). The waker changes *word and wakes it when *parked != 0.
-    With ticks, returns W_TICK after each park slice (call again to go on waiting)."""
+    Returns W_TICK after each park slice (park() calls it again to go on waiting)."""
     cdef int r
     cdef int q
     cdef uint32_t v
@@ -270,8 +281,49 @@ cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
             return W_READY
         if r != 0:
             return r
-        if ticks:
-            return W_TICK
+        return W_TICK
+
+
+# park(): the one wait of the queue kinds (parking_lot's park(), with callbacks). The kind
+# says what it waits for and whom it depends on; park runs the policy above and returns:
+#     R_ACQ      ready(ctx) said READY (for an acquire: granted; else: the wait is over)
+#     R_TIMEOUT  the deadline passed first     R_SIGNAL  a Python signal handler raised
+# Each park slice ends with a tick: wait_tick(w) (the per-wait hook), then the kind's
+# tick(rm, b, arg), which checks the participant it depends on and recovers it if dead
+# (docs/design.md §6), then waiting goes on. The barging kinds (futex.pxi, robust.pxi),
+# whose park is the lock word itself, call wait_tick at their own slice ends.
+ctypedef void (*tick_fn)(rmap_t* rm, shm_body* b, uint32_t arg) noexcept nogil
+
+cdef struct park_t:
+    ready_fn ready          # is the wait over? Q_READY, Q_NEAR or Q_FAR
+    void* ctx               # ready's argument
+    uint32_t* word          # the futex word the waker changes ...
+    uint32_t* parked        # ... and wakes if this count of parked waiters is not 0
+    tick_fn tick            # each park slice: check (and recover) whom we depend on
+    rmap_t* rm              # tick's arguments
+    shm_body* b
+    uint32_t arg
+
+
+cdef inline void wait_tick(wait_t* w) noexcept nogil:
+    """The per-wait hook: runs at the end of every park slice of every wait (park(), and
+    the futex and pthread kinds' own park loops), on the slow path only, without the GIL.
+    The place for what watches a wait as it goes (nothing yet)."""
+    pass
+
+
+cdef int park(park_t* pk, wait_t* w) noexcept nogil:
+    """Wait under the policy w until pk.ready says READY: R_ACQ, R_TIMEOUT or R_SIGNAL."""
+    cdef int res
+    while True:
+        res = wait_for(pk.ready, pk.ctx, pk.word, pk.parked, w)
+        if res != W_TICK:
+            break
+        wait_tick(w)                            # the per-wait hook, once a slice
+        pk.tick(pk.rm, pk.b, pk.arg)            # the one we depend on: alive?
+    if res == W_READY:
+        return R_ACQ
+    return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
 
 
 cdef inline void wait_adapt(wait_t* w, uint32_t* budget) noexcept nogil:
