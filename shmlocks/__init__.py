@@ -27,6 +27,8 @@ try:
         RobustMutex,
         TicketLock,
         _crashpoints,
+        get_deadlock_timeout,
+        set_deadlock_timeout,
     )
     from shmlocks._core import _user_crashpoint as crashpoint
 except ModuleNotFoundError as _e:  # pragma: no cover - depends on the install
@@ -95,6 +97,8 @@ __all__ = [
     "TicketLock",
     "_crashpoints",
     "crashpoint",
+    "get_deadlock_timeout",
     "is_region_file",
     "list_regions",
+    "set_deadlock_timeout",
 ]

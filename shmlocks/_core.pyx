@@ -6,6 +6,7 @@
   _ext/wait.pxi          the one waiting policy
   _ext/region.pxi        the segment: create/open/validate, directory, lifetime
   _ext/lockbase.pxi      the internal lock interface and the Python API on top of it
+  _ext/deadlock.pxi      a blocked acquire in a wait-for cycle gives up (DeadlockError)
   _ext/{ticket,mcs,clh,futex,robust,pi}.pxi   one file per algorithm
 """
 
@@ -21,6 +22,7 @@ include "_ext/wait.pxi"
 include "_ext/stats.pxi"
 include "_ext/region.pxi"
 include "_ext/lockbase.pxi"
+include "_ext/deadlock.pxi"
 include "_ext/queue.pxi"
 include "_ext/ticket.pxi"
 include "_ext/mcs.pxi"

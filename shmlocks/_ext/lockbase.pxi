@@ -294,8 +294,8 @@ cdef class _Lock:
             self._raise_deadlock()
         wait_init(&w, deadline, &self.b.precs[me].spin_ns)
         t0 = shm_now_ns()                            # also the wait's start, for stats_waited
-        st64_rlx(&self.rm.part[me].wait_since, <uint64_t>t0)   # the wait record:
-        shm_op_set(r.op, self._lock1, SHM_OP_WAITING)     # "me waits for this lock" (since)
+        dl_arm(&w, self, me, t0)                     # the wait record: since when ...
+        shm_op_set(r.op, self._lock1, SHM_OP_WAITING)     # "me waits for this lock"
         crashpoint("lock.wait.waiting")
         shm_recover_deadline = deadline              # recoveries we run keep our deadline
         if self.rm.nthreads <= 1:
@@ -320,6 +320,8 @@ cdef class _Lock:
             return self._got(r, rc, shm_crash_armed)
         shm_op_set(r.op, 0, 0)
         if rc == R_TIMEOUT:
+            if w.dl_hit:
+                dl_raise()                           # a deadlock's victim (deadlock.pxi)
             stats_timeout(self.b.ctl)
             return False
         if rc == R_SIGNAL:

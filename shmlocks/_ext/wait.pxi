@@ -118,6 +118,10 @@ cdef struct wait_t:
     int switched            # 1 once a yield of this wait let another task run here
     uint32_t backoff        # barging kinds: pauses between polls, doubling to BACKOFF_MAX
                             # (0: FIFO kinds, one pause per poll)
+    int64_t dl_next         # when to look for a deadlock next (deadlock.pxi); -1: never
+    void* dl_lock           # the waiting _Lock (borrowed: the acquire holds a reference)
+    uint32_t dl_slot        # its participant slot
+    int dl_hit              # 1: a deadlock's victim, withdrawing as on a timeout
 
 
 cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) noexcept nogil:
@@ -136,6 +140,10 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
     w.far = 0
     w.switched = 0
     w.backoff = 0
+    w.dl_next = -1
+    w.dl_lock = NULL
+    w.dl_slot = 0
+    w.dl_hit = 0
 
 
 cdef inline void wait_nogil(wait_t* w) noexcept nogil:
@@ -154,12 +162,19 @@ cdef inline void wait_regil(wait_t* w) noexcept nogil:
 
 
 cdef int wait_check(wait_t* w) noexcept nogil:
-    """Deadline and signals. 0 to go on, else W_TIMEOUT or W_SIGNAL."""
-    if w.deadline >= 0 and shm_now_ns() >= w.deadline:
+    """Deadline, signals, and (once its time has come) a look for a deadlock this waiter
+    must break (deadlock.pxi). 0 to go on, else W_TIMEOUT or W_SIGNAL."""
+    cdef int64_t now = shm_now_ns()
+    cdef int r
+    if w.deadline >= 0 and now >= w.deadline:
         return W_TIMEOUT
     with gil:
         if PyErr_CheckSignals() < 0:
             return W_SIGNAL
+    if 0 <= w.dl_next <= now:
+        r = dl_look(w, now)
+        if r != 0:
+            return W_TIMEOUT if r > 0 else W_SIGNAL
     return 0
 
 
