@@ -13,7 +13,7 @@ import os
 import platform
 import statistics
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -352,6 +352,14 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return lines
 
 
+def _measured(section: dict) -> Iterator[tuple[str, Any]]:
+    """(name, figures) for each lock a section has figures for, in adapters.NAMES order."""
+    for name in adapters.NAMES:
+        figures = section.get(name)
+        if figures:
+            yield name, figures
+
+
 def markdown(
     mode: Mode,
     mach: dict,
@@ -418,13 +426,9 @@ def _uncontended(mode: Mode, s: dict) -> list[str]:
     un = s["uncontended"]
     ref = un.get(REF, {})
     loop = s.get("loop_overhead_ns")
-    L.append("## Uncontended: ns per pair (pyperf)")
-    L.append("")
+    L += ["## Uncontended: ns per pair (pyperf)", ""]
     rows = []
-    for name in adapters.NAMES:
-        u = un.get(name)
-        if not u:
-            continue
+    for name, u in _measured(un):
         row = [name]
         for form in uncontended.FORMS:
             f = u.get(form)
@@ -468,18 +472,14 @@ def _contended(mode: Mode, s: dict, self_check: dict | None) -> list[str]:
         )
     else:
         check = "Self-check: **the exclusion check was not shown to catch a broken lock.**"
-    L.append("## Contended throughput: thousands of acquire/increment/release per second")
-    L.append("")
+    L += ["## Contended throughput: thousands of acquire/increment/release per second", ""]
     L.append(
         f"P workers for {mode.contended_s} s each, {mode.repeats} run(s) per cell; "
         f"{CORES} cores, so P > {CORES} is oversubscribed."
     )
     L.append("")
     rows = []
-    for name in adapters.NAMES:
-        c = co.get(name)
-        if not c:
-            continue
+    for name, c in _measured(co):
         row = [_label(name)]
         for p in ps:
             e = c.get(p)
@@ -494,8 +494,7 @@ def _contended(mode: Mode, s: dict, self_check: dict | None) -> list[str]:
         hdr += [f"P={p}", "×mp"]
     L += _table(hdr, rows)
     L.append("")
-    L.append("### Fairness and exclusion")
-    L.append("")
+    L += ["### Fairness and exclusion", ""]
     L.append(
         "Jain's index over per-worker counts (1 = equal shares, 1/P = one worker got "
         "all), the max/min share, and whether the shared counter (a plain "
@@ -507,10 +506,7 @@ def _contended(mode: Mode, s: dict, self_check: dict | None) -> list[str]:
     L.append("")
     rows = []
     multi = [p for p in ps if int(p) > 1]
-    for name in adapters.NAMES:
-        c = co.get(name)
-        if not c:
-            continue
+    for name, c in _measured(co):
         row = [_label(name)]
         ok = True
         for p in multi:
@@ -576,8 +572,7 @@ def _handoff(mode: Mode, s: dict) -> list[str]:
     """Hand-off round trips (README.md, "Hand-off"): two tables and the harness floor."""
     L: list[str] = []
     ho = s["handoff"]
-    L.append("## Hand-off latency: µs per round trip (two hand-offs)")
-    L.append("")
+    L += ["## Hand-off latency: µs per round trip (two hand-offs)", ""]
     L.append(
         f"Two workers pass a turn through the lock; up to {mode.handoff_s} s per run, "
         f"{mode.handoff_repeats} run(s) per cell. Median: the median of the runs' "
@@ -601,8 +596,7 @@ def _handoff(mode: Mode, s: dict) -> list[str]:
     )
     L.append("")
 
-    L.append("### Runs that did not take turns on one CPU")
-    L.append("")
+    L += ["### Runs that did not take turns on one CPU", ""]
     L += _handoff_table(mode, ho, True)
     L.append("")
     fl = s.get("handoff_floor_ns")
@@ -622,8 +616,7 @@ def _handoff(mode: Mode, s: dict) -> list[str]:
                 rows.append([_label(name), _num((med - fl["median"]) / 1e3, 2)])
         L += _table(["lock", "round trip − floor (µs)"], rows)
         L.append("")
-    L.append("### Every run, as measured")
-    L.append("")
+    L += ["### Every run, as measured", ""]
     L += _handoff_table(mode, ho, False)
     L.append("")
     L += _handoff_counters(mode, ho)
@@ -674,10 +667,7 @@ def _handoff_counters(mode: Mode, ho: dict) -> list[str]:
 def _handoff_table(mode: Mode, ho: dict, two: bool) -> list[str]:
     """One hand-off table: the runs not on one CPU (``two``), or every run."""
     rows = []
-    for name in adapters.NAMES:
-        h = ho.get(name)
-        if not h:
-            continue
+    for name, h in _measured(ho):
         row = [_label(name)]
         for cs in mode.cs_ns:
             e = h.get(str(cs))
@@ -721,8 +711,7 @@ def _owner_death(mode: Mode, s: dict) -> list[str]:
     """Owner death: SIGKILL to the blocked waiter's acquisition."""
     L: list[str] = []
     od = s["owner_death"]
-    L.append("## Owner death: holder SIGKILLed, waiter blocked")
-    L.append("")
+    L += ["## Owner death: holder SIGKILLed, waiter blocked", ""]
     L.append(
         f"Time from the SIGKILL to the blocked waiter's acquisition (CLOCK_MONOTONIC in "
         f"both processes), {mode.death_repeats} death(s) per lock that recovers. A lock "
@@ -731,10 +720,7 @@ def _owner_death(mode: Mode, s: dict) -> list[str]:
     )
     L.append("")
     rows = []
-    for name in adapters.NAMES:
-        d = od.get(name)
-        if not d:
-            continue
+    for name, d in _measured(od):
         if d["recovery_ms"]:
             fig = _cell(d["recovery_ms"], 1, 3)
         elif d["timed_out_after_s"] is not None:
@@ -751,8 +737,7 @@ def _owner_death(mode: Mode, s: dict) -> list[str]:
 def _targets(mode: Mode, targets: list[dict]) -> list[str]:
     """The issue's targets, met or not."""
     L: list[str] = []
-    L.append("## Targets (issue 4)")
-    L.append("")
+    L += ["## Targets (issue 4)", ""]
     L.append("Each cell: the ratio (or time) measured in this run, the target, and the verdict.")
     L.append("")
     groups: dict[str, dict[str, dict]] = {}
@@ -787,13 +772,11 @@ def _notes(notes: list[str], problems: list[str]) -> list[str]:
     """Notes and problems, if any."""
     L: list[str] = []
     if notes:
-        L.append("## Notes")
-        L.append("")
+        L += ["## Notes", ""]
         L += [f"- {n}" for n in notes]
         L.append("")
     if problems:
-        L.append("## Problems")
-        L.append("")
+        L += ["## Problems", ""]
         L += [f"- {p}" for p in problems]
         L.append("")
     return L
@@ -816,10 +799,7 @@ def plots(s: dict, mode: Mode, out: Path) -> list[str]:
         return ["plots skipped: matplotlib is not importable (pip install 'shmlocks[bench]')"]
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for name in adapters.NAMES:
-        c = s["contended"].get(name)
-        if not c:
-            continue
+    for name, c in _measured(s["contended"]):
         ps = sorted(int(p) for p in c)
         med = [c[str(p)]["ops_per_s"]["median"] for p in ps]
         lo = [m - c[str(p)]["ops_per_s"]["min"] for m, p in zip(med, ps, strict=True)]

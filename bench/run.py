@@ -189,24 +189,42 @@ class Run:
             for p in m.procs:
                 log(f"contended: round {r + 1}/{m.repeats}, {p} worker(s), {m.contended_s} s each")
                 for name in rotated(self.locks, r):
-                    out = self.attempt(
-                        f"contended {name} x{p}",
+                    self.record(
+                        res,
                         name,
+                        str(p),
+                        f"contended {name} x{p}",
                         lambda a, p=p: contended.measure(a, p, m.contended_s),
-                    )
-                    if out is None:
-                        continue
-                    res.setdefault(name, {}).setdefault(str(p), []).append(out)
-                    if not out["exclusion_ok"]:
-                        self.problem(
-                            f"EXCLUSION VIOLATED: {name} x{p}: counter "
-                            f"{out['counter']} != sum of counts {out['ops']}"
-                        )
-                    if out["stats_match"] is False:
-                        self.problem(
-                            f"LOCK COUNTERS WRONG: {name} x{p}: stats() acquisitions "
+                        lambda out, name=name, p=p: (
+                            f"{name} x{p}: counter {out['counter']} != sum of counts {out['ops']}"
+                        ),
+                        lambda out, name=name, p=p: (
+                            f"{name} x{p}: stats() acquisitions "
                             f"{out['lock_stats']['acquisitions']} != {out['ops']} sections"
-                        )
+                        ),
+                    )
+
+    def record(
+        self,
+        res: dict,
+        name: str,
+        key: str,
+        what: str,
+        measure: Callable[[Any], dict],
+        violation: Callable[[dict], str],
+        miscount: Callable[[dict], str],
+    ) -> None:
+        """One measurement of one lock, kept under res[name][key]. A run whose own
+        exclusion check failed (``violation(out)`` says how), or whose lock counters do not
+        follow what it did (``miscount(out)``), is a problem."""
+        out = self.attempt(what, name, measure)
+        if out is None:
+            return
+        res.setdefault(name, {}).setdefault(key, []).append(out)
+        if not out["exclusion_ok"]:
+            self.problem(f"EXCLUSION VIOLATED: {violation(out)}")
+        if out["stats_match"] is False:
+            self.problem(f"LOCK COUNTERS WRONG: {miscount(out)}")
 
     def handoff(self) -> None:
         m = self.mode
@@ -223,24 +241,21 @@ class Run:
             for cs in m.cs_ns:
                 log(f"hand-off: round {r + 1}/{m.handoff_repeats}, critical section {cs} ns")
                 for name in rotated(self.locks, r):
-                    out = self.attempt(
-                        f"hand-off {name} cs={cs}ns",
+                    self.record(
+                        res,
                         name,
+                        str(cs),
+                        f"hand-off {name} cs={cs}ns",
                         lambda a, cs=cs: handoff.measure(a, m.handoff_s, cs),
+                        lambda out, name=name, cs=cs: (
+                            f"{name} hand-off cs={cs}: turn flips {out['flips']} differ by "
+                            "more than one"
+                        ),
+                        lambda out, name=name, cs=cs: (
+                            f"{name} hand-off cs={cs}: stats() {out['lock_stats']} cannot "
+                            f"follow flips {out['flips']}"
+                        ),
                     )
-                    if out is None:
-                        continue
-                    res.setdefault(name, {}).setdefault(str(cs), []).append(out)
-                    if not out["exclusion_ok"]:
-                        self.problem(
-                            f"EXCLUSION VIOLATED: {name} hand-off cs={cs}: turn "
-                            f"flips {out['flips']} differ by more than one"
-                        )
-                    if out["stats_match"] is False:
-                        self.problem(
-                            f"LOCK COUNTERS WRONG: {name} hand-off cs={cs}: stats() "
-                            f"{out['lock_stats']} cannot follow flips {out['flips']}"
-                        )
 
     def owner_death(self) -> None:
         m = self.mode
