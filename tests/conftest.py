@@ -58,38 +58,42 @@ def kind(request) -> str:
     return request.param
 
 
+def _closing_factory(create):
+    """A factory fixture's body: every object ``create(*args, **kwargs)`` makes is closed
+    (its name unlinked) at teardown, the last made first."""
+    made = []
+
+    def make(*args, **kwargs):
+        obj = create(*args, **kwargs)
+        made.append(obj)
+        return obj
+
+    yield make
+    for obj in reversed(made):
+        close_quietly(obj)
+
+
 @pytest.fixture
 def new_lock():
     """Factory: ``new_lock(kind, **create_kwargs)`` makes a lock with a unique name and
     closes it (unlinking the name) at teardown."""
-    made = []
 
-    def make(kind_name: str, **kwargs):
-        cls = shmlocks.KINDS[kind_name]
+    def create(kind_name: str, **kwargs):
         kwargs.setdefault("name", uniq(kind_name))
-        lock = cls.create(**kwargs)
-        made.append(lock)
-        return lock
+        return shmlocks.KINDS[kind_name].create(**kwargs)
 
-    yield make
-    for lock in reversed(made):
-        close_quietly(lock)
+    yield from _closing_factory(create)
 
 
 @pytest.fixture
 def new_region():
     """Factory: ``new_region(**create_kwargs)``, closed at teardown."""
-    made = []
 
-    def make(**kwargs):
+    def create(**kwargs):
         kwargs.setdefault("name", uniq("region"))
-        region = shmlocks.Region.create(**kwargs)
-        made.append(region)
-        return region
+        return shmlocks.Region.create(**kwargs)
 
-    yield make
-    for region in reversed(made):
-        close_quietly(region)
+    yield from _closing_factory(create)
 
 
 @pytest.fixture

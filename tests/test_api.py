@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from support import Holder, me, outcome, shm_exists, timed, uniq
+from support import Holder, me, outcome, shm_exists, thread_holding, timed, uniq
 
 import shmlocks
 
@@ -250,19 +250,7 @@ def test_release_unheld_raises_not_owner(new_lock, kind):
 def test_release_by_other_thread_raises_not_owner(new_lock, kind):
     """Each thread is its own participant: a second thread neither holds nor can release."""
     lock = new_lock(kind)
-    held = threading.Event()
-    done = threading.Event()
-
-    def holder():
-        lock.acquire()
-        held.set()
-        done.wait(10)
-        lock.release()
-
-    t = threading.Thread(target=holder)
-    t.start()
-    try:
-        assert held.wait(10)
+    with thread_holding(lock) as other:
         with pytest.raises(shmlocks.NotOwnerError):
             lock.release()
         # not reentrant across threads either: this thread waits (and times out)
@@ -270,11 +258,8 @@ def test_release_by_other_thread_raises_not_owner(new_lock, kind):
         assert got is False
         assert elapsed >= 0.2 - 1e-3
         assert lock.acquire(False) is False
-        assert lock.owner == (os.getpid(), t.native_id)
+        assert lock.owner == other
         assert lock.owner != me()
-    finally:
-        done.set()
-        t.join(10)
     assert lock.locked() is False
     assert lock.acquire(timeout=1) is True
     lock.release()

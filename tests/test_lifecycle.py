@@ -9,7 +9,7 @@ import json
 import textwrap
 
 import pytest
-from support import KINDS, Holder, run_python, shm_exists, shm_remove, uniq
+from support import KINDS, assert_child_excludes, run_python, shm_exists, shm_remove, uniq
 
 import shmlocks
 
@@ -126,14 +126,7 @@ def test_unlink_removes_name_mapping_keeps_working(procs, kind):
         assert lock.acquire(timeout=1) is True
         lock.release()
         # a forked child shares the unlinked mapping and contends with us
-        holder = Holder(procs, lock, method="fork")
-        try:
-            assert lock.acquire(timeout=0.1) is False
-            assert lock.owner == holder.owner
-        finally:
-            holder.release()
-        assert lock.acquire(timeout=1) is True
-        lock.release()
+        assert_child_excludes(procs, lock, "fork")
     finally:
         lock.close()  # the name is gone already: close must not complain
     with pytest.raises(ValueError):

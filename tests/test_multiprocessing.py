@@ -7,10 +7,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
-import threading
 
 import pytest
-from support import KINDS, START_METHODS, Holder, me, outcome
+from support import KINDS, START_METHODS, Holder, assert_child_excludes, me, outcome, thread_holding
 
 from shmlocks._harness import Exclusion, words
 
@@ -50,15 +49,7 @@ def expected_use(lock):
 def test_lock_as_process_arg(procs, new_lock, kind, method):
     lock = new_lock(kind)
     assert procs.call(_use_lock, lock, kind, method=method) == expected_use(lock)
-    # and it was the same lock: a child holding it excludes us
-    holder = Holder(procs, lock, method=method)
-    try:
-        assert lock.acquire(timeout=0.1) is False
-        assert lock.owner == holder.owner
-    finally:
-        holder.release()
-    assert lock.acquire(timeout=1) is True
-    lock.release()
+    assert_child_excludes(procs, lock, method)  # and it was the same lock
 
 
 def _use_region(region):
@@ -220,26 +211,10 @@ def test_child_never_holds_what_parent_holds(procs, new_lock, kind, method):
 def test_forked_child_of_a_thread_holder(procs, new_lock, kind):
     """Fork while another thread of the parent holds: the child holds nothing either."""
     lock = new_lock(kind)
-    held, done = threading.Event(), threading.Event()
-    owner = []
-
-    def hold():
-        lock.acquire()
-        owner.append(me())
-        held.set()
-        done.wait(20)
-        lock.release()
-
-    t = threading.Thread(target=hold)
-    t.start()
-    try:
-        assert held.wait(10)
-        seen = procs.call(_child_view_of_parents_hold, lock, owner[0], method="fork")
+    with thread_holding(lock) as other:
+        seen = procs.call(_child_view_of_parents_hold, lock, other, method="fork")
         assert seen["locked"] is True and seen["owner_is_parent"] is True
         assert seen["release"] == "NotOwnerError"
         assert seen["try"] == ("ok", False)
         assert seen["timed"] == ("ok", False)
-    finally:
-        done.set()
-        t.join(10)
     assert lock.locked() is False

@@ -24,6 +24,8 @@ import uuid
 import shmlocks
 
 __all__ = [
+    "assert_child_excludes",
+    "thread_holding",
     "FIFO_KINDS",
     "Holder",
     "KINDS",
@@ -350,3 +352,38 @@ class Holder:
     def kill(self) -> None:
         kill(self.proc)
         assert self.proc.exitcode == -signal.SIGKILL
+
+
+@contextlib.contextmanager
+def thread_holding(lock, timeout: float = 20.0):
+    """Another thread of this process holds ``lock`` for the ``with`` block (it releases
+    when the block ends); yields that thread's ``(pid, tid)``."""
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        lock.acquire()
+        held.set()
+        done.wait(timeout)
+        lock.release()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert held.wait(10), "the holder thread never got the lock"
+        yield (os.getpid(), t.native_id)
+    finally:
+        done.set()
+        t.join(10)
+
+
+def assert_child_excludes(procs: Procs, lock, method: str = "fork") -> None:
+    """A child process holding ``lock`` keeps this process out (a bounded acquire fails and
+    the owner is the child); once it releases, the lock is ours."""
+    holder = Holder(procs, lock, method=method)
+    try:
+        assert lock.acquire(timeout=0.1) is False
+        assert lock.owner == holder.owner
+    finally:
+        holder.release()
+    assert lock.acquire(timeout=1) is True
+    lock.release()
