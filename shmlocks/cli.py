@@ -236,7 +236,11 @@ def cmd_unlink(args: argparse.Namespace) -> int:
         raise CliError(f"no shared-memory segment named {name!r}") from e
     except posix_ipc.PermissionsError as e:
         raise CliError(f"{name!r}: permission denied") from e
-    print(f"unlinked {name} (processes that have it mapped keep working)")
+    emit(
+        {"unlinked": name},
+        args.json,
+        lambda _: f"unlinked {name} (processes that have it mapped keep working)",
+    )
     return EXIT_OK
 
 
@@ -282,7 +286,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from shmlocks import demo
 
     try:
-        ok = demo.run(args.start_method, args.workers, args.iterations, args.handoff)
+        ok = demo.run(args.start_method, args.workers, args.iterations, args.handoff, args.json)
     except demo.DemoError as e:
         raise CliError(str(e)) from e
     return EXIT_OK if ok else EXIT_ERROR
@@ -371,6 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="spawn",
         help="multiprocessing start method (default spawn: the locks travel by pickling)",
     )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the results as one JSON object (the tables go to stderr)",
+    )
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench", help="the cross-process benchmark suite (bench/run.py)")
@@ -436,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--force", action="store_true", help="unlink even if it is not a shmlocks segment"
     )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_unlink)
     return parser
 

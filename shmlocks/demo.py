@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import multiprocessing
 import os
 import signal
@@ -18,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import shmlocks
 from shmlocks._harness import Exclusion, words
@@ -106,7 +107,11 @@ def _pingpong_worker(
 
 
 class _Demo:
-    def __init__(self, ctx: Any, workers: int, iterations: int, handoff: float) -> None:
+    def __init__(
+        self, ctx: Any, workers: int, iterations: int, handoff: float, out: TextIO
+    ) -> None:
+        self.out = out  # the tables for people (stderr under --json)
+        self.results: dict[str, Any] = {"counting": [], "owner_death": [], "handoff": []}
         self.ctx = ctx
         self.workers = workers
         self.iterations = iterations
@@ -114,6 +119,9 @@ class _Demo:
         self.locks: list[Any] = []
         self.procs: list[Any] = []
         self.ok = True
+
+    def say(self, *args: Any, **kwargs: Any) -> None:
+        print(*args, file=self.out, **kwargs)
 
     # -- bookkeeping: every segment and child made here is undone in cleanup()
 
@@ -176,11 +184,11 @@ class _Demo:
     def counting(self) -> None:
         n, it = self.workers, self.iterations
         expected = n * it
-        print(
+        self.say(
             f"1. Counting: {n} processes x {it:,} increments of one shared counter, under each lock"
         )
         row = "   {:<22}{:>10}  {:<7}{:>8}{:>15}{:>11}"
-        print(row.format("lock", "total", "", "time", "per increment", "hand-offs"), flush=True)
+        self.say(row.format("lock", "total", "", "time", "per increment", "hand-offs"), flush=True)
         for label, make in self._entries():
             lock = make()
             ex = Exclusion(self.ctx.RawArray("q", words(n)), participants=n)
@@ -199,7 +207,18 @@ class _Demo:
                 verdict = f"WRONG, {books.violations:,} overlapping sections"
             else:
                 verdict = f"WRONG, expected {expected:,}"
-            print(
+            self.results["counting"].append(
+                {
+                    "lock": label,
+                    "total": total,
+                    "expected": expected,
+                    "exact": books.ok,
+                    "overlaps": books.violations,
+                    "seconds": elapsed,
+                    "handoffs": books.handoffs - 1,
+                }
+            )
+            self.say(
                 row.format(
                     label,
                     f"{total:,}",
@@ -210,12 +229,12 @@ class _Demo:
                 ),
                 flush=True,
             )
-        print(
+        self.say(
             "   (hand-offs: how often the lock passed to another process. FIFO locks take turns, so\n"
             "   with more processes than CPUs a turn may wait for a descheduled process; barging\n"
             "   locks let the running process keep the lock.)"
         )
-        print()
+        self.say()
 
     def _entries(self) -> list[tuple[str, Callable[[], Any]]]:
         """Each lock kind (a fresh standalone lock), then multiprocessing.Lock as the reference."""
@@ -228,16 +247,16 @@ class _Demo:
     # -- part 2
 
     def owner_death(self) -> None:
-        print(
+        self.say(
             "2. Owner death: a holder is SIGKILLed inside its critical section (invariant a + b == 0)"
         )
-        print(
+        self.say(
             "   Each holder took the lock, did a += 1 (not yet b -= 1) and was killed with SIGKILL.\n"
             "   The next acquire(timeout=5) sees owner_died, repairs (b = -a), calls\n"
             "   mark_consistent() and releases; the hold after that is clean."
         )
         rows = [self._kill_and_recover(cls) for cls in shmlocks.KINDS.values()]
-        print(
+        self.say(
             table(
                 [
                     "kind",
@@ -253,7 +272,7 @@ class _Demo:
             )
         )
         self._kill_mp_lock()
-        print()
+        self.say()
 
     def _kill_holder(self, lock: Any, data: Any) -> tuple[int, float]:
         """Start a worker that dies holding `lock`; its pid and the time of the SIGKILL."""
@@ -274,10 +293,13 @@ class _Demo:
         pid, t_kill = self._kill_holder(lock, data)
         got = lock.acquire(timeout=5)
         dt = (time.perf_counter() - t_kill) * 1e3
+        record: dict[str, Any] = {"kind": lock.kind, "pid": pid, "acquired": got}
+        self.results["owner_death"].append(record)
         if not got:
             self.ok = False
             return [lock.kind, f"pid {pid}", "UNEXPECTED: no lock in 5 s", "-", "-", "-", "-"]
         died = lock.owner_died
+        seen_ab = [int(data[0]), int(data[1])]  # a, b as the dead holder left them
         seen = f"{data[0]}, {data[1]}"
         if died:
             data[1] = -data[0]
@@ -290,6 +312,13 @@ class _Demo:
         with lock:
             again = lock.owner_died
         self.ok &= not again
+        record.update(
+            kill_to_acquire_ms=dt,
+            owner_died=died,
+            seen=seen_ab,
+            repaired=died,
+            next_hold_clean=not again,
+        )
         return [
             lock.kind,
             f"pid {pid}",
@@ -309,7 +338,8 @@ class _Demo:
         if got:
             lock.release()
         verdict = "unexpectedly free" if got else "wedged for good, nothing can ever release it"
-        print(
+        self.results["multiprocessing_lock_after_death"] = {"pid": pid, "acquired": got}
+        self.say(
             f"{tag} holder pid {pid} killed the same way; acquire(timeout=0.5) -> {got}:\n"
             f"{' ' * len(tag)} {verdict}"
         )
@@ -318,7 +348,7 @@ class _Demo:
 
     def handoff_table(self) -> None:
         d = self.handoff
-        print(
+        self.say(
             f"3. Hand-off: two processes pass a turn through one lock for {d:.1f} s each "
             "(each waits in acquire() while the other holds it)"
         )
@@ -335,6 +365,14 @@ class _Demo:
             trip = _nanmean(result[0], result[3])
             handoff = _nanmean(result[2], result[5])
             results.append((label, handoff, trip, int(result[1] + result[4])))
+            self.results["handoff"].append(
+                {
+                    "lock": label,
+                    "handoff_s": _or_none(handoff),
+                    "round_trip_s": _or_none(trip),
+                    "round_trips": int(result[1] + result[4]),
+                }
+            )
         base = results[-1][2]
         rows: list[list[object]] = []
         for label, handoff, trip, trips in results:
@@ -347,24 +385,29 @@ class _Demo:
                 vs = "?"
             rows.append([label, _us(handoff), _us(trip), f"{trips:,}", vs])
         headers = ["lock", "hand-off", "round trip", "round trips", "round trip vs mp.Lock"]
-        print(table(headers, rows, indent="   "))
-        print(
+        self.say(table(headers, rows, indent="   "))
+        self.say(
             "   (medians; hand-off: one process's release() to the waiting one's acquire()\n"
             "   returning; round trip: two hand-offs, as bench/handoff.py measures it)"
         )
         load = os.getloadavg()[0]
         cpus = os.cpu_count() or 1
         if load > cpus - 0.5:
-            print(
+            self.say(
                 f"   note: this machine is busy (load average {load:.1f} on {cpus} CPUs): "
                 "round trips need both processes on a CPU at once, so they are noisy now"
             )
-        print()
+        self.say()
 
 
 def _nanmean(a: float, b: float) -> float:
     vals = [v for v in (a, b) if v == v]
     return sum(vals) / len(vals) if vals else float("nan")
+
+
+def _or_none(x: float) -> float | None:
+    """NaN (nothing measured) as JSON's null."""
+    return None if x != x else x
 
 
 def _us(seconds: float) -> str:
@@ -385,13 +428,17 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def run(start_method: str, workers: int, iterations: int, handoff: float) -> bool:
-    """The whole demo, printed to stdout. True if every result was as expected and every
+def run(
+    start_method: str, workers: int, iterations: int, handoff: float, as_json: bool = False
+) -> bool:
+    """The whole demo, its tables printed to stdout (``as_json``: to stderr, and its results
+    as one JSON object to stdout at the end). True if every result was as expected and every
     segment it made is gone; a failure is marked in the output and on stderr."""
     ctx = multiprocessing.get_context(start_method)
-    demo = _Demo(ctx, workers=workers, iterations=iterations, handoff=handoff)
+    out = sys.stderr if as_json else sys.stdout
+    demo = _Demo(ctx, workers, iterations, handoff, out)
     t0 = time.monotonic()
-    print(
+    demo.say(
         f"shmlocks demo: {len(shmlocks.KINDS)} lock kinds, {os.cpu_count()} CPUs, "
         f"start method {start_method!r}\n",
         flush=True,
@@ -410,7 +457,10 @@ def run(start_method: str, workers: int, iterations: int, handoff: float) -> boo
             )
     if left:
         return False
-    print(f"all segments removed; done in {time.monotonic() - t0:.1f} s")
+    seconds = time.monotonic() - t0
+    demo.say(f"all segments removed; done in {seconds:.1f} s")
+    if as_json:
+        print(json.dumps({"ok": demo.ok, "seconds": seconds, **demo.results}, indent=2))
     if not demo.ok:
         print("shmlocks: error: the demo saw unexpected results (marked above)", file=sys.stderr)
         return False

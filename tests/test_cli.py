@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import re
@@ -121,6 +122,14 @@ def test_unlink_removes_a_region(new_region):
     lk.release()
 
 
+def test_unlink_json(new_region):
+    region = new_region()
+    proc = cli("unlink", "--json", "/" + region.name)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"unlinked": region.name}
+    assert not shm_exists(region.name)
+
+
 def assert_one_line_error(proc):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
@@ -169,3 +178,36 @@ def test_demo_runs():
         assert row is not None, f"no {kind} row in the owner-death section:\n{section}"
         assert "True" in row and "clean" in row and "UNEXPECTED" not in row, row
     assert "multiprocessing.Lock" in section and "wedged for good" in section
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_demo_json():
+    """--json: the tables go to stderr, one JSON object with every result to stdout."""
+    try:
+        proc = cli(
+            "demo",
+            "--json",
+            "--workers",
+            "2",
+            "--iterations",
+            "2000",
+            "--handoff",
+            "0.05",
+            timeout=150,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("demo --json did not finish within 150 s")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] is True
+    locks = [*shmlocks.KINDS, "multiprocessing.Lock"]
+    assert [r["lock"] for r in doc["counting"]] == locks
+    for r in doc["counting"]:
+        assert r["exact"] and r["total"] == r["expected"] == 4000 and r["overlaps"] == 0, r
+    assert [r["kind"] for r in doc["owner_death"]] == list(shmlocks.KINDS)
+    for r in doc["owner_death"]:
+        assert r["owner_died"] and r["next_hold_clean"] and r["seen"] == [1, 0], r
+    assert doc["multiprocessing_lock_after_death"]["acquired"] is False
+    assert [r["lock"] for r in doc["handoff"]] == locks
+    assert "1. Counting" in proc.stderr and "3. Hand-off" in proc.stderr
