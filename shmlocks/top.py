@@ -6,8 +6,8 @@ from the deltas: acquires/s, hand-offs/s, % of the acquires that waited, their m
 timeouts/s; then the max wait (since the counters began), the holder and the waiters.
 
 On a terminal it redraws in place (raw termios + ANSI: the alternate screen, cbreak mode so
-one key is read at once, the cursor hidden) until ``q`` or Ctrl-C, then restores the
-terminal as it found it. With stdout not a terminal, or with ``--json``, it prints one
+one key is read at once, the cursor hidden) until ``q`` or Ctrl-C (or SIGTERM, SIGHUP),
+then restores the terminal as it found it. With stdout not a terminal, or with ``--json``, it prints one
 snapshot (rates over one interval) and exits. Segments that cannot be read are skipped
 with a note.
 """
@@ -20,6 +20,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import sys
 import termios
 import time
@@ -158,12 +159,21 @@ def snapshot_once(names: list[str] | None, interval: float, as_json: bool, out: 
     return 0
 
 
+class _Quit(Exception):
+    """SIGTERM or SIGHUP: leave as by q, through the finally that restores the terminal."""
+
+
+def _quit(signum: int, frame: object) -> None:
+    raise _Quit
+
+
 def live(names: list[str] | None, interval: float, out: TextIO) -> int:
-    """Redraw every ``interval`` until q or Ctrl-C; the terminal is restored whatever
-    happens (an exception included)."""
+    """Redraw every ``interval`` until q, Ctrl-C, SIGTERM or SIGHUP; the terminal is
+    restored whatever happens (an exception included)."""
     tty_fd: int | None = sys.stdin.fileno() if sys.stdin.isatty() else None
     fd = tty_fd
     saved = termios.tcgetattr(tty_fd) if tty_fd is not None else None
+    old_handlers = {s: signal.signal(s, _quit) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if fd is not None:
             tty.setcbreak(fd)  # keys one at a time, no echo; Ctrl-C still raises SIGINT
@@ -191,9 +201,11 @@ def live(names: list[str] | None, interval: float, out: TextIO) -> int:
                         fd = None  # end of input: only Ctrl-C quits now
                     elif b"q" in keys or b"Q" in keys:
                         return 0
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Quit):
         return 0
     finally:
+        for signum, handler in old_handlers.items():
+            signal.signal(signum, handler)
         with contextlib.suppress(OSError, ValueError):
             out.write("\x1b[?25h\x1b[?1049l")
             out.flush()

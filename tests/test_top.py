@@ -84,7 +84,7 @@ def _take_tty():
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # the pty becomes our controlling terminal
 
 
-@pytest.mark.parametrize("key", [b"q", b"\x03"], ids=["q", "ctrl-c"])
+@pytest.mark.parametrize("key", [b"q", b"\x03", b"TERM"], ids=["q", "ctrl-c", "sigterm"])
 def test_top_in_a_pty_shows_rates_and_restores_the_terminal(key, new_lock, procs):
     lock = new_lock("ticket")
     master, slave = os.openpty()
@@ -115,7 +115,10 @@ def test_top_in_a_pty_shows_rates_and_restores_the_terminal(key, new_lock, procs
         assert rate > 0, f"no non-zero rate on the screen:\n{screen[-2000:]!r}"
         during = termios.tcgetattr(slave)
         assert not during[3] & termios.ICANON, "top reads keys one at a time"
-        os.write(master, key)
+        if key == b"TERM":
+            os.kill(p.pid, signal.SIGTERM)
+        else:
+            os.write(master, key)
         assert p.wait(10) == 0
         with_tail = screen
         while select.select([master], [], [], 0.2)[0]:
