@@ -3,6 +3,7 @@
 from typing import Any, ClassVar, Literal, Self, TypedDict
 
 CACHE_LINE: int
+DEBUG: bool  # an assertion build (SHMLOCKS_DEBUG=1 at build time)
 LAYOUT_VERSION: int
 MAGIC: int
 OPEN_READY_TIMEOUT: float

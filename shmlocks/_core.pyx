@@ -32,6 +32,8 @@ include "_ext/robust.pxi"
 include "_ext/pi.pxi"
 
 CACHE_LINE = SHM_LINE
+#: True in an assertion build (SHMLOCKS_DEBUG=1 at build time: docs/design.md §8)
+DEBUG = bool(SHM_DEBUG_BUILT)
 LAYOUT_VERSION = SHM_VERSION
 MAGIC = SHM_MAGIC
 

@@ -458,6 +458,11 @@ cdef class CLHLock(_Lock):
         cdef shm_prec* r = &self.b.precs[me]
         if r.mine > self.b.P or r.pred > self.b.P:
             return R_CORRUPT
+        dassert(r.mine != r.pred, "clh: the holder waited on another node than its own")
+        dassert(ld32_acq(&self.b.nodes[r.mine].state) == C_BUSY, "clh: the holder's node is BUSY")
+        dassert(ld32_acq(&self.b.nodes[r.pred].state) == C_FREE, "clh: the holder's pred is FREE")
+        dassert(<uint32_t>(ld64_acq(self._tail()) & 0xffffffffU) <= self.b.P,
+                "clh: tail index in range")
         _clh_release_as(&self.b, me, armed)
         return 0
 

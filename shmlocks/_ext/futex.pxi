@@ -93,7 +93,9 @@ cdef class FutexMutex(_Lock):
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef uint32_t* word = self._word()
-        cdef uint32_t v = xchg32(word, 0)
+        cdef uint32_t v
+        dassert(_fx_owner1(ld32_acq(word)) == me + 1, "futex: the word names its holder")
+        v = xchg32(word, 0)
         crashpoint_at(armed, "futex.release.swapped")
         if v & FX_W:                                 # someone may be parked
             shm_futex_wake(word, 1)

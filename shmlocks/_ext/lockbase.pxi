@@ -182,6 +182,9 @@ cdef class _Lock:
     cdef inline object _got(self, reg_t* r, int rc, bint armed):
         crashpoint_at(armed, "lock.acquire.got")
         trace("got", r.slot, rc, ld32_rlx(&self.b.ctl.holder))
+        if SHM_DEBUG_BUILT:              # a constant: nothing at all in a normal build
+            dassert(ld32_rlx(&self.b.ctl.holder) == 0 or not kind_ops(self._code).repair,
+                    "acquire: no holder record is left when a user-recovered lock is taken")
         st32_rlx(&self.b.ctl.holder, r.hid)          # publish HOLDING ...
         crashpoint_at(armed, "lock.acquire.holder")
         shm_op_set(r.op, 0, 0)                       # ... then end the acquire step

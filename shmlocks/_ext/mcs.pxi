@@ -147,6 +147,7 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
         if s == 0 or s > b.P:
             return R_CORRUPT
         m = &b.nodes[s - 1]
+        dassert(_t_last(ld64_acq(&b.wa.u64[0])) <= b.P, "mcs: tail index in range")
         st64_rel(&rm.part[q].op_value, s | (<uint64_t>ld32_acq(&m.round) << 32))
         st = ld32_seq(&m.state)
         if st == M_GRANT:
@@ -429,6 +430,8 @@ cdef class MCSLock(_Lock):
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_node* n = &self.b.nodes[me]
         cdef uint64_t t = (me + 1) | (<uint64_t>ld32_rlx(&n.pred) << 32)
+        dassert(ld32_acq(&n.state) == M_GRANT, "mcs: the holder's node is GRANT")
+        dassert(_t_last(ld64_acq(self._tail())) != 0, "mcs: a held lock's queue is not empty")
         if ld32_acq(&n.next) == 0 and ld64_seq(self._tail()) == t:
             # No successor linked and we are still last (the tail word is (us, our pred)):
             # one CAS empties the queue (the first step of _mcs_release_as, inline). A

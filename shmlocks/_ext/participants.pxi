@@ -428,6 +428,12 @@ cdef void recover_verdict(rmap_t* rm, shm_body* b, uint32_t q, uint32_t op) noex
     The flags first, then the holder record, in the order _release uses: whoever sees
     the holder cleared sees the flags the next holder inherits. The kind then releases
     the lock on q's behalf. Every store is idempotent: a redo gives the same result."""
+    if SHM_DEBUG_BUILT:                  # (`and`/`or` are evaluated outside dassert's macro)
+        dassert(op == 0 or op == SHM_OP_TAKING or op == SHM_OP_WAITING
+                or op == SHM_OP_RELEASING, "[V]: the dead holder was at a step of this lock")
+        dassert(ld32_acq(&b.ctl.holder) == 0
+                or ld32_acq(&b.ctl.holder) == participant_hid(rm, q),
+                "[V]: the holder record names the dead holder or no one")
     if op == 0:
         for32(&b.ctl.flags, SHM_F_OWNER_DIED)
     elif op == SHM_OP_RELEASING and ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:

@@ -1,5 +1,6 @@
 # sys.pxi -- every foreign declaration in one place: the layout ABI (shm_layout.h), atomics,
-# futex(2), clocks and crash points (shm_sys.h), pthread robust/PI mutexes, mmap.
+# futex(2), clocks and crash points (shm_sys.h), the debug build's assertions (shm_debug.h),
+# pthread robust/PI mutexes, mmap.
 
 from libc.stdint cimport uint32_t, uint64_t, int64_t, int32_t
 from libc.string cimport memset, memcpy, strncmp
@@ -240,6 +241,14 @@ cdef extern from "shm_sys.h" nogil:
     uint64_t shm_trace_mask
     enum: SHM_TRACE_BUILT
     void trace "shm_trace"(const char* what, uint64_t a, uint64_t b, uint64_t c)
+
+cdef extern from "shm_debug.h" nogil:
+    enum: SHM_DEBUG_BUILT
+    # an invariant of a state table, checked in SHMLOCKS_DEBUG builds only (not even
+    # evaluated otherwise): keep `cond` free of side effects. Cython evaluates an `and`
+    # or `or` into a temporary before the call: put such a dassert under
+    # `if SHM_DEBUG_BUILT:` (a constant 0 in a normal build, so the C compiler drops it)
+    void dassert "shm_assert"(bint cond, const char* what)
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals() nogil

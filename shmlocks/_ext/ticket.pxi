@@ -69,6 +69,7 @@ cdef void _ticket_grant(shm_body* b, uint64_t s, bint armed) noexcept nogil:
     cdef shm_node* nd
     cdef uint32_t guard = 0
     while True:
+        dassert(s <= ld64_seq(&b.wa.u64[0]), "ticket: serving <= next")
         st64_seq(&b.wb.u64[0], s)                    # grant ticket s ...
         crashpoint_at(armed, "ticket.release.served")
         nd = &b.nodes[s % b.P]
@@ -313,6 +314,7 @@ cdef class TicketLock(_Lock):
         cdef uint64_t s = r.ticket                   # = our ticket + 1: the next to serve
         if s == 0:
             return R_CORRUPT
+        dassert(ld64_acq(self._serving()) + 1 == s, "ticket: the holder owns ticket serving")
         _ticket_grant(&self.b, s, armed)
         crashpoint_at(armed, "ticket.release.granted")
         st64_rel(&r.ticket, 0)                       # last: a death before it is redone

@@ -330,6 +330,9 @@ cdef inline void wait_tick(wait_t* w) noexcept nogil:
 cdef int park(park_t* pk, wait_t* w) noexcept nogil:
     """Wait under the policy w until pk.ready says READY: R_ACQ, R_TIMEOUT or R_SIGNAL."""
     cdef int res
+    if SHM_DEBUG_BUILT:
+        dassert(pk.ready != NULL and pk.tick != NULL and pk.word != NULL
+                and pk.parked != NULL, "park: every callback and word given")
     while True:
         res = wait_for(pk.ready, pk.ctx, pk.word, pk.parked, w)
         if res != W_TICK:
