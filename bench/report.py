@@ -26,7 +26,10 @@ import shmlocks
 HERE = Path(__file__).resolve().parent
 CORES = os.cpu_count() or 1
 REF = adapters.REFERENCE
-FIFO = tuple(k for k, c in shmlocks.KINDS.items() if c.fifo)  # the registry's
+FIFO = tuple(k for k, c in shmlocks.KINDS.items() if c.fifo)
+KERNEL_RECOVERED = tuple(
+    k for k, c in shmlocks.KINDS.items() if c.recovery == "kernel"
+)  # the registry's
 
 
 # ==========================================================================================
@@ -237,7 +240,7 @@ def check_targets(s: dict[str, Any], mode: Mode) -> list[dict[str, Any]]:
             None if r is None else r <= 0.3,
         )
 
-    for k in ("robust", "pi"):
+    for k in KERNEL_RECOVERED:  # issue 4's target was for the kernel-recovered kinds
         d = s["owner_death"].get(k)
         rec = d["recovery_ms"] if d else None
         t = "owner death: SIGKILL to the blocked waiter's acquisition"

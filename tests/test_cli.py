@@ -70,7 +70,7 @@ def _take(lock):
 
 def test_inspect_shows_kinds_holders_and_waiters(procs, new_region):
     region = new_region(max_locks=8)
-    for kind_name in ("ticket", "mcs", "clh", "futex", "robust", "pi"):
+    for kind_name in shmlocks.KINDS:
         region.create_lock(f"lk-{kind_name}", kind_name)
     held = region.open_lock("lk-ticket")
     dead = region.open_lock("lk-robust")
@@ -88,7 +88,7 @@ def test_inspect_shows_kinds_holders_and_waiters(procs, new_region):
         proc = cli("inspect", region.name)
         assert proc.returncode == 0, proc.stderr
         out = proc.stdout
-        for kind_name in ("ticket", "mcs", "clh", "futex", "robust", "pi"):
+        for kind_name in shmlocks.KINDS:
             line = lock_line(out, f"lk-{kind_name}")
             assert re.search(rf"\b{kind_name}\b", line), line
         assert re.search("waiter", out, re.IGNORECASE), out

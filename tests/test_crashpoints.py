@@ -43,7 +43,7 @@ import time
 from collections import Counter
 
 import pytest
-from support import join_all, uniq, wait_stopped
+from support import ROBUST_KINDS, USERSPACE_KINDS, join_all, uniq, wait_stopped
 from support.crashcase import (
     CHILD_AT,
     CHILD_BUDGET,
@@ -63,8 +63,6 @@ ROOT = os.path.dirname(HERE)
 # --------------------------------------------------------------------------- the cases
 
 CRASHPOINTS: dict[str, tuple[str, ...]] = shmlocks._crashpoints()
-KERNEL_RECOVERED = tuple(k for k, c in shmlocks.KINDS.items() if c.recovery == "kernel")
-USERSPACE_RECOVERED = tuple(k for k, c in shmlocks.KINDS.items() if c.recovery == "user")
 CASES = [(k, p) for k in shmlocks.KINDS for p in sorted(CRASHPOINTS) if k in CRASHPOINTS[p]]
 
 #: robust/pi: the points at which the dying process owns the pthread mutex (kernel view)
@@ -89,7 +87,7 @@ def expected_owner_died(kind: str, point: str) -> bool:
         return True  # the recoverer was recovering a victim that died in its critical section
     if point == "lock.acquire.done":
         return True  # acquire had returned: it died in its critical section
-    if kind in KERNEL_RECOVERED:
+    if kind in ROBUST_KINDS:
         if point in ROBUST_OWNING:
             return True
         if point in ROBUST_NOT_OWNING:
@@ -219,10 +217,10 @@ def test_crashpoint_table_matches_the_sources():
 
 @pytest.mark.timeout(20)
 def test_every_kind_has_its_points():
-    assert set(KERNEL_RECOVERED) | set(USERSPACE_RECOVERED) == set(shmlocks.KINDS)
+    assert set(ROBUST_KINDS) | set(USERSPACE_KINDS) == set(shmlocks.KINDS)
     for kind in shmlocks.KINDS:
         assert any(kind in kinds for p, kinds in CRASHPOINTS.items() if p.startswith("lock."))
-    for kind in USERSPACE_RECOVERED:
+    for kind in USERSPACE_KINDS:
         assert kind in CRASHPOINTS.get("recover.done", ()), kind
 
 

@@ -21,19 +21,17 @@ import sys
 import time
 
 import pytest
-from support import recovering_sections, uniq
+from support import USERSPACE_KINDS, recovering_sections, uniq
 
 import shmlocks
 from shmlocks._harness import Exclusion, words
-
-USERSPACE = ("ticket", "mcs", "clh", "futex")
 
 
 def _points(kind: str) -> list[str]:
     return sorted(p for p, kinds in shmlocks._crashpoints().items() if kind in kinds)
 
 
-PAIRS = [(k, a, b) for k in USERSPACE for a in _points(k) for b in _points(k)]
+PAIRS = [(k, a, b) for k in USERSPACE_KINDS for a in _points(k) for b in _points(k)]
 #: the sample the suite runs: every 9th pair of the matrix (each kind, each point appears)
 SAMPLE = PAIRS[::9]
 
@@ -148,7 +146,7 @@ def test_double_death_sample(kind, p1, p2):
     os.environ.get("SHMLOCKS_DOUBLE_DEATH") != "all",
     reason="the whole matrix runs with SHMLOCKS_DOUBLE_DEATH=all (the suite runs a sample)",
 )
-@pytest.mark.parametrize("kind", USERSPACE)
+@pytest.mark.parametrize("kind", USERSPACE_KINDS)
 def test_double_death_every_pair(kind):
     """The whole matrix for one kind; prints how many pairs killed both, one, or none."""
     tally: dict[str, int] = {}

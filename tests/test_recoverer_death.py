@@ -25,7 +25,7 @@ import sys
 import time
 
 import pytest
-from support import recovering_sections, uniq, wait_blocked
+from support import USERSPACE_KINDS, recovering_sections, uniq, wait_blocked
 
 import shmlocks
 from shmlocks._harness import Exclusion, words
@@ -39,11 +39,7 @@ CASES = [
     ("ticket", "ticket.recover.flagged"),
     ("ticket", "ticket.release.served"),
     ("futex", "futex.recover.flagged"),
-    *[
-        (k, p)
-        for k in ("ticket", "mcs", "clh", "futex")
-        for p in ("recover.locked", "recover.done")
-    ],
+    *[(k, p) for k in USERSPACE_KINDS for p in ("recover.locked", "recover.done")],
 ]
 
 N = 3000  # increments per process after the double death

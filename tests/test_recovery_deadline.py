@@ -21,7 +21,7 @@ import sys
 import time
 
 import pytest
-from support import uniq, wait_blocked, wait_stopped
+from support import USERSPACE_KINDS, uniq, wait_blocked, wait_stopped
 
 import shmlocks
 
@@ -129,7 +129,7 @@ def _finish(lock, stalled: subprocess.Popen) -> None:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("kind", ["ticket", "mcs", "clh", "futex"])
+@pytest.mark.parametrize("kind", USERSPACE_KINDS)
 def test_deadline_holds_while_another_recoverer_has_the_repair_mutex(procs, kind):
     """H holds, D waits; both die. R begins H's recovery and stalls holding the lock's
     repair mutex. A timed acquirer that must recover D waits for that mutex only until its

@@ -24,6 +24,7 @@ import uuid
 import shmlocks
 
 __all__ = [
+    "USERSPACE_KINDS",
     "assert_child_excludes",
     "thread_holding",
     "FIFO_KINDS",
@@ -60,6 +61,8 @@ KINDS = tuple(shmlocks.KINDS)
 FIFO_KINDS = tuple(k for k, c in shmlocks.KINDS.items() if c.fifo)
 #: the kinds whose owner death the kernel recovers (robust futexes: the registry's ``recovery``)
 ROBUST_KINDS = tuple(k for k, c in shmlocks.KINDS.items() if c.recovery == "kernel")
+#: the kinds whose owner death this library recovers in user space (the registry's ``recovery``)
+USERSPACE_KINDS = tuple(k for k, c in shmlocks.KINDS.items() if c.recovery == "user")
 START_METHODS = ("fork", "spawn", "forkserver")
 
 SHM_DIR = "/dev/shm"
