@@ -28,7 +28,9 @@ shm_assert_fail(const char *cond, const char *what, const char *file, int line) 
     (__builtin_expect(!!(cond), 1) ? (void)0 : shm_assert_fail(#cond, what, __FILE__, __LINE__))
 #else
 #define SHM_DEBUG_BUILT 0
-#define shm_assert(cond, what) ((void)0)
+/* sizeof does not evaluate cond; naming both keeps the compiler from warning that
+ * Cython's temporaries and message strings go unused */
+#define shm_assert(cond, what) ((void)sizeof(cond), (void)(what))
 #endif
 
 #endif
