@@ -23,36 +23,31 @@
 #define REL __ATOMIC_RELEASE
 #define RLX __ATOMIC_RELAXED
 
-static inline uint32_t ld32_acq(uint32_t *p) { return __atomic_load_n(p, ACQ); }
-static inline uint32_t ld32_rlx(uint32_t *p) { return __atomic_load_n(p, RLX); }
-static inline uint32_t ld32_seq(uint32_t *p) { return __atomic_load_n(p, SEQ); }
-static inline void st32_rel(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, REL); }
-static inline void st32_rlx(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, RLX); }
-static inline void st32_seq(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, SEQ); }
-static inline uint32_t xchg32(uint32_t *p, uint32_t v) { return __atomic_exchange_n(p, v, SEQ); }
-static inline int cas32(uint32_t *p, uint32_t expected, uint32_t desired) {
-    return __atomic_compare_exchange_n(p, &expected, desired, 0, SEQ, SEQ);
-}
-static inline uint32_t fadd32(uint32_t *p, uint32_t v) { return __atomic_fetch_add(p, v, SEQ); }
-static inline uint32_t fsub32(uint32_t *p, uint32_t v) { return __atomic_fetch_sub(p, v, SEQ); }
-static inline uint32_t for32(uint32_t *p, uint32_t v) { return __atomic_fetch_or(p, v, SEQ); }
-static inline uint32_t fand32(uint32_t *p, uint32_t v) { return __atomic_fetch_and(p, v, SEQ); }
+/* One set of wrappers per width: ldN_{acq,rlx,seq}, stN_{rel,rlx,seq}, xchgN, casN,
+ * cmpxchgN (returns the value it found: == expected means it swapped), faddN, fsubN, forN,
+ * fandN.  The RMWs are SC: the wake-up protocols (wait.pxi) rely on it. */
+#define SHM_ATOMICS(N, T)                                                                  \
+static inline T ld##N##_acq(T *p) { return __atomic_load_n(p, ACQ); }                     \
+static inline T ld##N##_rlx(T *p) { return __atomic_load_n(p, RLX); }                     \
+static inline T ld##N##_seq(T *p) { return __atomic_load_n(p, SEQ); }                     \
+static inline void st##N##_rel(T *p, T v) { __atomic_store_n(p, v, REL); }                \
+static inline void st##N##_rlx(T *p, T v) { __atomic_store_n(p, v, RLX); }                \
+static inline void st##N##_seq(T *p, T v) { __atomic_store_n(p, v, SEQ); }                \
+static inline T xchg##N(T *p, T v) { return __atomic_exchange_n(p, v, SEQ); }             \
+static inline T cmpxchg##N(T *p, T expected, T desired) {                                  \
+    __atomic_compare_exchange_n(p, &expected, desired, 0, SEQ, SEQ);                       \
+    return expected;                                                                       \
+}                                                                                          \
+static inline int cas##N(T *p, T expected, T desired) {                                    \
+    return __atomic_compare_exchange_n(p, &expected, desired, 0, SEQ, SEQ);                \
+}                                                                                          \
+static inline T fadd##N(T *p, T v) { return __atomic_fetch_add(p, v, SEQ); }              \
+static inline T fsub##N(T *p, T v) { return __atomic_fetch_sub(p, v, SEQ); }              \
+static inline T for##N(T *p, T v) { return __atomic_fetch_or(p, v, SEQ); }                \
+static inline T fand##N(T *p, T v) { return __atomic_fetch_and(p, v, SEQ); }
 
-static inline uint64_t ld64_acq(uint64_t *p) { return __atomic_load_n(p, ACQ); }
-static inline uint64_t ld64_rlx(uint64_t *p) { return __atomic_load_n(p, RLX); }
-static inline uint64_t ld64_seq(uint64_t *p) { return __atomic_load_n(p, SEQ); }
-static inline void st64_rel(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, REL); }
-static inline void st64_rlx(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, RLX); }
-static inline void st64_seq(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, SEQ); }
-static inline uint64_t fadd64(uint64_t *p, uint64_t v) { return __atomic_fetch_add(p, v, SEQ); }
-static inline int cas64(uint64_t *p, uint64_t expected, uint64_t desired) {
-    return __atomic_compare_exchange_n(p, &expected, desired, 0, SEQ, SEQ);
-}
-/* compare-and-swap that returns the value it found (== expected: it swapped) */
-static inline uint64_t cmpxchg64(uint64_t *p, uint64_t expected, uint64_t desired) {
-    __atomic_compare_exchange_n(p, &expected, desired, 0, SEQ, SEQ);
-    return expected;
-}
+SHM_ATOMICS(32, uint32_t)
+SHM_ATOMICS(64, uint64_t)
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
