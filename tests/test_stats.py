@@ -203,3 +203,55 @@ def test_stats_readable_while_held_and_after_holder_death(new_lock, procs):
     lock.release()
     s = lock.stats()
     assert (s["acquisitions"], s["owner_deaths"]) == (2, 1)
+
+
+def _count_forever(lock, counter, died_seen, stop):
+    while not stop.value:  # a raw word: a killed worker can hold no lock of it
+        if not lock.acquire(timeout=20):
+            os._exit(3)
+        try:
+            if lock.owner_died:
+                died_seen.value += 1  # under the lock: plain read-modify-writes
+                lock.mark_consistent()
+            counter.value += 1
+        finally:
+            lock.release()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", KINDS)
+def test_counts_stay_within_bounds_under_random_sigkills(kind, new_lock, procs):
+    """Workers counting under the lock are SIGKILLed at random points, holders included:
+    every finished section was counted as a hold, and only a killed process can have
+    begun a hold and not finished its section, so counter <= acquisitions <= counter +
+    kills; a hold begins with owner_died only after a death, so owner_deaths <= kills."""
+    import random
+
+    lock = new_lock(kind, max_participants=16)
+    ctx = mp.get_context("fork")
+    counter, died_seen, stop = (ctx.RawValue("q", 0) for _ in range(3))
+    workers = [procs.start(_count_forever, lock, counter, died_seen, stop) for _ in range(3)]
+    rnd = random.Random(12)
+    kills = 0
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        time.sleep(rnd.uniform(0.005, 0.05))
+        i = rnd.randrange(len(workers))
+        kill(workers[i])
+        kills += 1
+        workers[i] = procs.start(_count_forever, lock, counter, died_seen, stop)
+    stop.value = 1
+    assert not join_all(workers, 60), "workers did not finish"
+    assert [p.exitcode for p in workers] == [0] * len(workers)
+    # a holder killed last leaves the lock to recover: one more hold settles it
+    assert lock.acquire(timeout=20)
+    if lock.owner_died:
+        lock.mark_consistent()
+    lock.release()
+    s = lock.stats()
+    n = counter.value + 1  # the sections, and our hold
+    assert n <= s["acquisitions"] <= n + kills, (s, n, kills)
+    assert s["owner_deaths"] <= kills
+    assert s["owner_deaths"] >= died_seen.value
+    assert s["handoffs"] <= s["acquisitions"] and s["contended"] <= s["acquisitions"]
+    assert s["timeouts"] == 0
