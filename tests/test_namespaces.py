@@ -21,6 +21,7 @@ import pytest
 from support import uniq
 
 import shmlocks
+from shmlocks._harness import Exclusion, ExclusionReport, words
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,15 +64,16 @@ if mode == "hold":
     print("holding", os.getpid(), flush=True)
     time.sleep(60)
 elif mode == "count":
-    n, counter = int(sys.argv[4]), sys.argv[5]
+    from shmlocks._harness import Exclusion
+    n, counter, who = int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
     with open(counter, "r+b") as f:
-        a = memoryview(mmap.mmap(f.fileno(), 8)).cast("q")
+        ex = Exclusion(memoryview(mmap.mmap(f.fileno(), 0)).cast("q"), participants=3)
         for _ in range(n):
             assert lock.acquire(timeout=20)
             if lock.owner_died:
+                ex.repair()
                 lock.mark_consistent()
-            v = a[0]
-            a[0] = v + 1
+            ex.section(who)
             lock.release()
     print("counted", flush=True)
 elif mode == "wait":
@@ -146,16 +148,17 @@ def _kill(p: subprocess.Popen) -> None:
 
 @pytest.fixture
 def counter():
+    """The exclusion checker's words (shmlocks/_harness.py) in a file every worker maps."""
     path = f"/dev/shm/{uniq('nsctr')}"
     with open(path, "wb") as f:
-        f.write(b"\0" * 8)
+        f.write(b"\0" * 8 * words(3))
     yield path
     os.unlink(path)
 
 
-def _count(path: str) -> int:
+def _books(path: str) -> ExclusionReport:
     with open(path, "rb") as f:
-        return int.from_bytes(f.read(8), "little", signed=True)
+        return Exclusion(memoryview(f.read()).cast("q"), participants=3).report()
 
 
 @pytest.mark.parametrize("kind", NON_PI)
@@ -164,14 +167,15 @@ def test_exclusion_across_pid_namespaces(new_lock, counter, kind):
     ours): exact counts."""
     lock = new_lock(kind)
     n = "2000"
-    procs = [_in_ns(kind, lock.name, "count", n, counter) for _ in range(2)]
-    procs.append(_here(kind, lock.name, "count", n, counter))
+    procs = [_in_ns(kind, lock.name, "count", n, counter, str(who)) for who in (1, 2)]
+    procs.append(_here(kind, lock.name, "count", n, counter, "3"))
     try:
         assert _finish(procs) == ["counted"] * 3
     finally:
         for p in procs:
             _kill(p)
-    assert _count(counter) == 3 * int(n)
+    books = _books(counter)
+    assert books.ok and books.total == 3 * int(n), books
 
 
 @pytest.mark.parametrize("kind", NON_PI)
