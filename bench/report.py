@@ -532,25 +532,31 @@ def _contended(mode: Mode, s: dict, self_check: dict | None) -> list[str]:
     return L
 
 
-def _contended_counters(co: dict, ps: list[str]) -> list[str]:
-    """The shmlocks kinds' own counters (lock.stats()) over the same runs."""
+def _counter_rows(
+    section: dict, keys: Sequence[str], fields: Sequence[tuple[str, float]]
+) -> list[list[str]]:
+    """A row per lock with its own counters (lock.stats()) in ``section``: for each key (a P,
+    a critical section) the ``fields`` (name, scale), then whether in every run the counters
+    matched what the harness counted."""
     rows = []
-    for name in adapters.NAMES:
-        c = co.get(name)
-        if not c or not any(c.get(p) and c[p].get("handoffs_per_s") for p in ps):
+    for name, c in _measured(section):
+        if not any(c.get(k) and c[k].get("handoffs_per_s") for k in keys):
             continue
         row = [_label(name)]
-        ok: bool | None = True
-        for p in ps:
-            e = c.get(p)
-            row += [
-                _cell(e and e.get("contended_pct"), 1, 1),
-                _cell(e and e.get("handoffs_per_s"), 1e3, 1),
-            ]
+        ok = True
+        for k in keys:
+            e = c.get(k)
+            row += [_cell(e and e.get(f), scale, 1) for f, scale in fields]
             if e and e.get("stats_match") is False:
                 ok = False
         row.append("yes" if ok else "**NO**")
         rows.append(row)
+    return rows
+
+
+def _contended_counters(co: dict, ps: list[str]) -> list[str]:
+    """The shmlocks kinds' own counters (lock.stats()) over the same runs."""
+    rows = _counter_rows(co, ps, [("contended_pct", 1), ("handoffs_per_s", 1e3)])
     if not rows:
         return []
     L = ["### From the locks' own counters", ""]
@@ -628,24 +634,9 @@ def _handoff(mode: Mode, s: dict) -> list[str]:
 
 def _handoff_counters(mode: Mode, ho: dict) -> list[str]:
     """The shmlocks kinds' own counters over the hand-off runs, beside the harness's turns."""
-    rows = []
-    for name in adapters.NAMES:
-        h = ho.get(name)
-        if not h or not any(e and e.get("handoffs_per_s") for e in h.values()):
-            continue
-        row = [_label(name)]
-        ok = True
-        for cs in mode.cs_ns:
-            e = h.get(str(cs))
-            row += [
-                _cell(e and e.get("handoffs_per_s"), 1e3, 1),
-                _cell(e and e.get("turns_per_s"), 1e3, 1),
-                _cell(e and e.get("contended_pct"), 1, 1),
-            ]
-            if e and e.get("stats_match") is False:
-                ok = False
-        row.append("yes" if ok else "**NO**")
-        rows.append(row)
+    keys = [str(cs) for cs in mode.cs_ns]
+    fields = [("handoffs_per_s", 1e3), ("turns_per_s", 1e3), ("contended_pct", 1)]
+    rows = _counter_rows(ho, keys, fields)
     if not rows:
         return []
     L = ["### From the locks' own counters", ""]
