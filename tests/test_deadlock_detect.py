@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import KINDS
+from support import KINDS
 
 import shmlocks
 
