@@ -261,6 +261,7 @@ class Result:
     errors: int = 0
     leaked_alive: int = 0
     leaked_dead: int = 0
+    lock_stats: dict[str, Any] | None = None  # the lock's own counters at the end
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -511,6 +512,31 @@ class _Run:
         if res.recoveries > res.kills:
             res.violations += 1
             res.notes.append(f"{res.recoveries} holds saw owner_died after only {res.kills} deaths")
+        self.check_counters(got)
+
+    def check_counters(self, got: bool) -> None:
+        """The lock's own counters (lock.stats()) against the books: every hold the
+        workers counted (and the final one) was counted by the lock, and only a killed
+        worker can have begun a hold it did not count; a hold begins with owner_died only
+        after a death, and every one the workers saw was counted."""
+        res = self.res
+        stats = getattr(self.lock, "stats", None)
+        if stats is None:
+            return  # a stand-in lock (the tests' broken ones) keeps no counters
+        st = res.lock_stats = dict(stats())
+        held = res.acquisitions + (1 if got else 0)
+        if not held <= st["acquisitions"] <= held + res.kills:
+            res.violations += 1
+            res.notes.append(
+                f"lock counted {st['acquisitions']} acquisitions; the workers {held} "
+                f"with {res.kills} kills"
+            )
+        if not res.recoveries <= st["owner_deaths"] <= res.kills:
+            res.violations += 1
+            res.notes.append(
+                f"lock counted {st['owner_deaths']} owner deaths; the workers saw "
+                f"{res.recoveries} with {res.kills} kills"
+            )
 
 
 def torture_kind(

@@ -255,3 +255,42 @@ def test_counts_stay_within_bounds_under_random_sigkills(kind, new_lock, procs):
     assert s["owner_deaths"] >= died_seen.value
     assert s["handoffs"] <= s["acquisitions"] and s["contended"] <= s["acquisitions"]
     assert s["timeouts"] == 0
+
+
+class _Miscounts:
+    """A sound lock whose counters miss a tenth of its holds."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def stats(self):
+        s = dict(self.inner.stats())
+        s["acquisitions"] -= s["acquisitions"] // 10 + 1
+        return s
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("broken", [False, True], ids=["sound", "miscounting"])
+def test_kill_torture_checks_the_lock_counters(monkeypatch, broken):
+    """The kill torture holds the lock's counters to its own books: they agree for a
+    sound lock under kills, and a lock that miscounts is reported as violating."""
+    from shmlocks import torture as t
+
+    if broken:
+        init = t._Run.__init__
+
+        def wrapped(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.lock = _Miscounts(self.lock)
+
+        monkeypatch.setattr(t._Run, "__init__", wrapped)
+    res = t.torture_kind("mcs", 1.0, 3, seed=3)
+    assert res.lock_stats is not None and res.kills > 0
+    if broken:
+        assert not res.ok and any("lock counted" in n for n in res.notes), res.line()
+    else:
+        assert res.ok, (res.line(), res.notes)
+        assert res.lock_stats["owner_deaths"] >= res.recoveries
