@@ -116,3 +116,40 @@ def test_participant_wait_record_on_disk():
     with open(f"/proc/self/task/{tid}/stat", "rb") as f:
         field22 = int(f.read().rpartition(b")")[2].split()[19])
     assert (pid, tstart, wait_since) == (os.getpid(), field22, 0)
+
+
+def _time_out(lock):
+    return lock.acquire(timeout=0.001)
+
+
+@pytest.mark.timeout(30)
+def test_statistics_sit_where_shm_layout_h_says(procs):
+    """The ctl line's counters on disk: the holder-written ones in its lower half
+    (acquisitions +16, handoffs +24, contended +32, wait_total_ns +40, wait_max_ns +48,
+    last_pid +56), owner_deaths +112 and timeouts +120 after the repair mutex."""
+    lock = shmlocks.KINDS["mcs"](uniq("layout-stats"))
+    try:
+        for _ in range(3):
+            with lock:
+                pass
+        with lock:
+            assert procs.call(_time_out, lock) is False
+        with open(os.path.join(SHM_DIR, lock.name), "rb") as f:
+            data = f.read()
+        locks_off = HEADER.unpack_from(data)[8]
+        ctl = data[locks_off : locks_off + LINE]
+        acq, hand, cont, wtot, wmax = struct.unpack_from("<5Q", ctl, 16)
+        (last_pid,) = struct.unpack_from("<I", ctl, 56)
+        deaths, timeouts = struct.unpack_from("<2Q", ctl, 112)
+        s = lock.stats()
+        assert (acq, hand, cont, deaths, timeouts) == (4, 0, 0, 0, 1)
+        assert (acq, hand, cont, deaths, timeouts) == (
+            s["acquisitions"],
+            s["handoffs"],
+            s["contended"],
+            s["owner_deaths"],
+            s["timeouts"],
+        )
+        assert (wtot, wmax) == (0, 0) and last_pid == os.getpid()
+    finally:
+        lock.close()
