@@ -6,17 +6,19 @@
 # that node is FREE. Nodes travel: at release a participant adopts its predecessor's node
 # (prec.mine := pred) and leaves its own in the queue for its successor. The pool has
 # P + 1 nodes: one per participant plus the lock's; each is some participant's `mine`, or
-# the one floating FREE node at the head that the holder will adopt.
+# the one floating FREE node at the head that the holder will adopt. Node ids (in the tail,
+# pred, guess, mine, prec.pred, op_value) are index + 1, as every id in the segment
+# (shm_layout.h): 1..P+1, P+1 the lock's own node; _clh_ok() checks one before use.
 #
 #   word A    u64 tail      last | prev << 32: the last node and ITS predecessor (UNKNOWN
 #                           after an abort stepped out), taken by CAS, so a joiner's
 #                           predecessor is known the instant it joins
-#   node[i]   state  FREE 0 (released) | BUSY 1 (owner waiting or holding)
+#   qnode[i]  state  FREE 0 (released) | BUSY 1 (owner waiting or holding)
 #                    | ABANDONED 2 (owner left; its successor must wait on node.pred)
 #                    | RECLAIMING 3 -> RECLAIMED 4 (the successor took note, gave it back)
 #             pred   predecessor node, UNKNOWN until published (by its owner, or by the
 #                    next joiner from the tail word it replaced)
-#             value  generation of the participant (thread) that abandoned it: only that
+#             left_gen  generation of the participant (thread) that abandoned it: only that
 #                    thread rejoins in place; a new thread inheriting the slot waits
 #             guess  the tail's last as its owner CASed the tail: its pred once joined
 #                    (queue.pxi), when the owners of several joiners in a row died
@@ -44,7 +46,7 @@ cdef enum:
     C_ABANDONED = 2
     C_RECLAIMING = 3
     C_RECLAIMED = 4
-    C_UNKNOWN = 0xffffffff
+    C_UNKNOWN = SHM_ID_UNKNOWN
     C_QUEUED = (1 << C_BUSY) | (1 << C_ABANDONED) | (1 << C_RECLAIMING)  # still in the queue
 
 
@@ -56,22 +58,28 @@ cdef int _clh_not_busy(void* c) noexcept nogil:
     if ld32_seq(&x.n.state) != C_BUSY:
         return Q_READY
     pp = ld32_rlx(&x.n.pred)                        # a hint: bounds-checked, never trusted
-    if pp <= x.P and ld32_rlx(&x.nodes[pp].state) == C_BUSY:
+    if pp - 1 < x.count and ld32_rlx(&x.nodes[pp - 1].state) == C_BUSY:
         return Q_FAR
     return Q_NEAR
 
 
 cdef int _clh_not_reclaiming(void* c) noexcept nogil:
-    cdef uint32_t st = ld32_seq(&(<shm_node*>c).state)
+    cdef uint32_t st = ld32_seq(&(<shm_qnode*>c).state)
     return st != C_RECLAIMING and st != C_ABANDONED
+
+
+cdef inline bint _clh_ok(uint32_t X, uint32_t P) noexcept nogil:
+    """Does node id X (index + 1, read from shared memory) name one of the P + 1 nodes?
+    Unsigned: 0 (none) and C_UNKNOWN wrap round and fail."""
+    return X - 1 <= P
 
 
 cdef void _clh_init(shm_body* b) noexcept nogil:
     cdef uint32_t i
     for i in range(b.P):
-        b.precs[i].mine = i
-        b.precs[i].pred = i                          # idle: mine == pred, as after a release
-    b.wa.u64[0] = b.P | (<uint64_t>C_UNKNOWN << 32)  # the lock's own node, FREE
+        b.precs[i].mine = i + 1
+        b.precs[i].pred = i + 1                      # idle: mine == pred, as after a release
+    b.wa.u64[0] = (b.P + 1) | (<uint64_t>C_UNKNOWN << 32)  # the lock's own node, FREE
 
 
 cdef inline uint64_t _clh_tail(uint32_t last, uint32_t prev) noexcept nogil:
@@ -81,11 +89,11 @@ cdef inline uint64_t _clh_tail(uint32_t last, uint32_t prev) noexcept nogil:
 cdef void _clh_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint32_t pn) noexcept nogil:
     """q (live, or dead and being recovered) waits on abandoned node pn: take note of its
     predecessor, hand it back to its owner and wait on that predecessor instead."""
-    cdef shm_node* n = &b.nodes[pn]
+    cdef shm_qnode* n = &b.qnodes[pn - 1]
     cdef uint32_t pp
     if ld32_seq(&n.state) == C_ABANDONED:
         # a recoverer finishes it, for this passage of pn only (_clh_redo_reclaim)
-        st64_rel(&rm.part[q].op_value, (pn + 1) | (<uint64_t>ld32_acq(&n.round) << 32))
+        st64_rel(&rm.part[q].op_value, pn | (<uint64_t>ld32_acq(&n.round) << 32))
         if not cas32(&n.state, C_ABANDONED, C_RECLAIMING):
             st64_rel(&rm.part[q].op_value, 0)
             return                                   # its thread rejoined: wait on it again
@@ -94,9 +102,9 @@ cdef void _clh_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint32_t pn) noexcep
     pp = ld32_acq(&n.pred)
     trace("clh.reclaim", q, pn, pp)
     crashpoint("clh.wait.reclaiming")
-    if pp <= b.P:
+    if _clh_ok(pp, b.P) and _clh_ok(b.precs[q].mine, b.P):
         st32_rlx(&b.precs[q].pred, pp)
-        st32_rel(&b.nodes[b.precs[q].mine].pred, pp)
+        st32_rel(&b.qnodes[b.precs[q].mine - 1].pred, pp)
     st32_seq(&n.state, C_RECLAIMED)                  # hand the node back to its owner
     wake_if_parked(&n.state, &n.parked)
     st64_rel(&rm.part[q].op_value, 0)
@@ -108,7 +116,7 @@ cdef int _clh_abort_as(rmap_t* rm, shm_body* b, uint32_t q, bint dead) noexcept 
     cdef shm_prec* r = &b.precs[q]
     cdef uint32_t X = r.mine
     cdef uint32_t p = r.pred
-    cdef shm_node* x = &b.nodes[X]
+    cdef shm_qnode* x = &b.qnodes[X - 1]
     cdef uint64_t t
     st32_rel(&x.pred, p)
     t = ld64_seq(&b.wa.u64[0])
@@ -117,11 +125,11 @@ cdef int _clh_abort_as(rmap_t* rm, shm_body* b, uint32_t q, bint dead) noexcept 
         crashpoint("clh.abort.stepped_out")
         st32_rel(&x.state, C_RECLAIMED)              # nobody behind us: our node is ours
         return R_TIMEOUT
-    if ld32_seq(&b.nodes[p].state) == C_FREE:
+    if ld32_seq(&b.qnodes[p - 1].state) == C_FREE:
         trace("clh.abort.granted", q | (<uint64_t>dead << 32), X, p)
         return R_ACQ                                 # granted as we were leaving
     trace("clh.abort.abandon", q | (<uint64_t>dead << 32), X, p)
-    st64_rel(&x.value, ld64_rlx(&rm.part[q].generation))
+    st64_rel(&x.left_gen, ld64_rlx(&rm.part[q].generation))
     st32_seq(&x.state, C_ABANDONED)                  # our successor will wait on p instead
     wake_if_parked(&x.state, &x.parked)
     return R_TIMEOUT
@@ -132,9 +140,9 @@ cdef inline void _clh_release_as(shm_body* b, uint32_t q, bint armed) noexcept n
     cdef shm_prec* r = &b.precs[q]
     cdef uint32_t X = r.mine
     trace("clh.release", q, X, r.pred)
-    if X != r.pred and X <= b.P:
-        st32_seq(&b.nodes[X].state, C_FREE)          # our successor may go
-        wake_if_parked(&b.nodes[X].state, &b.nodes[X].parked)
+    if X != r.pred and _clh_ok(X, b.P):
+        st32_seq(&b.qnodes[X - 1].state, C_FREE)          # our successor may go
+        wake_if_parked(&b.qnodes[X - 1].state, &b.qnodes[X - 1].parked)
         crashpoint_at(armed, "clh.release.freed")
         st32_rel(&r.mine, r.pred)                    # adopt the predecessor's node
 
@@ -142,10 +150,10 @@ cdef inline void _clh_release_as(shm_body* b, uint32_t q, bint armed) noexcept n
 cdef uint32_t _clh_succ_of(shm_body* b, uint32_t X) noexcept nogil:
     """The queued node waiting on node X (QUEUE_NONE if none): one naming X as its pred,
     else found by the walk back from the tail (the successor's pred is not published)."""
-    cdef uint32_t y = queue_named_succ(b.nodes, b.P + 1, 0, X, C_QUEUED)
+    cdef uint32_t y = queue_named_succ(b.qnodes, b.P + 1, X, C_QUEUED)
     if y != QUEUE_NONE:
         return y
-    return queue_succ_of(&b.wa.u64[0], b.nodes, b.P + 1, 0, X, C_QUEUED)
+    return queue_succ_of(&b.wa.u64[0], b.qnodes, b.P + 1, X, C_QUEUED)
 
 
 cdef bint _clh_in_queue(shm_body* b, uint32_t X) noexcept nogil:
@@ -170,7 +178,7 @@ cdef bint _clh_in_queue(shm_body* b, uint32_t X) noexcept nogil:
 
 cdef bint _clh_pred_unknown(shm_body* b, uint32_t x) noexcept nogil:
     cdef uint32_t m = ld32_acq(&b.precs[x].mine)
-    return m <= b.P and ld32_acq(&b.nodes[m].pred) == C_UNKNOWN
+    return _clh_ok(m, b.P) and ld32_acq(&b.qnodes[m - 1].pred) == C_UNKNOWN
 
 
 cdef inline bint _clh_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
@@ -183,17 +191,16 @@ cdef bint _clh_still_queued_as(shm_body* b, uint32_t X, uint32_t rnd) noexcept n
     """Is node X still in the passage (round rnd) that its dead owner enqueued, and not yet
     freed? State first, round second: a node enqueued anew stores its round before it
     publishes BUSY, so a BUSY of a later passage is never read with an older round."""
-    return ld32_seq(&b.nodes[X].state) == C_BUSY and ld32_acq(&b.nodes[X].round) == rnd
+    return ld32_seq(&b.qnodes[X - 1].state) == C_BUSY and ld32_acq(&b.qnodes[X - 1].round) == rnd
 
 
 cdef void _clh_redo_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint64_t v) noexcept nogil:
-    """q died reclaiming an abandoned node (op_value v = node + 1 | round << 32): finish it
+    """q died reclaiming an abandoned node (op_value v = node id | round << 32): finish it
     if that node is still in the same passage; a later passage is someone else's."""
     cdef uint32_t pn = <uint32_t>(v & 0xffffffffU)
-    if pn == 0 or pn > b.P + 1:
+    if not _clh_ok(pn, b.P):
         return
-    pn -= 1
-    if ld32_acq(&b.nodes[pn].round) == <uint32_t>(v >> 32):
+    if ld32_acq(&b.qnodes[pn - 1].round) == <uint32_t>(v >> 32):
         _clh_reclaim(rm, b, q, pn)
 
 
@@ -205,15 +212,15 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     cdef uint32_t X = ld32_acq(&r.mine)
     cdef uint32_t p, guard, st
     cdef uint64_t t, v
-    cdef shm_node* xn
+    cdef shm_qnode* xn
     trace("clh.recover", q | (<uint64_t>op << 32), X | (<uint64_t>r.pred << 32),
-          ld32_rlx(&b.nodes[X].state) | (<uint64_t>ld32_rlx(&b.nodes[X].pred) << 32)
-          if X <= b.P else 0)
-    if X > b.P:
+          ld32_rlx(&b.qnodes[X - 1].state) | (<uint64_t>ld32_rlx(&b.qnodes[X - 1].pred) << 32)
+          if _clh_ok(X, b.P) else 0)
+    if not _clh_ok(X, b.P):
         return
-    xn = &b.nodes[X]
+    xn = &b.qnodes[X - 1]
     if op == SHM_OP_RELEASING:  # [C1] [C2] (docs/design.md §7.3)
-        if X != r.pred and r.pred <= b.P:
+        if X != r.pred and _clh_ok(r.pred, b.P):
             # Free its node only if it had not yet: once freed, the node passes to its
             # successor, who may already have adopted and enqueued it again (a later
             # round), and may do so while we look: only the round tells them apart.
@@ -229,7 +236,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         # X left its passage: freed by a release made on q's behalf (a recoverer's, who
         # died before adopting the predecessor's node: finish it, or q would keep a node
         # that its successor adopts too), or idle since q's own release (mine == pred).
-        if X != r.pred and r.pred <= b.P:
+        if X != r.pred and _clh_ok(r.pred, b.P):
             st32_rel(&r.mine, r.pred)
         return
     if st != C_BUSY:
@@ -257,10 +264,10 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
                     trace("clh.recover.nojoin", q, X, 0)
                     st32_rel(&xn.state, C_RECLAIMED)     # it never joined the queue
                     return
-        if p > b.P:
+        if not _clh_ok(p, b.P):
             return
         st32_rel(&xn.pred, p)
-    if p > b.P:
+    if not _clh_ok(p, b.P):
         return
     if not _clh_in_queue(b, X):
         if not _clh_settle_joiners(rm, b, q):
@@ -271,13 +278,13 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             return
     st32_rlx(&r.pred, p)
     guard = 0
-    while ld32_seq(&b.nodes[p].state) == C_ABANDONED and guard <= b.P:
+    while ld32_seq(&b.qnodes[p - 1].state) == C_ABANDONED and guard <= b.P:
         _clh_reclaim(rm, b, q, p)                    # as it would have: pass over its
         p = ld32_acq(&r.pred)                        # abandoned predecessors first
-        if p > b.P:
+        if not _clh_ok(p, b.P):
             return
         guard += 1
-    if ld32_seq(&b.nodes[p].state) != C_FREE:
+    if ld32_seq(&b.qnodes[p - 1].state) != C_FREE:
         if _clh_abort_as(rm, b, q, 1) == R_TIMEOUT:  # [C7] it waits: abandon its place for it
             return
         _clh_release_as(b, q, shm_crash_armed)       # granted meanwhile: pass it on
@@ -304,7 +311,7 @@ cdef void _clh_tend_abandoned(rmap_t* rm, shm_body* b, uint32_t X) noexcept nogi
     queued behind X, step it out of the tail ourselves (as its abort would have); else
     recover the one who owes us the hand-back if it is dead: the first waiter behind us,
     past the nodes behind us that were abandoned too (that waiter reclaims them first)."""
-    cdef shm_node* x = &b.nodes[X]
+    cdef shm_qnode* x = &b.qnodes[X - 1]
     cdef uint64_t t
     cdef uint32_t p
     cdef uint32_t s = X, st, guard
@@ -312,17 +319,17 @@ cdef void _clh_tend_abandoned(rmap_t* rm, shm_body* b, uint32_t X) noexcept nogi
     t = ld64_seq(&b.wa.u64[0])
     p = ld32_acq(&x.pred)
     if <uint32_t>(t & 0xffffffffU) == X:
-        if (p <= b.P and ld32_seq(&x.state) == C_ABANDONED
+        if (_clh_ok(p, b.P) and ld32_seq(&x.state) == C_ABANDONED
                 and cas64(&b.wa.u64[0], t, _clh_tail(p, C_UNKNOWN))):
             trace("clh.tend.out", X, p, t)
             st32_seq(&x.state, C_RECLAIMED)          # out of the queue: ours again
         return
     for guard in range(b.P + 1):
         s = _clh_succ_of(b, s)
-        if s == QUEUE_NONE or s > b.P:
+        if s == QUEUE_NONE or not _clh_ok(s, b.P):
             return
         _clh_check_owner(rm, b, s)                   # its owner: recovered if dead
-        st = ld32_acq(&b.nodes[s].state)
+        st = ld32_acq(&b.qnodes[s - 1].state)
         if st != C_ABANDONED and st != C_RECLAIMING:
             return
 
@@ -343,30 +350,30 @@ cdef class CLHLock(_Lock):
         cdef uint32_t X = ld32_rlx(&r.mine)
         cdef uint32_t p, rnd
         cdef uint64_t old
-        if X > self.b.P:
+        if not _clh_ok(X, self.b.P):
             return R_CORRUPT
-        rnd = ld32_rlx(&self.b.nodes[X].round) + 1       # a new passage of X
-        st32_rlx(&self.b.nodes[X].round, rnd)
+        rnd = ld32_rlx(&self.b.qnodes[X - 1].round) + 1       # a new passage of X
+        st32_rlx(&self.b.qnodes[X - 1].round, rnd)
         st32_rlx(&r.round, rnd)
-        st32_rlx(&self.b.nodes[X].pred, C_UNKNOWN)
-        st32_rel(&self.b.nodes[X].state, C_BUSY)         # after the round (see above)
+        st32_rlx(&self.b.qnodes[X - 1].pred, C_UNKNOWN)
+        st32_rel(&self.b.qnodes[X - 1].state, C_BUSY)         # after the round (see above)
         while True:                                  # join: tail := (X, old last)
             old = ld64_seq(self._tail())
-            st32_rel(&self.b.nodes[X].guess, <uint32_t>(old & 0xffffffffU))  # pred if won
+            st32_rel(&self.b.qnodes[X - 1].guess, <uint32_t>(old & 0xffffffffU))  # pred if won
             if cas64(self._tail(), old, _clh_tail(X, <uint32_t>(old & 0xffffffffU))):
                 break
         crashpoint_at(armed, "clh.acquire.joined")
         trace("clh.joined", me, X, old)
         p = <uint32_t>(old & 0xffffffffU)
-        if p > self.b.P or p == X:
+        if not _clh_ok(p, self.b.P) or p == X:
             return R_CORRUPT
-        if (ld32_acq(&self.b.nodes[p].pred) == C_UNKNOWN     # p has not published its pred
-                and ld32_acq(&self.b.nodes[p].state) != C_FREE):  # and its round goes on:
-            cas32(&self.b.nodes[p].pred, C_UNKNOWN, <uint32_t>(old >> 32))  # do it for p
+        if (ld32_acq(&self.b.qnodes[p - 1].pred) == C_UNKNOWN     # p has not published its pred
+                and ld32_acq(&self.b.qnodes[p - 1].state) != C_FREE):  # and its round goes on:
+            cas32(&self.b.qnodes[p - 1].pred, C_UNKNOWN, <uint32_t>(old >> 32))  # do it for p
         st32_rlx(&r.pred, p)
-        st32_rel(&self.b.nodes[X].pred, p)           # then our own
+        st32_rel(&self.b.qnodes[X - 1].pred, p)           # then our own
         crashpoint_at(armed, "clh.acquire.pred")
-        if ld32_acq(&self.b.nodes[p].state) == C_FREE:
+        if ld32_acq(&self.b.qnodes[p - 1].state) == C_FREE:
             trace("clh.acq.fast", me, X, p)
             return R_ACQ
         return R_PENDING
@@ -374,9 +381,9 @@ cdef class CLHLock(_Lock):
     cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
         cdef uint32_t X = ld32_rlx(&self.b.precs[me].mine)
         cdef uint32_t st
-        if X > self.b.P:
+        if not _clh_ok(X, self.b.P):
             return R_CORRUPT
-        st = ld32_acq(&self.b.nodes[X].state)
+        st = ld32_acq(&self.b.qnodes[X - 1].state)
         if st == C_BUSY or st == C_ABANDONED or st == C_RECLAIMING:
             return R_BUSY
         return self._enqueue(me, armed)
@@ -392,21 +399,21 @@ cdef class CLHLock(_Lock):
         cdef shm_prec* r = &self.b.precs[me]
         cdef uint32_t X = ld32_rlx(&r.mine)
         cdef uint32_t p, st
-        cdef shm_node* x
-        cdef shm_node* pn
+        cdef shm_qnode* x
+        cdef shm_qnode* pn
         cdef node_wait_t ctx
         cdef park_t pk
         cdef int res
-        if X > self.b.P:
+        if not _clh_ok(X, self.b.P):
             return R_CORRUPT
-        ctx.nodes = self.b.nodes
-        ctx.P = self.b.P
-        x = &self.b.nodes[X]
+        ctx.nodes = self.b.qnodes
+        ctx.count = self.b.P + 1
+        x = &self.b.qnodes[X - 1]
         pk.rm = self.rm
         pk.b = &self.b
         if rc == R_BUSY:
             st = ld32_acq(&x.state)
-            if (st == C_ABANDONED and x.value == ld64_rlx(&self.rm.part[me].generation)
+            if (st == C_ABANDONED and x.left_gen == ld64_rlx(&self.rm.part[me].generation)
                     and cas32(&x.state, C_ABANDONED, C_BUSY)):
                 st32_rlx(&r.pred, ld32_acq(&x.pred))     # back in our old place
                 trace("clh.rejoin", me, X, r.pred)
@@ -431,9 +438,9 @@ cdef class CLHLock(_Lock):
         pk.tick = _clh_check_owner
         while True:
             p = ld32_rlx(&r.pred)
-            if p > self.b.P:
+            if not _clh_ok(p, self.b.P):
                 return R_CORRUPT
-            pn = &self.b.nodes[p]
+            pn = &self.b.qnodes[p - 1]
             ctx.n = pn
             pk.word = &pn.state                      # we park on our predecessor's node
             pk.parked = &pn.parked
@@ -456,21 +463,21 @@ cdef class CLHLock(_Lock):
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
-        if r.mine > self.b.P or r.pred > self.b.P:
+        if not _clh_ok(r.mine, self.b.P) or not _clh_ok(r.pred, self.b.P):
             return R_CORRUPT
         dassert(r.mine != r.pred, "clh: the holder waited on another node than its own")
-        dassert(ld32_acq(&self.b.nodes[r.mine].state) == C_BUSY, "clh: the holder's node is BUSY")
-        dassert(ld32_acq(&self.b.nodes[r.pred].state) == C_FREE, "clh: the holder's pred is FREE")
-        dassert(<uint32_t>(ld64_acq(self._tail()) & 0xffffffffU) <= self.b.P,
+        dassert(ld32_acq(&self.b.qnodes[r.mine - 1].state) == C_BUSY, "clh: the holder's node is BUSY")
+        dassert(ld32_acq(&self.b.qnodes[r.pred - 1].state) == C_FREE, "clh: the holder's pred is FREE")
+        dassert(_clh_ok(<uint32_t>(ld64_acq(self._tail()) & 0xffffffffU), self.b.P),
                 "clh: tail index in range")
         _clh_release_as(&self.b, me, armed)
         return 0
 
     cdef bint _is_locked(self) noexcept nogil:
         cdef uint32_t t = <uint32_t>(ld64_acq(self._tail()) & 0xffffffffU)
-        if t > self.b.P:
+        if not _clh_ok(t, self.b.P):
             return 1
-        return ld32_acq(&self.b.nodes[t].state) != C_FREE
+        return ld32_acq(&self.b.qnodes[t - 1].state) != C_FREE
 
 
 _register_kind(CLHLock, _clh_init, _clh_recover, 1)

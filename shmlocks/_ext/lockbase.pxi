@@ -496,15 +496,15 @@ cdef class _Lock:
         plain numbers: for diagnosing a wedge or a corrupt state (torture prints it). A
         snapshot read without the repair mutex, so it may be mid-change."""
         cdef uint32_t i
-        cdef shm_node* n
+        cdef shm_qnode* n
         cdef shm_prec* r
         cdef shm_participant* q
         self._check()
         nodes, precs, parts = [], [], []
         for i in range(self.b.P + 1):
-            n = &self.b.nodes[i]
+            n = &self.b.qnodes[i]            # raw words, read through the queue view
             nodes.append((ld32_acq(&n.state), ld32_acq(&n.next), ld32_acq(&n.pred),
-                          ld32_acq(&n.parked), ld64_acq(&n.value), ld32_acq(&n.round),
+                          ld32_acq(&n.parked), ld64_acq(&n.left_gen), ld32_acq(&n.round),
                           ld32_acq(&n.guess)))
         for i in range(self.b.P):
             r = &self.b.precs[i]

@@ -3,14 +3,15 @@
 #
 # Invariant: the queue runs from the holder's node to tail.last through `next` links; each
 # waiter spins (then parks) on its own node's state and the release writes its successor's
-# state once. Participant p's node is node[p]; indices below are index + 1, 0 = none.
+# state once. Participant p's node is qnode[p]; node ids are index + 1, 0 = none (as every
+# id in the segment: shm_layout.h).
 #
 #   word A   u64 tail    last | prev << 32: the last node, and ITS predecessor. Taking the
 #                        tail by CAS records who came before, so a node's predecessor is
 #                        known the instant it joins: from the tail word while it is last,
 #                        after that from its own `pred` (it publishes it, and the next
 #                        joiner publishes it for it from the tail word it replaced).
-#   node[p]  state   IDLE 0 -> WAIT 1 -> GRANT 2 ; WAIT -> ABANDONED 3 (timeout, signal, death)
+#   qnode[p] state   IDLE 0 -> WAIT 1 -> GRANT 2 ; WAIT -> ABANDONED 3 (timeout, signal, death)
 #                    ABANDONED -> WAIT (the thread that left comes back) | -> PASSING 4
 #                    -> IDLE (a releaser passes the lock through it)
 #            pred    predecessor (0: it was first: it holds the lock); UNKNOWN until published
@@ -23,7 +24,7 @@
 #            guess   the tail's last as its owner CASed the tail: its pred once joined, so
 #                    a successor is found from the tail (queue.pxi) even when the owners
 #                    of several joiners in a row died before publishing or helping
-#            value   generation of the participant (thread) that abandoned it: only that
+#            left_gen  generation of the participant (thread) that abandoned it: only that
 #                    thread rejoins in place; a new thread inheriting the slot waits for IDLE
 #
 # Release vs. abandonment: the releaser CASes the successor WAIT -> GRANT; the waiter
@@ -41,7 +42,7 @@ cdef enum:
     M_GRANT = 2
     M_ABANDONED = 3
     M_PASSING = 4
-    M_UNKNOWN = 0xffffffff
+    M_UNKNOWN = SHM_ID_UNKNOWN
 
 
 cdef inline uint32_t _t_last(uint64_t t) noexcept nogil:
@@ -59,13 +60,13 @@ cdef int _mcs_not_waiting(void* c) noexcept nogil:
     if ld32_seq(&x.n.state) != M_WAIT:
         return Q_READY
     p = ld32_rlx(&x.n.pred)                          # a hint: bounds-checked, never trusted
-    if p != 0 and p <= x.P and ld32_rlx(&x.nodes[p - 1].state) == M_WAIT:
+    if p - 1 < x.count and ld32_rlx(&x.nodes[p - 1].state) == M_WAIT:   # (p 0: none)
         return Q_FAR
     return Q_NEAR
 
 
 cdef int _mcs_not_passing(void* c) noexcept nogil:
-    cdef uint32_t st = ld32_seq(&(<shm_node*>c).state)
+    cdef uint32_t st = ld32_seq(&(<shm_qnode*>c).state)
     return st != M_PASSING and st != M_ABANDONED
 
 
@@ -74,8 +75,8 @@ cdef inline bint _mcs_is_succ(shm_body* b, uint32_t v, uint32_t q) noexcept nogi
     cdef uint32_t st
     if v == 0 or v > b.P:
         return 0
-    st = ld32_acq(&b.nodes[v - 1].state)
-    return (st == M_WAIT or st == M_ABANDONED) and ld32_acq(&b.nodes[v - 1].pred) == q + 1
+    st = ld32_acq(&b.qnodes[v - 1].state)
+    return (st == M_WAIT or st == M_ABANDONED) and ld32_acq(&b.qnodes[v - 1].pred) == q + 1
 
 
 cdef enum:
@@ -84,7 +85,7 @@ cdef enum:
 
 cdef inline uint32_t _mcs_walk_succ(shm_body* b, uint32_t s) noexcept nogil:
     """The node (index + 1) that joined right after node s-1, from the tail back."""
-    return queue_succ_of(&b.wa.u64[0], b.nodes, b.P, 1, s, M_QUEUED)
+    return queue_succ_of(&b.wa.u64[0], b.qnodes, b.P, s, M_QUEUED)
 
 
 cdef uint32_t _mcs_scan_succ(shm_body* b, uint32_t q) noexcept nogil:
@@ -93,13 +94,13 @@ cdef uint32_t _mcs_scan_succ(shm_body* b, uint32_t q) noexcept nogil:
     walk back from the tail."""
     cdef uint32_t v
     cdef uint64_t t
-    v = ld32_acq(&b.nodes[q].next)
+    v = ld32_acq(&b.qnodes[q].next)
     if _mcs_is_succ(b, v, q):
         return v
     t = ld64_seq(&b.wa.u64[0])
     if _t_prev(t) == q + 1 and _t_last(t) != 0 and _t_last(t) != q + 1:
         return _t_last(t)
-    v = queue_named_succ(b.nodes, b.P, 1, q + 1, M_QUEUED)
+    v = queue_named_succ(b.qnodes, b.P, q + 1, M_QUEUED)
     if v != QUEUE_NONE:
         return v
     v = _mcs_walk_succ(b, q + 1)                     # it joined, and so did the next ones,
@@ -128,7 +129,7 @@ cdef uint32_t _mcs_find_succ(shm_body* b, uint32_t q) noexcept nogil:
 
 
 cdef bint _mcs_pred_unknown(shm_body* b, uint32_t x) noexcept nogil:
-    return ld32_acq(&b.nodes[x].pred) == M_UNKNOWN
+    return ld32_acq(&b.qnodes[x].pred) == M_UNKNOWN
 
 
 cdef inline bint _mcs_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
@@ -140,13 +141,13 @@ cdef inline bint _mcs_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexce
 cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nogil:
     """Hand the lock to node s-1, passing through abandoned nodes; q is the releaser (live,
     or dead and being recovered), in whose slot progress is recorded."""
-    cdef shm_node* m
+    cdef shm_qnode* m
     cdef uint32_t nx, st, guard = 0
     cdef uint64_t t
     while True:
         if s == 0 or s > b.P:
             return R_CORRUPT
-        m = &b.nodes[s - 1]
+        m = &b.qnodes[s - 1]
         dassert(_t_last(ld64_acq(&b.wa.u64[0])) <= b.P, "mcs: tail index in range")
         st64_rel(&rm.part[q].op_value, s | (<uint64_t>ld32_acq(&m.round) << 32))
         st = ld32_seq(&m.state)
@@ -175,7 +176,7 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
         if nx == 0 or nx > b.P:
             return R_CORRUPT
         st64_rel(&rm.part[q].op_value,
-                 nx | (<uint64_t>ld32_acq(&b.nodes[nx - 1].round) << 32))
+                 nx | (<uint64_t>ld32_acq(&b.qnodes[nx - 1].round) << 32))
         crashpoint("mcs.release.passing")
         st32_seq(&m.state, M_IDLE)                   # its owner may reuse it now
         wake_if_parked(&m.state, &m.parked)
@@ -189,7 +190,7 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
                          bint armed) noexcept nogil:
     """Release the lock held by node q (by q itself, or on behalf of dead q). For a dead q
     that was releasing, it may already have emptied the queue: then nothing is left."""
-    cdef shm_node* n = &b.nodes[q]
+    cdef shm_qnode* n = &b.qnodes[q]
     cdef uint32_t succ
     cdef uint64_t t
     cdef int rc
@@ -218,7 +219,7 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
     if succ == 0 or succ > b.P:
         return R_CORRUPT
     st64_rel(&rm.part[q].op_value,
-             succ | (<uint64_t>ld32_acq(&b.nodes[succ - 1].round) << 32))
+             succ | (<uint64_t>ld32_acq(&b.qnodes[succ - 1].round) << 32))
     st32_rel(&n.state, M_IDLE)
     wake_if_parked(&n.state, &n.parked)
     crashpoint_at(armed, "mcs.release.idled")
@@ -235,16 +236,16 @@ cdef void _mcs_finish_pass(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     cdef uint32_t s = <uint32_t>(v & 0xffffffffU)
     cdef uint32_t x
     for x in range(b.P):
-        if x + 1 != s and ld32_acq(&b.nodes[x].state) == M_PASSING:
-            st32_seq(&b.nodes[x].state, M_IDLE)
-            wake_if_parked(&b.nodes[x].state, &b.nodes[x].parked)
-    if s != 0 and s <= b.P and ld32_acq(&b.nodes[s - 1].round) == <uint32_t>(v >> 32):
+        if x + 1 != s and ld32_acq(&b.qnodes[x].state) == M_PASSING:
+            st32_seq(&b.qnodes[x].state, M_IDLE)
+            wake_if_parked(&b.qnodes[x].state, &b.qnodes[x].parked)
+    if s != 0 and s <= b.P and ld32_acq(&b.qnodes[s - 1].round) == <uint32_t>(v >> 32):
         _mcs_pass(rm, b, s, q)
 
 
 cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     """Participant q is dead and ours to recover (repair mutex held)."""
-    cdef shm_node* n = &b.nodes[q]
+    cdef shm_qnode* n = &b.qnodes[q]
     cdef uint32_t lock1 = b.index + 1
     cdef uint32_t op = participant_op(rm, q, lock1)
     cdef uint32_t st = ld32_seq(&n.state)
@@ -294,7 +295,7 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         st32_rel(&n.state, M_GRANT)
         _mcs_release_as(rm, b, q, 0, shm_crash_armed)
         return
-    st64_rel(&n.value, ld64_rlx(&rm.part[q].generation))
+    st64_rel(&n.left_gen, ld64_rlx(&rm.part[q].generation))
     if not cas32(&n.state, M_WAIT, M_ABANDONED):     # [M5] it waits: abandon its place for it
         _mcs_release_as(rm, b, q, 0, shm_crash_armed)     # granted meanwhile: pass it on
     else:
@@ -304,16 +305,16 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
 cdef void _mcs_check_ahead(rmap_t* rm, shm_body* b, uint32_t me) noexcept nogil:
     """park()'s tick: is the live node we depend on alive? Walk back past abandoned nodes
     (their threads left) to the first waiter or holder; recover it if dead."""
-    cdef uint32_t p = queue_link(&b.nodes[me])      # a hint
+    cdef uint32_t p = queue_link(&b.qnodes[me])      # a hint
     cdef uint32_t st, guard = 0
     while p != 0 and p <= b.P and guard <= b.P:
         if participant_dead(rm, p - 1):
             participant_try_recover(rm, p - 1)
             return
-        st = ld32_acq(&b.nodes[p - 1].state)
+        st = ld32_acq(&b.qnodes[p - 1].state)
         if st != M_ABANDONED and st != M_PASSING:
             return
-        p = queue_link(&b.nodes[p - 1])
+        p = queue_link(&b.qnodes[p - 1])
         guard += 1
 
 
@@ -329,7 +330,7 @@ cdef class MCSLock(_Lock):
         return &self.b.wa.u64[0]
 
     cdef inline int _enqueue(self, uint32_t me, bint armed) noexcept nogil:
-        cdef shm_node* n = &self.b.nodes[me]
+        cdef shm_qnode* n = &self.b.qnodes[me]
         cdef uint64_t old = 0, seen
         cdef uint32_t p
         st32_rlx(&n.next, 0)
@@ -346,25 +347,25 @@ cdef class MCSLock(_Lock):
         p = _t_last(old)
         if p > self.b.P or p == me + 1:
             return R_CORRUPT
-        if (p != 0 and ld32_acq(&self.b.nodes[p - 1].pred) == M_UNKNOWN
+        if (p != 0 and ld32_acq(&self.b.qnodes[p - 1].pred) == M_UNKNOWN
                 and ld32_acq(&n.state) == M_WAIT):
-            cas32(&self.b.nodes[p - 1].pred, M_UNKNOWN, _t_prev(old))  # publish it for p
+            cas32(&self.b.qnodes[p - 1].pred, M_UNKNOWN, _t_prev(old))  # publish it for p
         st32_rel(&n.pred, p)                         # then our own
         crashpoint_at(armed, "mcs.acquire.pred")
         if p == 0:
             st32_rlx(&n.state, M_GRANT)
             return R_ACQ
         if ld32_acq(&n.state) == M_WAIT:             # (once granted, p's round may be over)
-            st32_rel(&self.b.nodes[p - 1].next, me + 1)  # the hint link
+            st32_rel(&self.b.qnodes[p - 1].next, me + 1)  # the hint link
         return R_PENDING
 
     cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
-        if ld32_acq(&self.b.nodes[me].state) != M_IDLE:
+        if ld32_acq(&self.b.qnodes[me].state) != M_IDLE:
             return R_BUSY
         return self._enqueue(me, armed)
 
     cdef int _try(self, uint32_t me) noexcept nogil:
-        cdef shm_node* n = &self.b.nodes[me]
+        cdef shm_qnode* n = &self.b.qnodes[me]
         if ld32_acq(&n.state) != M_IDLE:
             return R_BUSY
         # Armed like a joiner (WAIT, pred unknown), so that a death before or after the
@@ -384,7 +385,7 @@ cdef class MCSLock(_Lock):
         return R_BUSY
 
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
-        cdef shm_node* n = &self.b.nodes[me]
+        cdef shm_qnode* n = &self.b.qnodes[me]
         cdef node_wait_t ctx
         cdef park_t pk
         cdef uint32_t st
@@ -397,7 +398,7 @@ cdef class MCSLock(_Lock):
         pk.arg = me
         if rc == R_BUSY:
             st = ld32_acq(&n.state)
-            if (st == M_ABANDONED and n.value == ld64_rlx(&self.rm.part[me].generation)
+            if (st == M_ABANDONED and n.left_gen == ld64_rlx(&self.rm.part[me].generation)
                     and cas32(&n.state, M_ABANDONED, M_WAIT)):
                 pass                                 # back in our old place in the queue
             elif st == M_WAIT or st == M_GRANT:
@@ -415,20 +416,20 @@ cdef class MCSLock(_Lock):
                 if rc != R_PENDING:
                     return rc
         ctx.n = n
-        ctx.nodes = self.b.nodes
-        ctx.P = self.b.P
+        ctx.nodes = self.b.qnodes
+        ctx.count = self.b.P
         pk.ready = _mcs_not_waiting
         pk.ctx = &ctx
         res = park(&pk, w)
         if res == R_ACQ:
             return R_ACQ if ld32_acq(&n.state) == M_GRANT else R_CORRUPT
-        st64_rel(&n.value, ld64_rlx(&self.rm.part[me].generation))
+        st64_rel(&n.left_gen, ld64_rlx(&self.rm.part[me].generation))
         if cas32(&n.state, M_WAIT, M_ABANDONED):     # leave; a releaser will pass through
             return res                               # R_TIMEOUT or R_SIGNAL
         return R_ACQ                                 # granted as we were leaving
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
-        cdef shm_node* n = &self.b.nodes[me]
+        cdef shm_qnode* n = &self.b.qnodes[me]
         cdef uint64_t t = (me + 1) | (<uint64_t>ld32_rlx(&n.pred) << 32)
         dassert(ld32_acq(&n.state) == M_GRANT, "mcs: the holder's node is GRANT")
         dassert(_t_last(ld64_acq(self._tail())) != 0, "mcs: a held lock's queue is not empty")

@@ -10,33 +10,33 @@
 
 cdef enum:
     QUEUE_NONE = 0xfffffffe    # no successor found (an id never stored in a node)
-    QUEUE_UNKNOWN = 0xffffffff  # a pred not yet published (M_UNKNOWN, C_UNKNOWN)
+    QUEUE_UNKNOWN = SHM_ID_UNKNOWN  # a pred not yet published (M_UNKNOWN, C_UNKNOWN)
 
 
-cdef inline uint32_t queue_link(shm_node* n) noexcept nogil:
+cdef inline uint32_t queue_link(shm_qnode* n) noexcept nogil:
     """A node's predecessor as far as is known: published, else its guess (right once it
     joined). An id read from shared memory: the caller bounds-checks it."""
     cdef uint32_t p = ld32_acq(&n.pred)
     return ld32_acq(&n.guess) if p == QUEUE_UNKNOWN else p
 
 
-cdef uint32_t queue_named_succ(shm_node* nodes, uint32_t count, uint32_t base,
+cdef uint32_t queue_named_succ(shm_qnode* nodes, uint32_t count,
                                uint32_t target, uint32_t queued) noexcept nogil:
     """A node whose state is in `queued` and that names `target` as its published pred
-    (its id), else QUEUE_NONE: one pass over the nodes, no walk."""
+    (node ids: index + 1, shm_layout.h), else QUEUE_NONE: one pass, no walk."""
     cdef uint32_t x, st
     for x in range(count):
-        if x + base == target:
+        if x + 1 == target:
             continue
         st = ld32_acq(&nodes[x].state)
         if st < 32 and (queued >> st) & 1 and ld32_acq(&nodes[x].pred) == target:
-            return x + base
+            return x + 1
     return QUEUE_NONE
 
 
-cdef uint32_t queue_succ_of(uint64_t* tail, shm_node* nodes, uint32_t count,
-                            uint32_t base, uint32_t target, uint32_t queued) noexcept nogil:
-    """The node that joined right after `target` (node ids: index + base, as the tail's
+cdef uint32_t queue_succ_of(uint64_t* tail, shm_qnode* nodes, uint32_t count,
+                            uint32_t target, uint32_t queued) noexcept nogil:
+    """The node that joined right after `target` (node ids: index + 1, as the tail's
     low 32 bits and the pred fields store them), or QUEUE_NONE if no node that joined
     names it. Walks back from the tail's last, only through nodes whose state is in the
     bitmask `queued`. A walk that goes round in circles (a node left and joined again
@@ -46,12 +46,12 @@ cdef uint32_t queue_succ_of(uint64_t* tail, shm_node* nodes, uint32_t count,
         id = <uint32_t>(ld64_seq(tail) & 0xffffffffU)
         steps = 0
         while steps <= count:
-            if id == target or id < base or id - base >= count:
+            if id == target or id - 1 >= count:     # (unsigned: id 0, none, fails too)
                 return QUEUE_NONE                # (reached target: it is last)
-            st = ld32_acq(&nodes[id - base].state)
+            st = ld32_acq(&nodes[id - 1].state)
             if st >= 32 or not ((queued >> st) & 1):
                 return QUEUE_NONE
-            link = queue_link(&nodes[id - base])
+            link = queue_link(&nodes[id - 1])
             if link == target:
                 return id
             id = link

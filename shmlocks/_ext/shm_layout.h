@@ -15,7 +15,15 @@
  *   +---------------------+  total_size
  *
  * A lock body is  ctl (1 line) | word A (1 line) | word B (1 line) | nodes[P+1] | precs[P].
- * Each kind uses the parts it needs; see the top of its .pxi file.
+ * Each kind uses the parts it needs; see the top of its .pxi file.  A node line has one
+ * view per kind that uses it (shm_node: shm_qnode for MCS and CLH, shm_tslot for ticket),
+ * so each field means one thing.
+ *
+ * Indices.  Every index the segment stores (a participant slot, a queue node) is stored
+ * as an id, index + 1, and 0 means none, as the kernel's qspinlock stores cpu + 1 in its
+ * tail: zeroed memory names nobody.  Node ids run 1..P+1 (P+1: the lock's own node, CLH);
+ * SHM_ID_UNKNOWN in a pred field means "not yet published".  Every id read from the
+ * segment is bounds-checked before use (id - 1 < count, unsigned: 0 fails too).
  */
 #ifndef SHM_LAYOUT_H
 #define SHM_LAYOUT_H
@@ -26,7 +34,7 @@
 
 #define SHM_LINE        128u              /* padding unit: two 64-byte lines (adjacent-line prefetch) */
 #define SHM_MAGIC       0x314b434f4c4d4853ULL   /* "SHMLOCK1", little endian */
-#define SHM_VERSION     5u
+#define SHM_VERSION     6u
 #define SHM_NAME_MAX    56u               /* bytes of a lock name, NUL included */
 #define SHM_MAX_PARTICIPANTS 4096u
 #define SHM_MAX_LOCKS   4096u
@@ -139,25 +147,44 @@ typedef union shm_word {
     char _pad[SHM_LINE];
 } SHM_LINE_ALIGNED shm_word;
 
-/* a queue node (MCS, CLH) or a per-ticket slot (ticket), one line each */
-typedef struct shm_node {
-    uint32_t state;            /* futex word: the waiter parks here */
-    uint32_t next;             /* MCS: successor index + 1 */
-    uint32_t pred;             /* CLH: predecessor node index (set before abandoning) */
+#define SHM_ID_UNKNOWN 0xffffffffu   /* a pred not yet published (never an id) */
+
+/* MCS and CLH: a queue node, one line */
+typedef struct shm_qnode {
+    uint32_t state;            /* futex word: the waiter parks here (M_* / C_* states) */
+    uint32_t next;             /* MCS: successor id, a hint (0 none); CLH: unused */
+    uint32_t pred;             /* predecessor node id; MCS: 0 = it was first (it holds);
+                                  SHM_ID_UNKNOWN until published */
     uint32_t parked;           /* waiters that announced they are parking on state */
-    uint64_t value;            /* ticket: abandoned-ticket marker (ticket + 1), 0 = none;
-                                  mcs/clh: participant generation that abandoned the node */
-    uint32_t round;            /* mcs, clh: bumped by the owner at each enqueue, so a
-                                  (node, round) pair names one passage of a node */
-    uint32_t guess;            /* mcs/clh: the tail's last as its owner CASed the tail: its
-                                  pred if that CAS won (queue.pxi) */
+    uint64_t left_gen;         /* generation of the participant (thread) that abandoned
+                                  it: only that thread rejoins in place */
+    uint32_t round;            /* bumped at each enqueue, so a (node, round) pair names
+                                  one passage of a node */
+    uint32_t guess;            /* the tail's last id as its owner CASed the tail: its pred
+                                  if that CAS won (queue.pxi) */
     char     _pad[SHM_LINE - 32];
+} SHM_LINE_ALIGNED shm_qnode;
+
+/* ticket: a per-ticket slot (tslot[t % P] for ticket t), one line */
+typedef struct shm_tslot {
+    uint32_t grants;           /* futex word: bumped (then woken) when serving reaches a
+                                  parked ticket of this slot */
+    uint32_t _unused[2];
+    uint32_t parked;           /* waiters of that ticket that announced they are parking */
+    uint64_t abandoned;        /* t + 1 while ticket t of this slot is abandoned, 0 = none */
+    char     _pad[SHM_LINE - 24];
+} SHM_LINE_ALIGNED shm_tslot;
+
+/* one node line, as the kind that owns the lock sees it */
+typedef union shm_node {
+    shm_qnode q;               /* mcs, clh */
+    shm_tslot t;               /* ticket */
 } SHM_LINE_ALIGNED shm_node;
 
 /* per-participant, per-lock record: written only by its participant (or its recoverer) */
 typedef struct shm_prec {
-    uint32_t mine;             /* CLH: index of the node this participant owns */
-    uint32_t pred;             /* CLH: node this participant waits on / adopts at release */
+    uint32_t mine;             /* CLH: id of the node this participant owns */
+    uint32_t pred;             /* CLH: id of the node it waits on / adopts at release */
     uint64_t ticket;           /* ticket: current ticket + 1, 0 = none */
     uint64_t abandoned;        /* ticket: ticket + 1 it abandoned and may rejoin, 0 = none */
     uint64_t abandoned_gen;    /* ticket: participant generation that abandoned it */
@@ -181,6 +208,11 @@ _Static_assert(offsetof(shm_participant, op_step) == offsetof(shm_participant, o
                "op_lock and op_step form one 64-bit word (published with one store)");
 _Static_assert(sizeof(shm_word) == SHM_LINE, "word is one line");
 _Static_assert(sizeof(shm_node) == SHM_LINE, "node is one line");
+_Static_assert(sizeof(shm_qnode) == SHM_LINE && sizeof(shm_tslot) == SHM_LINE,
+               "each view of a node is the whole line");
+_Static_assert(offsetof(shm_qnode, parked) == 12 && offsetof(shm_tslot, parked) == 12
+               && offsetof(shm_qnode, left_gen) == 16 && offsetof(shm_tslot, abandoned) == 16,
+               "the views agree where _raw() reads a node as a queue node");
 _Static_assert(sizeof(shm_prec) == SHM_LINE, "prec is one line");
 _Static_assert(offsetof(shm_header, _pad0) == 88, "header fields fill 88 bytes");
 _Static_assert(offsetof(shm_participant, wait_since) == SHM_LINE + 48
@@ -198,7 +230,8 @@ typedef struct shm_body {      /* process-local view of one lock body; never sto
     shm_lockctl *ctl;
     shm_word    *wa;
     shm_word    *wb;
-    shm_node    *nodes;        /* P + 1 */
+    shm_qnode   *qnodes;       /* P + 1 nodes, as MCS and CLH see them ... */
+    shm_tslot   *tslots;       /* ... and as the ticket kind does (the same lines) */
     shm_prec    *precs;        /* P */
     uint32_t     P;
     uint32_t     index;        /* lock index in the region */
@@ -210,7 +243,8 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
     b.ctl   = (shm_lockctl *)p;
     b.wa    = (shm_word *)(p + SHM_BODY_WA * SHM_LINE);
     b.wb    = (shm_word *)(p + SHM_BODY_WB * SHM_LINE);
-    b.nodes = (shm_node *)(p + SHM_BODY_NODES * SHM_LINE);
+    b.qnodes = (shm_qnode *)(p + SHM_BODY_NODES * SHM_LINE);
+    b.tslots = (shm_tslot *)(p + SHM_BODY_NODES * SHM_LINE);
     b.precs = (shm_prec *)(p + (SHM_BODY_NODES + (uint64_t)P + 1u) * SHM_LINE);
     b.P = P;
     b.index = index;

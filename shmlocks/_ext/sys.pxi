@@ -157,14 +157,21 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t u64[16]
         pthread_mutex_t m
 
-    ctypedef struct shm_node:
+    enum: SHM_ID_UNKNOWN
+
+    ctypedef struct shm_qnode:
         uint32_t state
         uint32_t next
         uint32_t pred
         uint32_t parked
-        uint64_t value
+        uint64_t left_gen
         uint32_t round
         uint32_t guess
+
+    ctypedef struct shm_tslot:
+        uint32_t grants
+        uint32_t parked
+        uint64_t abandoned
 
     ctypedef struct shm_prec:
         uint32_t mine
@@ -179,7 +186,8 @@ cdef extern from "shm_layout.h" nogil:
         shm_lockctl* ctl
         shm_word* wa
         shm_word* wb
-        shm_node* nodes
+        shm_qnode* qnodes
+        shm_tslot* tslots
         shm_prec* precs
         uint32_t P
         uint32_t index

@@ -2,21 +2,22 @@
 #
 # Invariant: the holder owns ticket `serving`; tickets in [serving, next) are outstanding,
 # and each participant owns at most one outstanding ticket per lock (active or abandoned),
-# so at most P are outstanding and t % P names a per-ticket slot node[t % P] unambiguously.
+# so at most P are outstanding and t % P names a per-ticket slot tslot[t % P] unambiguously.
 #
-#   word A   u64 next       fetch_add takes a ticket
-#   word B   u64 serving    written by the holder only, when it releases
-#   node[i]  state          grant counter: bumped (then FUTEX_WAKE) when serving reaches a
-#                           parked ticket = i (mod P), so a release wakes one waiter, not a herd
-#            parked         waiters of that ticket announced as parking
-#            value          abandon marker: t + 1 while ticket t = i (mod P) is abandoned
+#   word A    u64 next       fetch_add takes a ticket
+#   word B    u64 serving    written by the holder only, when it releases
+#   tslot[i]  grants         grant counter: bumped (then FUTEX_WAKE) when serving reaches a
+#                            parked ticket = i (mod P), so a release wakes one waiter, not a herd
+#             parked         waiters of that ticket announced as parking
+#             abandoned      abandon marker: t + 1 while ticket t = i (mod P) is abandoned
+#   (tslot: the ticket kind's view of the body's nodes, shm_layout.h)
 #   prec[p]  ticket         p's active ticket + 1;  abandoned: the ticket + 1 p abandoned,
 #            abandoned_gen  and the participant generation (the thread) that abandoned it
 #
 # A timed-out or interrupted waiter abandons its ticket; the release that reaches it skips
 # it. The two race, and each side writes, then checks the other (SC), a CAS deciding:
-#     waiter    CAS(value, 0, t+1) ; if serving == t: CAS(value, t+1, 0) ? holds : left
-#     releaser  serving := s       ; if value == s+1: CAS(value, s+1, 0) ? skip s : granted
+#     waiter    CAS(abandoned, 0, t+1) ; if serving == t: CAS(abandoned, t+1, 0) ? holds : left
+#     releaser  serving := s   ; if abandoned == s+1: CAS(abandoned, s+1, 0) ? skip s : granted
 # Whoever's CAS on the marker wins decides whether ticket s is held or skipped. A thread
 # that comes back while its abandoned ticket is still queued takes it back (CAS t+1 -> 0):
 # it arrived then. A new thread that inherits the slot must not (it would jump the queue):
@@ -66,36 +67,36 @@ cdef bint _ticket_unpublished(shm_body* b, uint32_t x) noexcept nogil:
 cdef void _ticket_grant(shm_body* b, uint64_t s, bint armed) noexcept nogil:
     """Serve ticket s, skipping abandoned tickets, and wake its waiter. The release step;
     idempotent for the current `serving`, so a recoverer may redo it."""
-    cdef shm_node* nd
+    cdef shm_tslot* nd
     cdef uint32_t guard = 0
     while True:
         dassert(s <= ld64_seq(&b.wa.u64[0]), "ticket: serving <= next")
         st64_seq(&b.wb.u64[0], s)                    # grant ticket s ...
         crashpoint_at(armed, "ticket.release.served")
-        nd = &b.nodes[s % b.P]
-        if ld64_seq(&nd.value) == s + 1 and cas64(&nd.value, s + 1, 0):
+        nd = &b.tslots[s % b.P]
+        if ld64_seq(&nd.abandoned) == s + 1 and cas64(&nd.abandoned, s + 1, 0):
             if ld32_seq(&nd.parked) != 0:            # a slot's new owner waits for this
-                fadd32(&nd.state, 1)
-                shm_futex_wake(&nd.state, 0x7fffffff)
+                fadd32(&nd.grants, 1)
+                shm_futex_wake(&nd.grants, 0x7fffffff)
             s += 1                                   # ... unless it was abandoned: skip it
             guard += 1
             if guard > b.P:
                 return
             continue
         if ld32_seq(&nd.parked) != 0:
-            fadd32(&nd.state, 1)
-            shm_futex_wake(&nd.state, 0x7fffffff)
+            fadd32(&nd.grants, 1)
+            shm_futex_wake(&nd.grants, 0x7fffffff)
         return
 
 
 cdef void _ticket_abandon_for(rmap_t* rm, shm_body* b, uint32_t q, uint64_t t) noexcept nogil:
     """Abandon dead participant q's waiting ticket t; if the lock reaches t meanwhile,
     pass it on (q never entered its critical section: no owner_died)."""
-    cdef shm_node* nd = &b.nodes[t % b.P]
+    cdef shm_tslot* nd = &b.tslots[t % b.P]
     cdef shm_prec* r = &b.precs[q]
-    if not cas64(&nd.value, 0, t + 1) and ld64_seq(&nd.value) != t + 1:
+    if not cas64(&nd.abandoned, 0, t + 1) and ld64_seq(&nd.abandoned) != t + 1:
         return                                       # marker slot taken: corrupt; leave it
-    if ld64_seq(&b.wb.u64[0]) == t and cas64(&nd.value, t + 1, 0):
+    if ld64_seq(&b.wb.u64[0]) == t and cas64(&nd.abandoned, t + 1, 0):
         _ticket_grant(b, t + 1, shm_crash_armed)                      # it had just been granted: pass it on
         return
     r.abandoned_gen = ld64_rlx(&rm.part[q].generation)   # the slot's next owner waits for it
@@ -117,7 +118,7 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             # Granted just before it marked t abandoned (it died between the mark and its
             # serving check): the mark is its own and means nothing now. Left, it would
             # block the abandon of ticket t + P one lap later (R_CORRUPT).
-            cas64(&b.nodes[t % b.P].value, t + 1, 0)
+            cas64(&b.tslots[t % b.P].abandoned, t + 1, 0)
             recover_verdict(rm, b, q, op)            # [V]
             crashpoint("ticket.recover.flagged")
             _ticket_grant(b, t + 1, shm_crash_armed)
@@ -143,7 +144,7 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         if u < s:                                    # served or skipped meanwhile (a grant
             u = s                                    # below passes abandoned ones too):
             continue                                 # never mark a passed ticket again
-        seen = ld64_seq(&b.nodes[u % b.P].value) == u + 1
+        seen = ld64_seq(&b.tslots[u % b.P].abandoned) == u + 1
         x = 0
         while not seen and x < b.P:
             seen = ld64_acq(&b.precs[x].ticket) == u + 1
@@ -166,7 +167,7 @@ cdef void _ticket_check_serving(rmap_t* rm, shm_body* b, uint32_t unused) noexce
             if participant_dead(rm, x):
                 participant_try_recover(rm, x)
             return
-    if ld64_seq(&b.nodes[s % b.P].value) == s + 1:
+    if ld64_seq(&b.tslots[s % b.P].abandoned) == s + 1:
         return                                       # abandoned: a release will skip it
     if ld64_seq(&b.wa.u64[0]) == s:
         return                                       # nobody holds it
@@ -208,18 +209,18 @@ cdef class TicketLock(_Lock):
         if r.abandoned_gen != ld64_rlx(&self.rm.part[me].generation):
             return 0                                 # inherited: see _settle_inherited
         r.abandoned = 0
-        if cas64(&self.b.nodes[(a - 1) % self.b.P].value, a, 0):
+        if cas64(&self.b.tslots[(a - 1) % self.b.P].abandoned, a, 0):
             st64_rlx(&r.ticket, a)
             return 1
         return 0
 
-    cdef int _park(self, ready_fn ready, _ticket_ctx* ctx, shm_node* nd,
+    cdef int _park(self, ready_fn ready, _ticket_ctx* ctx, shm_tslot* nd,
                    wait_t* w) noexcept nogil:
         """park() on node nd's grant counter, checking the owner of `serving` each slice."""
         cdef park_t pk
         pk.ready = ready
         pk.ctx = ctx
-        pk.word = &nd.state
+        pk.word = &nd.grants
         pk.parked = &nd.parked
         pk.tick = _ticket_check_serving
         pk.rm = self.rm
@@ -231,10 +232,10 @@ cdef class TicketLock(_Lock):
         """An abandoned ticket inherited with the slot: wait until it is passed."""
         cdef shm_prec* r = &self.b.precs[me]
         cdef uint64_t a = r.abandoned
-        cdef shm_node* nd = &self.b.nodes[(a - 1) % self.b.P]
+        cdef shm_tslot* nd = &self.b.tslots[(a - 1) % self.b.P]
         cdef _ticket_ctx ctx
         cdef int res
-        ctx.serving = &nd.value
+        ctx.serving = &nd.abandoned
         ctx.t = a
         res = self._park(_ticket_marker_gone, &ctx, nd, w)
         if res != R_ACQ:
@@ -245,12 +246,12 @@ cdef class TicketLock(_Lock):
     cdef int _abandon(self, uint32_t me, uint64_t t) noexcept nogil:
         """Leave the queue: R_TIMEOUT if left, R_ACQ if the lock was granted meanwhile."""
         cdef shm_prec* r = &self.b.precs[me]
-        cdef shm_node* nd = &self.b.nodes[t % self.b.P]
-        if not cas64(&nd.value, 0, t + 1):
+        cdef shm_tslot* nd = &self.b.tslots[t % self.b.P]
+        if not cas64(&nd.abandoned, 0, t + 1):
             return R_CORRUPT                         # the one-ticket-per-participant bound broke
         crashpoint("ticket.abandon.marked")
         if ld64_seq(self._serving()) == t:           # granted while we were leaving?
-            if cas64(&nd.value, t + 1, 0):
+            if cas64(&nd.abandoned, t + 1, 0):
                 return R_ACQ                         # we won the marker: we hold it
         st64_rlx(&r.ticket, 0)
         r.abandoned_gen = ld64_rlx(&self.rm.part[me].generation)
@@ -264,7 +265,7 @@ cdef class TicketLock(_Lock):
             return R_BUSY
         if r.abandoned != 0:
             if r.abandoned_gen != ld64_rlx(&self.rm.part[me].generation):
-                if ld64_seq(&self.b.nodes[(r.abandoned - 1) % self.b.P].value) == r.abandoned:
+                if ld64_seq(&self.b.tslots[(r.abandoned - 1) % self.b.P].abandoned) == r.abandoned:
                     return R_BUSY                    # inherited and still queued: not free
                 r.abandoned = 0
             elif not self._take_back(me):
@@ -283,7 +284,7 @@ cdef class TicketLock(_Lock):
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
         cdef _ticket_ctx ctx
-        cdef shm_node* nd
+        cdef shm_tslot* nd
         cdef uint64_t t
         cdef int res
         if rc == R_BUSY:
@@ -298,7 +299,7 @@ cdef class TicketLock(_Lock):
                 crashpoint("ticket.acquire.took")
                 st64_rel(&r.ticket, t + 1)
         t = r.ticket - 1
-        nd = &self.b.nodes[t % self.b.P]
+        nd = &self.b.tslots[t % self.b.P]
         ctx.serving = self._serving()
         ctx.t = t
         res = self._park(_ticket_ready, &ctx, nd, w)

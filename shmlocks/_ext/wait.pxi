@@ -94,9 +94,9 @@ cdef enum:
     Q_FAR = 2
 
 cdef struct node_wait_t:   # a queue lock's ready-function context (MCS, CLH)
-    shm_node* n            # the node whose state the waiter watches
-    shm_node* nodes        # the lock's nodes, for the far hint (an index read from shm)
-    uint32_t P
+    shm_qnode* n           # the node whose state the waiter watches
+    shm_qnode* nodes       # the lock's nodes, for the far hint (an id read from shm)
+    uint32_t count         # how many: ids 1..count
 
 cdef extern from "Python.h":
     ctypedef struct PyThreadState
