@@ -1,9 +1,11 @@
 # cython: language_level=3
 """shmlocks._core -- the compiled core, one extension built from one file per concern:
 
-  _ext/sys.pxi           foreign declarations (layout ABI, atomics, futex, pthread, mmap)
-  _ext/participants.pxi  participant slots, liveness tokens, thread exit, fork
-  _ext/wait.pxi          the one waiting policy
+  _ext/sys.pxi           foreign declarations (layout ABI, atomics, futex, pthread, mmap,
+                         the assertion build's dassert)
+  _ext/participants.pxi  participant slots, liveness tokens, thread exit, fork, the
+                         kind-ops table (_register_kind) and the recovery verdict
+  _ext/wait.pxi          the one waiting policy and its one park() call
   _ext/region.pxi        the segment: create/open/validate, directory, lifetime
   _ext/lockbase.pxi      the internal lock interface and the Python API on top of it
   _ext/deadlock.pxi      a blocked acquire in a wait-for cycle gives up (DeadlockError)
