@@ -6,6 +6,7 @@ segment in /dev/shm); locks pickle by name, survive their holder's death (owner_
 release the GIL while they wait.
 """
 
+import os as _os
 import sys as _sys
 
 if not _sys.platform.startswith("linux"):
@@ -45,12 +46,19 @@ from shmlocks.errors import (
     DeadlockError,
     LockKindError,
     LockNotRecoverableError,
+    LockOrderError,
+    LockOrderWarning,
     NamespaceError,
     NotOwnerError,
     ShmLockError,
 )
 
 __version__ = "0.1.0"
+
+if _os.environ.get("SHMLOCKS_LOCKDEP"):  # lock-order validation: 1 (error) or warn
+    from shmlocks import lockdep as _lockdep
+
+    _lockdep.enable(_lockdep.mode_from_env(_os.environ["SHMLOCKS_LOCKDEP"]))
 
 _MAGIC_BYTES = (0x314B434F4C4D4853).to_bytes(8, "little")  # b"SHMLOCK1"
 _SHM_DIR = "/dev/shm"
@@ -87,6 +95,8 @@ __all__ = [
     "FutexMutex",
     "LockKindError",
     "LockNotRecoverableError",
+    "LockOrderError",
+    "LockOrderWarning",
     "MCSLock",
     "NamespaceError",
     "NotOwnerError",

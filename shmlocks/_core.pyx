@@ -7,6 +7,7 @@
                          kind-ops table (_register_kind) and the recovery verdict
   _ext/wait.pxi          the one waiting policy and its one park() call
   _ext/region.pxi        the segment: create/open/validate, directory, lifetime
+  _ext/lockdep.pxi       the hook lock-order validation (shmlocks/lockdep.py) hangs on
   _ext/lockbase.pxi      the internal lock interface and the Python API on top of it
   _ext/deadlock.pxi      a blocked acquire in a wait-for cycle gives up (DeadlockError)
   _ext/{ticket,mcs,clh,futex,robust,pi}.pxi   one file per algorithm
@@ -23,6 +24,7 @@ include "_ext/participants.pxi"
 include "_ext/wait.pxi"
 include "_ext/stats.pxi"
 include "_ext/region.pxi"
+include "_ext/lockdep.pxi"
 include "_ext/lockbase.pxi"
 include "_ext/deadlock.pxi"
 include "_ext/queue.pxi"

@@ -1,5 +1,5 @@
 """The ``shmlocks`` command line: ``ls``, ``inspect``, ``deadlocks``, ``stat``, ``top``,
-``unlink``, ``demo``, ``bench`` and ``torture``.
+``unlink``, ``demo``, ``lockdep``, ``bench`` and ``torture``.
 
 Every command reads or changes POSIX shared-memory segments through the public API (plus
 ``Region._describe`` for triage). An expected failure (a missing or invalid name, a segment
@@ -29,6 +29,7 @@ from shmlocks._core import _check_name, _pid_alive
 from shmlocks._table import emit, human_size, table
 from shmlocks.deadlocks import annotate
 from shmlocks.deadlocks import register as register_deadlocks
+from shmlocks.lockdep import register as register_lockdep
 from shmlocks.stats_cli import register as register_stat
 from shmlocks.top import register as register_top
 
@@ -437,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_inspect)
 
     register_deadlocks(sub)
+    register_lockdep(sub)
     register_stat(sub)
     register_top(sub)
 

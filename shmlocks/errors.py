@@ -10,6 +10,8 @@ __all__ = [
     "CorruptRegionError",
     "CapacityError",
     "NamespaceError",
+    "LockOrderError",
+    "LockOrderWarning",
 ]
 
 
@@ -22,7 +24,17 @@ class NotOwnerError(ShmLockError, RuntimeError):
 
 
 class DeadlockError(ShmLockError, RuntimeError):
-    """A thread tried to acquire a lock it already holds (the locks are not reentrant)."""
+    """A thread tried to acquire a lock it already holds (the locks are not reentrant), or
+    its blocked acquire was the one member of a wait-for cycle to give up."""
+
+
+class LockOrderError(DeadlockError):
+    """Lock-order validation (SHMLOCKS_LOCKDEP=1): this acquire would invert an order of
+    locks recorded before, by this process or another; raised before it waits."""
+
+
+class LockOrderWarning(RuntimeWarning):
+    """As LockOrderError, with SHMLOCKS_LOCKDEP=warn: the acquire goes on."""
 
 
 class LockNotRecoverableError(ShmLockError):

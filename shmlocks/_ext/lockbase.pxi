@@ -58,6 +58,7 @@ cdef class _Lock:
     cdef uint32_t _code
     cdef uint32_t _lock1              # lock index + 1, as published in op_lock
     cdef object __weakref__           # caches keyed by lock (WeakKeyDictionary), as for threading.Lock
+    cdef str _ldcls                   # its lockdep class, once asked (lockdep.pxi)
 
     # The kind registry: what every layer above needs to know of a kind (tests, torture,
     # bench and the CLI read these, never a list of names of their own).
@@ -222,9 +223,36 @@ cdef class _Lock:
         wait for a lock the calling thread holds, LockNotRecoverableError if the lock was
         released inconsistent after an owner death. Blocking releases the GIL and runs signal
         handlers (Ctrl-C raises KeyboardInterrupt out of it)."""
+        if g_lockdep is not None:
+            return self._acquire_lockdep(blocking, timeout)
         if blocking is True and (timeout is _NEG1 or timeout is None):
             return self._acquire_forever(self._me())
         return self._acquire_args(blocking, timeout)
+
+    cdef str _lockdep_class(self):
+        """The lock's class for lockdep: `region/lock`, a standalone lock's region name."""
+        if self._ldcls is None:
+            if self._standalone or self._name == "lock":
+                self._ldcls = self._region.name
+            else:
+                self._ldcls = f"{self._region.name}/{self._name}"
+        return self._ldcls
+
+    cdef object _acquire_lockdep(self, blocking, timeout):
+        """acquire() with lock-order validation on (lockdep.pxi): a blocking or timed
+        acquire validates and records the orders first, unless the chain (held classes,
+        this one) was validated before; any acquire that got the lock counts as held."""
+        cdef str cls = self._lockdep_class()
+        cdef list held = ld_held()
+        if blocking and held and (tuple(held), cls) not in g_ld_validated:
+            g_lockdep.before(cls, held)
+        if blocking is True and (timeout is _NEG1 or timeout is None):
+            got = self._acquire_forever(self._me())
+        else:
+            got = self._acquire_args(blocking, timeout)
+        if got:
+            held.append(cls)
+        return got
 
     cdef inline object _acquire_forever(self, reg_t* r):
         cdef bint armed = shm_crash_armed            # one load of the global per call
@@ -366,6 +394,8 @@ cdef class _Lock:
     def release(self):
         """Release the lock. NotOwnerError if the calling thread does not hold it."""
         self._release()
+        if g_lockdep is not None:
+            ld_released(self._lockdep_class())
 
     def _is_owned(self):
         """True if the calling thread holds the lock: what threading.Condition asks."""
@@ -375,7 +405,11 @@ cdef class _Lock:
         return r != NULL and ld32_rlx(&self.b.ctl.holder) == r.hid
 
     def __enter__(self):
-        cdef reg_t* r = self._me()
+        cdef reg_t* r
+        if g_lockdep is not None:
+            self._acquire_lockdep(True, -1)
+            return self
+        r = self._me()
         if not self._acquire_forever(r):
             raise ShmLockError(f"{self.kind_name} lock {self._name!r}: a wait without "
                                "timeout returned without the lock")
@@ -383,6 +417,8 @@ cdef class _Lock:
 
     def __exit__(self, t, v, tb):
         self._release()
+        if g_lockdep is not None:
+            ld_released(self._lockdep_class())
         return False
 
     # -- state ----------------------------------------------------------------------------

@@ -1,0 +1,300 @@
+"""Lock-order validation across processes ("lockdep"; docs/design.md §11).
+
+Invariant: the recorded orders form an acyclic graph of lock classes (a class is a lock's
+name: ``region/lock``, or the region's name for a standalone lock); an acquire that would
+add an edge closing a cycle is refused (LockOrderError) or reported (LockOrderWarning)
+before it waits, and not recorded.
+
+``SHMLOCKS_LOCKDEP=1`` (error) or ``=warn`` in the environment, read when shmlocks is
+imported, turns it on for the process. The graph is shared by every process of the user
+on the machine: an append-only file of JSON lines in /dev/shm (tmpfs: shared memory),
+``shmlocks-lockdep-<uid>`` unless ``SHMLOCKS_LOCKDEP_GRAPH`` names another path. It
+lives until ``shmlocks lockdep --reset`` or a reboot, and exists only once some process
+ran with lockdep on. Each process caches the graph and the lock chains it has validated
+(the held classes + the class acquired, hashed as a tuple), so a repeated order costs a
+set lookup; only a new chain reads the file's new lines and, for a new order, appends one
+under an flock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import sys
+import warnings
+from typing import Any
+
+from shmlocks.errors import LockOrderError, LockOrderWarning
+
+MAX_ORDERS = 4096  # recorded orders; past this, validation turns itself off (one warning)
+
+_mode: str | None = None  # None (off), "error" or "warn"
+_stacks: dict[int, list[str]] = {}  # thread ident -> classes held (lockdep.pxi pushes, pops)
+_validated: set[tuple[tuple[str, ...], str]] = set()  # the chain cache
+_orders: dict[tuple[str, str], dict[str, Any]] = {}  # (a, b) -> first call site
+_succ: dict[str, set[str]] = {}
+_pos = 0  # bytes of the graph file read so far
+_ino = 0
+
+
+def graph_path() -> str:
+    return os.environ.get("SHMLOCKS_LOCKDEP_GRAPH") or f"/dev/shm/shmlocks-lockdep-{os.getuid()}"
+
+
+def mode_from_env(value: str | None) -> str | None:
+    v = (value or "").strip().lower()
+    if v in ("", "0", "off", "no", "false"):
+        return None
+    return "warn" if v == "warn" else "error"
+
+
+def enabled() -> str | None:
+    return _mode
+
+
+def enable(mode: str | None) -> None:
+    """Turn validation on ("error", "warn") or off (None) for this process."""
+    global _mode
+    from shmlocks import _core
+
+    if mode not in (None, "error", "warn"):
+        raise ValueError(f"lockdep mode must be 'error', 'warn' or None, not {mode!r}")
+    _mode = mode
+    _core._lockdep_hook(sys.modules[__name__] if mode else None)
+
+
+# a forked child is one new thread that holds none of its parent's locks
+os.register_at_fork(after_in_child=_stacks.clear)
+
+
+# ------------------------------------------------------------------------------ the file
+
+
+def _open(flags: int) -> int:
+    return os.open(graph_path(), flags | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+
+
+def _read_records(fd: int, start: int) -> tuple[list[dict[str, Any]], int]:
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, size - start, start) if size > start else b""
+    end = data.rfind(b"\n") + 1  # a line still being written is read next time
+    out = []
+    for line in data[:end].splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a scribbled line is ignored
+        if isinstance(rec, dict) and isinstance(rec.get("order"), list):
+            out.append(rec)
+    return out, start + end
+
+
+def _sync(fd: int) -> None:
+    """Take in the lines other processes appended since our last read (all of them if
+    the file was reset or replaced)."""
+    global _pos, _ino
+    st = os.fstat(fd)
+    if st.st_ino != _ino or st.st_size < _pos:
+        _orders.clear()
+        _succ.clear()
+        _validated.clear()
+        _pos, _ino = 0, st.st_ino
+    recs, _pos = _read_records(fd, _pos)
+    for rec in recs:
+        if rec.get("kind", "order") != "order":
+            continue
+        a, b = (str(x) for x in rec["order"][:2])
+        if (a, b) not in _orders:
+            _orders[(a, b)] = rec
+            _succ.setdefault(a, set()).add(b)
+
+
+def _path(src: str, dst: str) -> list[str] | None:
+    """A path of recorded orders src -> ... -> dst, or None."""
+    prev: dict[str, str] = {src: src}
+    todo = [src]
+    while todo:
+        x = todo.pop()
+        for y in _succ.get(x, ()):
+            if y not in prev:
+                prev[y] = x
+                if y == dst:
+                    path = [y]
+                    while path[-1] != src:
+                        path.append(prev[path[-1]])
+                    return path[::-1]
+                todo.append(y)
+    return None
+
+
+def _site() -> dict[str, Any]:
+    f: Any = sys._getframe(2)  # 0: here, 1: before(); acquire/__enter__ are C (no frame)
+    while f is not None and f.f_code.co_filename == __file__:
+        f = f.f_back
+    if f is None:
+        return {"file": "?", "line": 0, "function": "?", "pid": os.getpid()}
+    return {
+        "file": f.f_code.co_filename,
+        "line": f.f_lineno,
+        "function": f.f_code.co_name,
+        "pid": os.getpid(),
+    }
+
+
+def _where(rec: dict[str, Any]) -> str:
+    return f"{rec.get('file')}:{rec.get('line')} in {rec.get('function')}() (pid {rec.get('pid')})"
+
+
+# ------------------------------------------------------------------ the acquire-side hooks
+
+
+def before(cls: str, held: list[str]) -> None:
+    """A blocking acquire of class `cls`, by a thread that holds `held` in a chain not
+    validated yet, is about to wait: validate and record the orders held -> cls. Raises
+    LockOrderError (or warns) if one would close a cycle."""
+    global _mode
+    if not held:
+        return
+    chain = (tuple(held), cls)
+    if chain in _validated:
+        return
+    site = _site()
+    fd = _open(os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _sync(fd)
+        for a in dict.fromkeys(held):
+            if a == cls or (a, cls) in _orders:
+                continue
+            back = _path(cls, a)
+            if back is not None:
+                _report(fd, a, cls, back, site, chain)
+                return
+        new = [a for a in dict.fromkeys(held) if a != cls and (a, cls) not in _orders]
+        if len(_orders) + len(new) > MAX_ORDERS:
+            _mode = None
+            enable(None)
+            warnings.warn(
+                f"shmlocks lockdep: the order graph is full ({len(_orders)} orders in "
+                f"{graph_path()}): lock-order validation is off for this process "
+                "(`shmlocks lockdep --reset` clears it)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return
+        lines = b""
+        for a in new:
+            rec = dict(site, kind="order", order=[a, cls])
+            _orders[(a, cls)] = rec
+            _succ.setdefault(a, set()).add(cls)
+            lines += json.dumps(rec).encode() + b"\n"
+        if lines:
+            os.write(fd, lines)
+    finally:
+        os.close(fd)  # also drops the flock
+    _validated.add(chain)
+
+
+def _report(fd: int, a: str, b: str, back: list[str], site: dict[str, Any], chain: Any) -> None:
+    cycle = [f"  {a} -> {b}: this acquire, at {_where(site)}"]
+    for x, y in zip(back, back[1:], strict=False):
+        cycle.append(f"  {x} -> {y}: recorded at {_where(_orders[(x, y)])}")
+    msg = (
+        f"lock order inversion: acquiring {b!r} while holding {a!r}, but the order "
+        f"{b} -> ... -> {a} was recorded before (possible deadlock):\n" + "\n".join(cycle)
+    )
+    rec = dict(site, kind="inversion", order=[a, b], cycle=back, mode=_mode)
+    os.write(fd, json.dumps(rec).encode() + b"\n")
+    if _mode == "warn":
+        _validated.add(chain)  # warn once per chain
+        warnings.warn(msg, LockOrderWarning, stacklevel=4)
+        return
+    raise LockOrderError(msg)
+
+
+# ------------------------------------------------------------------------ command line
+
+
+def snapshot() -> dict[str, Any]:
+    """The recorded orders and inversions (what `shmlocks lockdep --json` prints)."""
+    try:
+        fd = _open(os.O_RDONLY)
+    except FileNotFoundError:
+        return {"graph": graph_path(), "orders": [], "inversions": []}
+    try:
+        recs, _ = _read_records(fd, 0)
+    finally:
+        os.close(fd)
+    orders, seen, inv = [], set(), []
+    for r in recs:
+        o = tuple(str(x) for x in r["order"][:2])
+        item = {
+            "from": o[0],
+            "to": o[1],
+            "file": r.get("file"),
+            "line": r.get("line"),
+            "function": r.get("function"),
+            "pid": r.get("pid"),
+        }
+        if r.get("kind") == "inversion":
+            inv.append(dict(item, cycle=r.get("cycle", [])))
+        elif o not in seen:
+            seen.add(o)
+            orders.append(item)
+    return {"graph": graph_path(), "orders": orders, "inversions": inv}
+
+
+def reset() -> bool:
+    """Clear the graph (every process sees it empty at its next new chain)."""
+    try:
+        os.unlink(graph_path())
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _render(rep: dict[str, Any]) -> str:
+    from shmlocks._table import table
+
+    out = [f"lock orders recorded: {len(rep['orders'])} ({rep['graph']})"]
+    if rep["orders"]:
+        rows = [
+            [o["from"], o["to"], f"{o['file']}:{o['line']}", o["function"], o["pid"]]
+            for o in rep["orders"]
+        ]
+        out.append(table(["FIRST", "THEN", "SITE", "FUNCTION", "PID"], rows, "  "))
+    out.append(f"inversions found: {len(rep['inversions'])}")
+    if rep["inversions"]:
+        rows = [
+            [f"{o['from']} -> {o['to']}", f"{o['file']}:{o['line']}", o["function"], o["pid"]]
+            for o in rep["inversions"]
+        ]
+        out.append(table(["INVERTED ORDER", "SITE", "FUNCTION", "PID"], rows, "  "))
+    return "\n".join(out)
+
+
+def cmd_lockdep(args: argparse.Namespace) -> int:
+    from shmlocks._table import emit
+
+    if args.reset:
+        gone = reset()
+        emit(
+            {"graph": graph_path(), "reset": gone},
+            args.json,
+            lambda d: f"cleared {d['graph']}" if d["reset"] else "no lock orders recorded",
+        )
+        return 0
+    emit(snapshot(), args.json, _render)
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "lockdep",
+        help="the lock orders recorded with SHMLOCKS_LOCKDEP=1, and inversions found",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--reset", action="store_true", help="clear the recorded orders")
+    p.set_defaults(func=cmd_lockdep)
