@@ -4,7 +4,8 @@
   too), whose locks are closed, and their segments unlinked, after the test;
 - ``--shmlocks-check-leaks``: the session fails if its tests left shmlocks segments that
   this process created in /dev/shm (each pytest-xdist worker checks its own);
-- ``--shmlocks-lockdep``: lock-order validation; not available yet (the option says so).
+- ``--shmlocks-lockdep``: lock-order validation (SHMLOCKS_LOCKDEP=1) for the session and
+  every process it starts: an acquire that inverts a recorded order raises LockOrderError.
 
 Nothing of shmlocks is imported until a test uses the fixture or an option is given, so a
 suite that does not use it is not slowed down.
@@ -32,7 +33,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--shmlocks-lockdep",
         action="store_true",
-        help="lock-order validation across processes (not available yet)",
+        help="lock-order validation across processes (SHMLOCKS_LOCKDEP=1) for the session "
+        "and the processes it starts",
     )
 
 
@@ -58,10 +60,10 @@ def _ours() -> set[str]:
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--shmlocks-lockdep"):
-        raise pytest.UsageError(
-            "--shmlocks-lockdep: lock-order validation is not available in this version of "
-            "shmlocks yet"
-        )
+        os.environ["SHMLOCKS_LOCKDEP"] = "1"  # read by every process the tests start
+        from shmlocks import lockdep
+
+        lockdep.enable("error")  # this one, if shmlocks was imported already
     if config.getoption("--shmlocks-check-leaks"):
         config.stash[_BEFORE] = _ours()
 

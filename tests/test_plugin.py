@@ -66,8 +66,32 @@ def test_check_leaks_under_xdist(pytester):
     assert res.ret == 0
 
 
-def test_lockdep_option_says_not_yet(pytester):
-    pytester.makepyfile("def test_x():\n    pass\n")
-    res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--shmlocks-lockdep")
-    assert res.ret != 0
-    res.stderr.fnmatch_lines(["*lock-order validation is not available*"])
+def test_lockdep_option_validates_lock_order(pytester, monkeypatch):
+    graph = f"/dev/shm/shmlt-plugin-lockdep-{os.getpid()}"
+    monkeypatch.setenv("SHMLOCKS_LOCKDEP_GRAPH", graph)
+    pytester.makepyfile(
+        """
+        import os, subprocess, sys, pytest, shmlocks
+        def test_inverted(shmlock):
+            a, b = shmlock("futex"), shmlock("ticket")
+            with a:
+                with b:
+                    pass
+            code = ("import shmlocks, sys; a = shmlocks.FutexMutex.open(sys.argv[1]); "
+                    "b = shmlocks.TicketLock.open(sys.argv[2])\\n"
+                    "with b:\\n"
+                    "    try:\\n        a.acquire()\\n"
+                    "    except shmlocks.LockOrderError:\\n        sys.exit(7)\\n")
+            r = subprocess.run([sys.executable, "-c", code, a.name, b.name])
+            assert r.returncode == 7, "a process the tests start validates too"
+            with b:
+                with pytest.raises(shmlocks.LockOrderError):
+                    a.acquire()
+        """
+    )
+    try:
+        res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--shmlocks-lockdep")
+        res.assert_outcomes(passed=1)
+    finally:
+        if os.path.exists(graph):
+            os.unlink(graph)
