@@ -105,3 +105,6 @@ cdef object dl_raise():
     msg = getattr(_dl_local, "msg", None) or "deadlock: a wait-for cycle"
     _dl_local.msg = None
     raise DeadlockError(msg)
+
+
+wait_look = dl_look                # wait_check's look (wait.pxi)

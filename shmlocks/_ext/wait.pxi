@@ -161,9 +161,15 @@ cdef inline void wait_regil(wait_t* w) noexcept nogil:
         w.saved = NULL
 
 
+# The look for a deadlock a long wait makes (deadlock.pxi sets it to its dl_look at import,
+# so this layer names nothing above it): 1 this waiter must give up, 0 go on, -1 a signal.
+ctypedef int (*look_fn)(wait_t* w, int64_t now) noexcept nogil
+cdef look_fn wait_look = NULL
+
+
 cdef int wait_check(wait_t* w) noexcept nogil:
     """Deadline, signals, and (once its time has come) a look for a deadlock this waiter
-    must break (deadlock.pxi). 0 to go on, else W_TIMEOUT or W_SIGNAL."""
+    must break (wait_look). 0 to go on, else W_TIMEOUT or W_SIGNAL."""
     cdef int64_t now = shm_now_ns()
     cdef int r
     if w.deadline >= 0 and now >= w.deadline:
@@ -171,8 +177,8 @@ cdef int wait_check(wait_t* w) noexcept nogil:
     with gil:
         if PyErr_CheckSignals() < 0:
             return W_SIGNAL
-    if 0 <= w.dl_next <= now:
-        r = dl_look(w, now)
+    if 0 <= w.dl_next <= now and wait_look != NULL:
+        r = wait_look(w, now)
         if r != 0:
             return W_TIMEOUT if r > 0 else W_SIGNAL
     return 0
