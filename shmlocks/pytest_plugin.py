@@ -41,7 +41,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def _ours() -> set[str]:
     """The shmlocks segments in /dev/shm that this process created."""
     me = os.getpid()
-    found = set()
+    found: set[str] = set()
     try:
         names = os.listdir(_SHM)
     except OSError:
@@ -68,14 +68,15 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_BEFORE] = _ours()
 
 
-_BEFORE = pytest.StashKey[set]()
+_BEFORE = pytest.StashKey[set[str]]()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if not config.getoption("--shmlocks-check-leaks"):
         return
-    left = sorted(_ours() - config.stash.get(_BEFORE, set()))
+    before: set[str] = config.stash[_BEFORE] if _BEFORE in config.stash else set()
+    left = sorted(_ours() - before)
     if left:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         text = f"shmlocks: the tests left {len(left)} segment(s) in {_SHM}: {', '.join(left)}"

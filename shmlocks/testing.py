@@ -53,7 +53,7 @@ def kill_while_holding(
     if at is not None:
         shmlocks.crashpoint(at)  # refuses a library point's name, does nothing here
     ctx = multiprocessing.get_context(start_method)
-    proc = ctx.Process(target=_child, args=(at or _HOLDING, target, args), daemon=True)
+    proc = ctx.Process(target=_child, args=(at or _HOLDING, target, args), daemon=True)  # type: ignore[attr-defined]
     proc.start()
     proc.join(timeout)
     if proc.exitcode is None:

@@ -240,18 +240,18 @@ def _scan_segment(g: Graph, name: str, mm: mmap.mmap) -> None:
         if hk is not None:
             g.threads[hk].holds.append(ref)
     for slot, li in waiting:
-        key = keys[slot]
-        ref = refs.get(li)
-        if key is None or ref is None:
+        wkey = keys[slot]
+        wref = refs.get(li)
+        if wkey is None or wref is None:
             continue  # waits for an entry that is not a valid lock: ignored
-        t = g.threads[key]
-        t.waits = ref
+        t = g.threads[wkey]
+        t.waits = wref
         h = holders.get(li)
         hk = keys[h] if h is not None else None
-        if hk is None or hk == key:
-            g.edges.pop(key, None)  # free, dead holder, or a record naming itself
+        if hk is None or hk == wkey:
+            g.edges.pop(wkey, None)  # free, dead holder, or a record naming itself
         else:
-            g.edges[key] = hk
+            g.edges[wkey] = hk
 
 
 def snapshot(names: list[str] | None = None) -> Graph:
