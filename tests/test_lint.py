@@ -1,4 +1,4 @@
-"""Linters as tests: ruff over the whole repository, with its pyproject configuration."""
+"""Linters as tests: ruff over the whole repository, mypy over the package."""
 
 from __future__ import annotations
 
@@ -28,5 +28,19 @@ def test_ruff_check():
         pytest.skip("ruff is not installed")
     proc = subprocess.run(
         [*ruff, "check", "--no-cache", ROOT], capture_output=True, text=True, timeout=50, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.timeout(180)
+def test_mypy_package():
+    """The package's Python modules type-check against the stubs of the compiled core."""
+    pytest.importorskip("mypy")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", os.devnull, "shmlocks"],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
