@@ -44,6 +44,7 @@ def set_deadlock_timeout(seconds):
     g_dl_timeout_ns = -1 if s >= _FOREVER_S else <int64_t>(s * 1e9)
 
 
+@cython.binding(True)        # a real signature on 3.13 too (see _crashpoints in _core.pyx)
 def get_deadlock_timeout():
     """The deadlock timeout of this process in seconds (default 1.0), or None if off."""
     return g_dl_timeout
