@@ -65,23 +65,32 @@ cdef bint _ticket_unpublished(shm_body* b, uint32_t x) noexcept nogil:
 
 
 cdef void _ticket_grant(shm_body* b, uint64_t s, bint armed) noexcept nogil:
-    """Serve ticket s, skipping abandoned tickets, and wake its waiter. The release step;
-    idempotent for the current `serving`, so a recoverer may redo it."""
+    """Serve ticket s, skipping abandoned tickets, and wake its waiter. The release step."""
+    dassert(s <= ld64_seq(&b.wa.u64[0]), "ticket: serving <= next")
+    st64_seq(&b.wb.u64[0], s)                        # grant ticket s ...
+    crashpoint_at(armed, "ticket.release.served")
+    _ticket_served(b, s, armed)
+
+
+cdef void _ticket_served(shm_body* b, uint64_t s, bint armed) noexcept nogil:
+    """The rest of the grant of s, once `serving` is s: skip s if abandoned, wake its
+    waiter. A recoverer redoes a dead releaser's grant with this alone ([T2]): storing
+    `serving` again would write back a value a live holder may have moved past since."""
     cdef shm_tslot* nd
     cdef uint32_t guard = 0
     while True:
-        dassert(s <= ld64_seq(&b.wa.u64[0]), "ticket: serving <= next")
-        st64_seq(&b.wb.u64[0], s)                    # grant ticket s ...
-        crashpoint_at(armed, "ticket.release.served")
         nd = &b.tslots[s % b.P]
         if ld64_seq(&nd.abandoned) == s + 1 and cas64(&nd.abandoned, s + 1, 0):
             if ld32_seq(&nd.parked) != 0:            # a slot's new owner waits for this
                 fadd32(&nd.grants, 1)
                 shm_futex_wake(&nd.grants, 0x7fffffff)
             s += 1                                   # ... unless it was abandoned: skip it
-            guard += 1
+            guard += 1                               # (winning the marker, we alone pass s)
             if guard > b.P:
                 return
+            dassert(s <= ld64_seq(&b.wa.u64[0]), "ticket: serving <= next")
+            st64_seq(&b.wb.u64[0], s)
+            crashpoint_at(armed, "ticket.release.served")
             continue
         if ld32_seq(&nd.parked) != 0:
             fadd32(&nd.grants, 1)
@@ -123,7 +132,7 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             crashpoint("ticket.recover.flagged")
             _ticket_grant(b, t + 1, shm_crash_armed)
         elif s > t:                                  # [T2] it died releasing: redo the grant
-            _ticket_grant(b, s, shm_crash_armed)
+            _ticket_served(b, s, shm_crash_armed)    # (not the store: s may be stale now)
         else:                                        # [T3] it was waiting
             _ticket_abandon_for(rm, b, q, t)
         st64_rel(&r.ticket, 0)
@@ -150,7 +159,11 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             seen = ld64_acq(&b.precs[x].ticket) == u + 1
             x += 1
         if not seen:
-            if u == ld64_seq(&b.wb.u64[0]):
+            s = ld64_seq(&b.wb.u64[0])
+            if u < s:                                # its live holder released it while we
+                u = s                                # looked (serving moves before the
+                continue                             # ticket is cleared): not the dead's
+            if u == s:
                 _ticket_grant(b, u + 1, shm_crash_armed)     # taken, never entered: pass it on
             else:
                 _ticket_abandon_for(rm, b, q, u)
