@@ -192,7 +192,7 @@ cdef class _Lock:
         r.held += 1
         crashpoint_at(armed, "lock.acquire.done")    # in the critical section
         if rc == R_ACQ and ld32_rlx(&self.b.ctl.flags) == 0:
-            stats_hold(self.b.ctl, ld32_rlx(&self.rm.part[r.slot].pid))
+            stats_hold(self.b.ctl, r.pid)
             return True
         return self._got_flags(r, rc)
 
@@ -208,7 +208,7 @@ cdef class _Lock:
             self._unlock(r.slot, shm_crash_armed)
             shm_op_set(r.op, 0, 0)
             _raise_code(self, R_NOTREC)
-        stats_hold(self.b.ctl, ld32_rlx(&self.rm.part[r.slot].pid))
+        stats_hold(self.b.ctl, r.pid)
         if f & SHM_F_OWNER_DIED:
             stats_owner_death(self.b.ctl)
         return True

@@ -33,6 +33,7 @@ cdef struct reg_t:
     rmap_t* rm
     uint32_t slot
     uint32_t hid              # holder_id(slot, generation): what ctl.holder names us by
+    uint32_t pid              # = part[slot].pid, kept here so a hold's count reads no shm
     uint32_t* op              # &part[slot].op_lock: where this thread publishes its steps
     int held                  # locks this thread holds in this region
 
@@ -279,7 +280,8 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
             if r == NULL:
                 token_unlock(rm, i)
                 raise MemoryError()
-            st32_rlx(&p.pid, <uint32_t>getpid())
+            r.pid = <uint32_t>getpid()
+            st32_rlx(&p.pid, r.pid)
             st32_rlx(&p.tid, shm_gettid())
             st64_rlx(&p.pidns, my_pidns())
             st64_rlx(&p.tstart, thread_start(p.tid))
