@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import textwrap
 
 import pytest
@@ -232,3 +233,22 @@ def test_weak_references(kind):
     gc.collect()
     assert ref() is None and rref() is None and len(cache) == 0
     assert not shm_exists(name), "the segment outlived its last reference"
+
+
+@pytest.mark.parametrize("kind", list(shmlocks.KINDS))
+def test_name_with_a_lone_surrogate_is_refused_before_creation(kind):
+    """os.listdir gives a non-UTF-8 file name back as a lone surrogate: such a name used to
+    be created, then close() could not encode it to unlink it (a leak in /dev/shm)."""
+    name = uniq(f"surrogate-{kind}") + "-\udcff"
+    disk = os.fsencode(name)
+    try:
+        with pytest.raises(ValueError, match="surrogate"):
+            shmlocks.KINDS[kind].create(name)
+        with pytest.raises(ValueError, match="surrogate"):
+            shmlocks.Region.create(name)
+        with pytest.raises(ValueError, match="surrogate"):
+            shmlocks.Region.open(name)
+        assert not os.path.exists(b"/dev/shm/" + disk)
+    finally:
+        if os.path.exists(b"/dev/shm/" + disk):
+            os.unlink(b"/dev/shm/" + disk)

@@ -26,6 +26,7 @@ cdef struct rmap_t:
     int closed                # no new use from this process
     int nthreads              # threads of this process holding a token in this mapping
     int pyalive               # the Region object is alive
+    int fd                    # the segment's file, open as long as the mapping (-1: none)
     rmap_t* gnext
 
 cdef struct reg_t:
@@ -182,6 +183,9 @@ cdef void rmap_maybe_unmap(rmap_t* rm) noexcept nogil:
     if rm.closed and rm.nthreads == 0 and rm.base != NULL:
         munmap(rm.base, rm.size)
         rm.base = NULL
+        if rm.fd >= 0:
+            close(rm.fd)
+            rm.fd = -1
 
 
 cdef void rmap_maybe_free(rmap_t* rm) noexcept nogil:

@@ -11,7 +11,8 @@ import os as _os
 import time as _time
 import weakref as _weakref
 import atexit as _atexit
-import posix_ipc as _posix_ipc
+import stat as _stat
+import errno as _errno
 
 OPEN_READY_TIMEOUT = 2.0
 
@@ -26,16 +27,39 @@ cdef uint64_t _geometry(uint32_t L, uint32_t P, uint64_t* dir_off, uint64_t* par
 
 
 def _check_name(name):
-    """Validate a segment name; returns it without a leading slash."""
+    """Validate a segment name; returns it without a leading slash. A name is text that
+    encodes to UTF-8 (no lone surrogate): what is created is what close() unlinks."""
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, not {type(name).__name__}")
     n = name[1:] if name.startswith("/") else name
     if not n or "/" in n or "\x00" in n or n in (".", ".."):
         raise ValueError(f"invalid segment name {name!r}: it must be non-empty and contain "
                          "no '/' (except one leading) and no NUL")
-    if len(n.encode("utf-8", "surrogateescape")) > 200:
+    try:
+        b = n.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"invalid segment name {name!r}: it must be valid text "
+                         "(a lone surrogate does not encode to UTF-8)") from None
+    if len(b) > 200:
         raise ValueError("segment name too long (at most 200 bytes)")
     return n
+
+
+_SHM_DIR = "/dev/shm/"             # where glibc's shm_open() puts POSIX shared memory
+
+
+cdef _reserve(int fd, uint64_t off, uint64_t length, what):
+    """Give the range of the segment real pages now (tmpfs files are sparse): a full
+    /dev/shm is OSError(ENOSPC) here, never a SIGBUS at the first store into a page that
+    tmpfs cannot supply."""
+    try:
+        _os.posix_fallocate(fd, off, length)
+    except OSError as e:
+        if e.errno in (_errno.ENOSPC, _errno.ENOMEM):
+            raise OSError(_errno.ENOSPC, f"no space left in {_SHM_DIR} for {what} "
+                                  f"({length} bytes)") from None
+        if e.errno not in (_errno.EOPNOTSUPP, _errno.EINVAL):     # no fallocate here: stay sparse
+            raise
 
 
 def _gen_name():
@@ -108,19 +132,16 @@ cdef class Region:
         if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
             raise ValueError("mode must be an int permission mask like 0o600")
         total = _geometry(L, P, &dir_off, &part_off, &locks_off, &stride)
+        path = _SHM_DIR + n
+        fd = _os.open(path, _os.O_RDWR | _os.O_CREAT | _os.O_EXCL | _os.O_NOFOLLOW
+                      | _os.O_CLOEXEC, mode)           # FileExistsError, PermissionError
+        base = <char*>MAP_FAILED
         try:
-            shm = _posix_ipc.SharedMemory("/" + n, _posix_ipc.O_CREX, mode=mode, size=total)
-        except _posix_ipc.ExistentialError:
-            raise FileExistsError(f"shared-memory segment {n!r} already exists") from None
-        except _posix_ipc.PermissionsError as e:
-            raise PermissionError(str(e)) from None
-        fd = shm.fd
-        base = <char*>mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-        shm.close_fd()
-        if base == <char*>MAP_FAILED:
-            _posix_ipc.unlink_shared_memory("/" + n)
-            raise OSError(errno, "mmap failed")
-        try:
+            _os.ftruncate(fd, total)
+            _reserve(fd, 0, locks_off, f"region {n!r}")   # the lock bodies: create_lock
+            base = <char*>mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+            if base == <char*>MAP_FAILED:
+                raise OSError(errno, "mmap failed")
             h = <shm_header*>base
             h.magic = SHM_MAGIC
             h.version = SHM_VERSION
@@ -141,10 +162,15 @@ cdef class Region:
                 _init_pshared_mutex(&(<shm_participant*>(base + part_off))[i].token.m, False)
             st32_rel(&h.state, SHM_STATE_READY)      # publish: everything above is visible
         except BaseException:
-            munmap(base, total)
-            _posix_ipc.unlink_shared_memory("/" + n)
+            if base != <char*>MAP_FAILED:
+                munmap(base, total)
+            _os.close(fd)
+            try:
+                _os.unlink(path)
+            except OSError:
+                pass
             raise
-        self._attach(n, base, total)
+        self._attach(n, base, total, fd)
         self._owner = True
         self._persist = bool(persist)
         self._creator_pid = _os.getpid()
@@ -159,35 +185,32 @@ cdef class Region:
         cdef char* base
         cdef size_t size
         n = _check_name(name)
+        fd = _open_segment(n)
         try:
-            shm = _posix_ipc.SharedMemory("/" + n)
-        except _posix_ipc.ExistentialError:
-            raise FileNotFoundError(f"no shared-memory segment named {n!r}") from None
-        except _posix_ipc.PermissionsError as e:
-            raise PermissionError(str(e)) from None
-        try:
-            size = _wait_ready(shm.fd, n)
-            base = <char*>mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, shm.fd, 0)
-        finally:
-            shm.close_fd()
-        if base == <char*>MAP_FAILED:
-            raise OSError(errno, "mmap failed")
-        try:
-            _validate(base, size, n)
+            size = _wait_ready(fd, n)
+            base = <char*>mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+            if base == <char*>MAP_FAILED:
+                raise OSError(errno, "mmap failed")
+            try:
+                _validate(base, size, n)
+            except BaseException:
+                munmap(base, size)
+                raise
         except BaseException:
-            munmap(base, size)
+            _os.close(fd)
             raise
-        self._attach(n, base, size)
+        self._attach(n, base, size, fd)
         self._owner = False
         self._persist = True
         self._creator_pid = 0
         return self
 
-    cdef _attach(self, str n, char* base, size_t size):
+    cdef _attach(self, str n, char* base, size_t size, int fd):
         cdef shm_header* h = <shm_header*>base
         cdef rmap_t* rm = <rmap_t*>calloc(1, sizeof(rmap_t))
         if rm == NULL:
             munmap(base, size)
+            close(fd)
             raise MemoryError()
         rm.base = base
         rm.size = size
@@ -199,6 +222,7 @@ cdef class Region:
         rm.locks_off = h.locks_off
         rm.stride = h.lock_stride
         rm.pyalive = 1
+        rm.fd = fd
         rmap_link(rm)
         self.rm = rm
         self.name = n
@@ -252,8 +276,8 @@ cdef class Region:
             self._owner = False
             _owned_regions.discard(self)
             try:
-                _posix_ipc.unlink_shared_memory("/" + self.name)
-            except _posix_ipc.ExistentialError:
+                _os.unlink(_SHM_DIR + self.name)
+            except FileNotFoundError:
                 pass
 
     def unlink(self):
@@ -261,8 +285,8 @@ cdef class Region:
         self._owner = False
         _owned_regions.discard(self)
         try:
-            _posix_ipc.unlink_shared_memory("/" + self.name)
-        except _posix_ipc.ExistentialError:
+            _os.unlink(_SHM_DIR + self.name)
+        except FileNotFoundError:
             raise FileNotFoundError(f"no shared-memory segment named {self.name!r}") from None
 
     def __dealloc__(self):
@@ -372,6 +396,9 @@ cdef class Region:
             if slot < 0:
                 raise CapacityError(f"region {self.name!r} is full (max_locks={self.rm.L})")
             d = &self.rm.dir[slot]
+            if self.rm.fd >= 0:
+                _reserve(self.rm.fd, self.rm.locks_off + slot * self.rm.stride,
+                         self.rm.stride, f"lock {name!r}")
             b = shm_body_at(self.rm.base, self.rm.locks_off + slot * self.rm.stride,
                             self.rm.P, slot)
             memset(b.ctl, 0, self.rm.stride)
@@ -474,6 +501,29 @@ cdef class Region:
         return {"slot": slot1 - 1, "pid": ld32_rlx(&p.pid), "tid": ld32_rlx(&p.tid),
                 "alive": participant_state(self.rm, slot1 - 1) == 1,
                 "other_namespace": other_pidns(ld64_acq(&p.pidns))}
+
+
+def _open_segment(n):
+    """Open segment n's file: it must be a regular file (a FIFO or a device planted under
+    the name would block or lie; a symbolic link is not followed)."""
+    try:
+        fd = _os.open(_SHM_DIR + n, _os.O_RDWR | _os.O_NOFOLLOW | _os.O_CLOEXEC
+                      | _os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no shared-memory segment named {n!r}") from None
+    except PermissionError as e:
+        raise PermissionError(f"segment {n!r}: {e.strerror}") from None
+    except OSError as e:
+        if e.errno == _errno.ELOOP:
+            raise CorruptRegionError(f"segment {n!r} is a symbolic link, not a region") from None
+        raise
+    try:
+        if not _stat.S_ISREG(_os.fstat(fd).st_mode):
+            raise CorruptRegionError(f"segment {n!r} is not a regular file")
+    except BaseException:
+        _os.close(fd)
+        raise
+    return fd
 
 
 def _open_region(name):

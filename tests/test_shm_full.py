@@ -1,0 +1,129 @@
+"""A full /dev/shm is an error at create time, never a SIGBUS later.
+
+tmpfs files are sparse: sizing a segment with ftruncate succeeds whatever the free space,
+and the first store into a page tmpfs cannot supply kills the process with SIGBUS. The
+space is reserved when a region (its header, directory and participant table) or a lock
+(its body) is created, so a full /dev/shm is OSError(ENOSPC) there, and a failed create
+leaves no name behind. Each case runs in a private 1 MiB tmpfs mounted on /dev/shm in a
+new mount namespace (`unshare -m`), so nobody else's /dev/shm fills up.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _private_shm_works() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t tmpfs -o size=1m tmpfs /dev/shm",
+        ],
+        capture_output=True,
+    )
+    return probe.returncode == 0
+
+
+if not _private_shm_works():
+    pytest.skip("needs root and unshare -m (a private tmpfs on /dev/shm)", allow_module_level=True)
+
+
+def run_in_private_shm(code: str, size: str = "1m") -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter that sees an empty private tmpfs of ``size`` on
+    /dev/shm; its last line of output lists what is left there."""
+    code = textwrap.dedent(code) + "\nimport os; print('left', sorted(os.listdir('/dev/shm')))\n"
+    return subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$0" -c "$1"',
+            sys.executable,
+            code,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env=dict(os.environ, PYTHONFAULTHANDLER="1"),
+    )
+
+
+def check(proc: subprocess.CompletedProcess[str], *expect: str) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode} (-7 is SIGBUS): {proc.stderr[-800:]}"
+    lines = proc.stdout.split("\n")
+    for line in expect:
+        assert line in lines, proc.stdout
+
+
+def test_region_larger_than_the_tmpfs():
+    proc = run_in_private_shm(
+        """
+        import errno, shmlocks
+        try:
+            shmlocks.Region.create("full-a", max_locks=1, max_participants=4096)
+        except OSError as e:
+            print("ENOSPC" if e.errno == errno.ENOSPC else f"errno {e.errno}")
+        """
+    )
+    check(proc, "ENOSPC", "left []")
+
+
+def test_create_lock_in_a_full_tmpfs():
+    proc = run_in_private_shm(
+        """
+        import errno, shmlocks
+        with open("/dev/shm/filler", "wb") as f:
+            f.write(b"x" * (1024 * 1024 - 200 * 1024))
+        r = shmlocks.Region.create("full-b", max_locks=64, max_participants=64)
+        made = 0
+        try:
+            for i in range(64):
+                r.create_lock(f"l{i}", "mcs")
+                made += 1
+        except OSError as e:
+            print("ENOSPC" if e.errno == errno.ENOSPC else f"errno {e.errno}")
+        assert 0 < made < 64, made
+        assert r.lock_names() == [f"l{i}" for i in range(made)]   # no half-made entry
+        lk = r.open_lock("l0")
+        with lk:                                 # the locks made before go on working
+            pass
+        r.close()
+        import os; os.unlink("/dev/shm/filler")
+        """
+    )
+    check(proc, "ENOSPC", "left []")
+
+
+@pytest.mark.parametrize("kind", ["ticket", "mcs", "clh", "futex", "robust", "pi"])
+def test_standalone_lock_in_a_full_tmpfs(kind):
+    proc = run_in_private_shm(
+        f"""
+        import errno, shmlocks
+        with open("/dev/shm/filler", "wb") as f:
+            f.write(b"x" * (1024 * 1024 - 8 * 1024))
+        try:
+            shmlocks.KINDS[{kind!r}].create("full-c")
+        except OSError as e:
+            print("ENOSPC" if e.errno == errno.ENOSPC else f"errno {{e.errno}}")
+        import os; os.unlink("/dev/shm/filler")
+        """
+    )
+    check(proc, "ENOSPC", "left []")
