@@ -22,7 +22,9 @@ import argparse
 import fcntl
 import json
 import os
+import stat
 import sys
+import threading
 import warnings
 from typing import Any
 
@@ -31,7 +33,18 @@ from shmlocks.errors import LockOrderError, LockOrderWarning
 MAX_ORDERS = 4096  # recorded orders; past this, validation turns itself off (one warning)
 
 _mode: str | None = None  # None (off), "error" or "warn"
-_stacks: dict[int, list[str]] = {}  # thread ident -> classes held (lockdep.pxi pushes, pops)
+
+
+class _Held(threading.local):
+    """Per thread: the classes it holds, in order (lockdep.pxi pushes and pops). Thread
+    local, not keyed by thread ident: an ident is reused by the next thread once its
+    thread ends, and that thread holds nothing."""
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []
+
+
+_held = _Held()
 _validated: set[tuple[tuple[str, ...], str]] = set()  # the chain cache
 _orders: dict[tuple[str, str], dict[str, Any]] = {}  # (a, b) -> first call site
 _succ: dict[str, set[str]] = {}
@@ -65,15 +78,70 @@ def enable(mode: str | None) -> None:
     _core._lockdep_hook(sys.modules[__name__] if mode else None)
 
 
+def _forget_held() -> None:
+    _held.stack = []
+
+
 # a forked child is one new thread that holds none of its parent's locks
-os.register_at_fork(after_in_child=_stacks.clear)
+os.register_at_fork(after_in_child=_forget_held)
 
 
 # ------------------------------------------------------------------------------ the file
 
 
-def _open(flags: int) -> int:
-    return os.open(graph_path(), flags | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+_OPEN_FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+
+
+def _open(create: bool) -> int:
+    """The graph file, for appending (``create``: made if missing) or for reading.
+
+    It sits at a predictable path in world-writable /dev/shm, so it is believed only if it
+    is ours: a new file is made with O_EXCL (never one somebody else planted first), and
+    whatever is opened must be a regular file owned by our effective uid and writable by
+    nobody else (PermissionError otherwise). O_NOFOLLOW|O_NONBLOCK: a symlink fails, a FIFO
+    does not block the open."""
+    path = graph_path()
+    for _ in range(8):  # a --reset between our two opens: make it again
+        if create:
+            try:
+                fd = os.open(
+                    path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o600
+                )
+            except FileExistsError:
+                pass
+            else:
+                break
+        try:
+            fd = os.open(path, (os.O_RDWR | os.O_APPEND if create else os.O_RDONLY) | _OPEN_FLAGS)
+        except FileNotFoundError:
+            if not create:
+                raise
+            continue
+        break
+    else:
+        raise FileNotFoundError(f"lockdep graph {path}: removed as fast as it is made")
+    try:
+        _check_ours(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_ours(fd: int, path: str) -> None:
+    st = os.fstat(fd)
+    why = ""
+    if not stat.S_ISREG(st.st_mode):
+        why = "it is not a regular file"
+    elif st.st_uid != os.geteuid():
+        why = f"it is owned by uid {st.st_uid}, not by this process's uid {os.geteuid()}"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = f"it is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    if why:
+        raise PermissionError(
+            f"lockdep graph {path}: refused, {why}; remove it or set "
+            "SHMLOCKS_LOCKDEP_GRAPH to a path of your own"
+        )
 
 
 def _read_records(fd: int, start: int) -> tuple[list[dict[str, Any]], int]:
@@ -161,7 +229,7 @@ def before(cls: str, held: list[str]) -> None:
     if chain in _validated:
         return
     site = _site()
-    fd = _open(os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    fd = _open(create=True)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         _sync(fd)
@@ -220,7 +288,7 @@ def _report(fd: int, a: str, b: str, back: list[str], site: dict[str, Any], chai
 def snapshot() -> dict[str, Any]:
     """The recorded orders and inversions (what `shmlocks lockdep --json` prints)."""
     try:
-        fd = _open(os.O_RDONLY)
+        fd = _open(create=False)
     except FileNotFoundError:
         return {"graph": graph_path(), "orders": [], "inversions": []}
     try:

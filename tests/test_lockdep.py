@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 from conftest import SHM_DIR, uniq
+from support.privshm import requires_private_shm, run_private
 
 import shmlocks
 
@@ -184,3 +185,117 @@ def test_lockdep_off_makes_no_graph(graph, new_lock):
     assert r.returncode == 0, r.stderr
     assert not os.path.exists(graph)
     assert shmlocks.LockOrderError.__mro__[1] is shmlocks.DeadlockError
+
+
+def test_a_thread_that_reuses_an_ident_holds_nothing(graph, new_lock):
+    """Thread idents are reused as soon as a thread ends. A thread that ends holding A (a
+    thread death, recovered as owner death) must not leave A "held" by the next thread
+    with its ident: that one takes only B, so no order A -> B exists, and B then A is no
+    inversion (it was a false LockOrderError when the held classes were keyed by ident)."""
+    a, b = new_lock("futex"), new_lock("futex")
+    code = f"""
+    import threading, time, shmlocks
+    A, B = shmlocks.FutexMutex.open({a.name!r}), shmlocks.FutexMutex.open({b.name!r})
+    idents = []
+    def dies_holding_a():
+        idents.append(threading.get_ident())
+        A.acquire()                  # ends without releasing
+    def takes_b_only():
+        idents.append(threading.get_ident())
+        with B:
+            pass
+    for f in (dies_holding_a, takes_b_only):
+        t = threading.Thread(target=f)
+        t.start()
+        t.join()
+        time.sleep(0.2)              # glibc caches the stack (and so the ident) once it exits
+    print("reused" if idents[0] == idents[1] else "not reused")
+    with B:
+        try:
+            A.acquire()
+        except shmlocks.LockOrderError as e:
+            print("LockOrderError", e)
+        else:
+            print("acquired, owner_died", A.owner_died)
+            A.mark_consistent()
+            A.release()
+    """
+    r = run(code, graph)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "reused", "the scenario needs a reused ident (glibc reuses it)"
+    assert lines[1:] == ["acquired, owner_died True"], r.stdout
+    rep = json.loads(cli(graph, "--json").stdout)
+    assert [(o["from"], o["to"]) for o in rep["orders"]] == [(b.name, a.name)]
+
+
+FOREIGN_GRAPH = r"""
+import json, os, pwd, stat, subprocess, sys
+nobody = pwd.getpwnam("nobody")
+path = f"/dev/shm/shmlocks-lockdep-{os.geteuid()}"
+victim = '''
+import shmlocks
+A = shmlocks.FutexMutex.create("ldA"); B = shmlocks.FutexMutex.create("ldB")
+with A:
+    try:
+        B.acquire(); B.release(); print("no error")
+    except BaseException as e:
+        print(type(e).__name__ + ":", str(e).splitlines()[0])
+'''
+def as_nobody(code):
+    subprocess.run(["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",
+                    "--clear-groups", sys.executable, "-c", code], check=True)
+planted = json.dumps({"kind": "order", "order": ["ldB", "ldA"], "file": "evil.py",
+                      "line": 1, "function": "x", "pid": 1}) + "\n"
+plant_file = (f"import os; fd = os.open({path!r}, os.O_CREAT | os.O_WRONLY, 0o666); "
+              f"os.fchmod(fd, 0o666); os.write(fd, {planted.encode()!r}); os.close(fd)")
+env = {k: v for k, v in os.environ.items() if k != "SHMLOCKS_LOCKDEP_GRAPH"}
+env["SHMLOCKS_LOCKDEP"] = "1"
+out = {}
+for variant in ("nobody's file", "nobody's fifo", "our file, mode 666", "a symlink", "none"):
+    if os.path.lexists(path):
+        os.unlink(path)
+    if variant == "nobody's file":
+        as_nobody(plant_file)
+    elif variant == "nobody's fifo":
+        as_nobody(f"import os; os.mkfifo({path!r}, 0o666)")
+    elif variant == "our file, mode 666":
+        with open(path, "w") as f:
+            f.write(planted)
+        os.chmod(path, 0o666)
+    elif variant == "a symlink":
+        with open("/dev/shm/target", "w") as f:
+            f.write(planted)
+        os.symlink("/dev/shm/target", path)
+    try:
+        p = subprocess.run([sys.executable, "-c", victim], capture_output=True, text=True,
+                           timeout=20, env=env)
+        res = (p.stdout + p.stderr).strip()
+    except subprocess.TimeoutExpired:
+        res = "hung"
+    st = os.lstat(path) if os.path.lexists(path) else None
+    out[variant] = [res, None if st is None else [st.st_uid, stat.S_IMODE(st.st_mode)]]
+print(json.dumps(out))
+"""
+
+
+@requires_private_shm
+def test_a_graph_file_planted_by_someone_else_is_refused():
+    """The graph's default path is predictable, in world-writable /dev/shm: a file another
+    user made there first (or a FIFO, a symlink, a file others may write) is refused with
+    a PermissionError naming it, never believed (an order planted there was a
+    LockOrderError for an acquire nobody ever inverted) and never waited on (a FIFO); the
+    file lockdep makes itself is exclusive, ours and mode 600."""
+    r = run_private(FOREIGN_GRAPH)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    for variant in ("nobody's file", "nobody's fifo", "our file, mode 666"):
+        res = out[variant][0]
+        assert res.startswith(
+            "PermissionError: lockdep graph /dev/shm/shmlocks-lockdep-0: refused"
+        ), (variant, res)
+    assert "owned by uid" in out["nobody's file"][0]
+    assert "not a regular file" in out["nobody's fifo"][0]
+    assert "writable by others" in out["our file, mode 666"][0]
+    assert out["a symlink"][0].startswith("OSError: [Errno 40]"), out["a symlink"]  # ELOOP
+    assert out["none"] == ["no error", [0, 0o600]], out["none"]
