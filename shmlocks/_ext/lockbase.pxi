@@ -366,7 +366,7 @@ cdef class _Lock:
         cdef reg_t* r
         cdef int rc
         if self._closed or self.rm.closed:
-            raise ValueError(f"lock {self._name!r} is closed")
+            self._check_held_across_close()
         r = reg_lookup(self.rm)
         if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.hid:
             raise NotOwnerError(f"release of {self.kind_name} lock {self._name!r} by a "
@@ -389,6 +389,16 @@ cdef class _Lock:
         shm_op_set(r.op, 0, 0)
         if rc < 0:
             _raise_code(self, rc)
+        return 0
+
+    cdef int _check_held_across_close(self) except -1:
+        """A hold begun before close() (a wait in progress then included) is released
+        through the closed object, so that the lock is not left held by a thread that can
+        no longer let it go: the thread's registration keeps the mapping until it leaves.
+        Anything else on a closed object is ValueError."""
+        cdef reg_t* r = reg_lookup(self.rm)
+        if r == NULL or r.held <= 0 or ld32_rlx(&self.b.ctl.holder) != r.hid:
+            raise ValueError(f"lock {self._name!r} is closed")
         return 0
 
     def release(self):

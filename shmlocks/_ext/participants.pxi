@@ -25,6 +25,7 @@ cdef struct rmap_t:
     uint32_t L
     int closed                # no new use from this process
     int nthreads              # threads of this process holding a token in this mapping
+    int pins                  # threads inside a call that touches the mapping unregistered
     int pyalive               # the Region object is alive
     int fd                    # the segment's file, open as long as the mapping (-1: none)
     rmap_t* gnext
@@ -179,13 +180,34 @@ cdef void rmap_link(rmap_t* rm) noexcept nogil:
 
 
 cdef void rmap_maybe_unmap(rmap_t* rm) noexcept nogil:
-    """Called with g_mutex held: unmap once closed and no thread holds a token here."""
-    if rm.closed and rm.nthreads == 0 and rm.base != NULL:
+    """Called with g_mutex held: unmap once closed, no thread holds a token here and no
+    thread is inside a pinned call (rmap_pin)."""
+    if rm.closed and rm.nthreads == 0 and rm.pins == 0 and rm.base != NULL:
         munmap(rm.base, rm.size)
         rm.base = NULL
         if rm.fd >= 0:
             close(rm.fd)
             rm.fd = -1
+
+
+cdef int rmap_pin(rmap_t* rm) except -1:
+    """Keep the mapping for the calling thread, which is about to touch it without holding a
+    token in it (registration, create_lock, a sweep), possibly releasing the GIL: a close()
+    by another thread meanwhile defers the unmap to rmap_unpin. ValueError if closed."""
+    pthread_mutex_lock(&g_mutex)
+    if rm.closed or rm.base == NULL:
+        pthread_mutex_unlock(&g_mutex)
+        raise ValueError("region is closed")
+    rm.pins += 1
+    pthread_mutex_unlock(&g_mutex)
+    return 0
+
+
+cdef void rmap_unpin(rmap_t* rm) noexcept nogil:
+    pthread_mutex_lock(&g_mutex)
+    rm.pins -= 1
+    rmap_maybe_unmap(rm)
+    pthread_mutex_unlock(&g_mutex)
 
 
 cdef void rmap_maybe_free(rmap_t* rm) noexcept nogil:
@@ -250,6 +272,7 @@ cdef void atfork_child() noexcept nogil:
     shm_tls_set(NULL)
     while rm != NULL:
         rm.nthreads = 0
+        rm.pins = 0
         rm = rm.gnext
     pthread_mutex_unlock(&g_mutex)
 
@@ -262,14 +285,57 @@ cdef int participants_init() except -1:
     return 0
 
 
+cdef void reg_leave_closed() noexcept nogil:
+    """The calling thread leaves every region closed by another thread where it holds
+    nothing (it stayed registered, keeping the mapping, across that close)."""
+    cdef reg_t* head = <reg_t*>shm_tls_get()
+    cdef reg_t** pp = &head
+    cdef reg_t* r
+    cdef rmap_t* rm
+    pthread_mutex_lock(&g_mutex)
+    while pp[0] != NULL:
+        r = pp[0]
+        rm = r.rm
+        if rm.closed and r.held == 0 and rm.base != NULL:
+            pp[0] = r.next
+            token_unlock(rm, r.slot)
+            rm.nthreads -= 1
+            rmap_maybe_unmap(rm)
+            rmap_maybe_free(rm)
+            free(r)
+        else:
+            pp = &r.next
+    pthread_mutex_unlock(&g_mutex)
+    pthread_setspecific(g_key, head)
+    shm_tls_set(head)
+
+
 cdef reg_t* reg_register(rmap_t* rm) except NULL:
-    """Claim a participant slot for the calling thread (slow path, first use)."""
+    """Claim a participant slot for the calling thread (slow path, first use). The mapping
+    is pinned meanwhile (the claim reads /proc and may recover a dead participant: another
+    thread can close the region then); a close that came first or meanwhile is ValueError."""
+    cdef reg_t* r = NULL
+    reg_leave_closed()
+    rmap_pin(rm)
+    try:
+        r = reg_claim(rm)
+    finally:
+        rmap_unpin(rm)
+    if rm.closed:                            # closed while we registered: leave again
+        reg_unregister(rm)
+        pthread_mutex_lock(&g_mutex)
+        rmap_maybe_unmap(rm)
+        pthread_mutex_unlock(&g_mutex)
+        raise ValueError("region is closed")
+    return r
+
+
+cdef reg_t* reg_claim(rmap_t* rm) except NULL:
+    """reg_register's work, on a pinned mapping."""
     cdef uint32_t i
     cdef int rc
     cdef shm_participant* p
     cdef reg_t* r
-    if rm.closed or rm.base == NULL:
-        raise ValueError("region is closed")
     for i in range(rm.P):
         p = &rm.part[i]
         rc = pthread_mutex_trylock(&p.token.m)

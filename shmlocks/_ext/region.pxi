@@ -370,12 +370,19 @@ cdef class Region:
         return self._lock_at(i, name)
 
     def _create_entry(self, name, uint32_t code):
+        self._check_open()
+        rmap_pin(self.rm)                     # the wait below releases the GIL: a close()
+        try:                                  # by another thread meanwhile must not unmap
+            return self._create_entry_pinned(name, code)
+        finally:
+            rmap_unpin(self.rm)
+
+    def _create_entry_pinned(self, name, uint32_t code):
         cdef uint32_t i
         cdef int rc, slot = -1
         cdef shm_dirent* d
         cdef shm_body b
         cdef timespec ts
-        self._check_open()
         bname = _check_lock_name(name)
         ts = shm_ts_of_ns(shm_now_ns() + 5000000000)
         with nogil:
@@ -485,11 +492,15 @@ cdef class Region:
         cdef uint32_t i
         cdef int n = 0
         self._check_open()
-        for i in range(self.rm.P):
-            if participant_dead(self.rm, i):
-                with nogil:
-                    participant_try_recover(self.rm, i)
-                n += not participant_dead(self.rm, i)
+        rmap_pin(self.rm)
+        try:
+            for i in range(self.rm.P):
+                if participant_dead(self.rm, i):
+                    with nogil:
+                        participant_try_recover(self.rm, i)
+                    n += not participant_dead(self.rm, i)
+        finally:
+            rmap_unpin(self.rm)
         return n
 
     cdef object _participant(self, uint32_t slot1):
