@@ -99,8 +99,12 @@ def _creator(d: dict[str, Any]) -> tuple[str, bool | None]:
 
 
 def _flags(lock: dict[str, Any]) -> str:
-    flags = [f for f in ("owner_died", "not_recoverable") if lock.get(f)]
-    return ",".join(flags).replace("not_recoverable", "NOT-RECOVERABLE") or "-"
+    names = {
+        "owner_died": "owner_died",
+        "not_recoverable": "NOT-RECOVERABLE",
+        "stale_step": "stale-step",
+    }
+    return ",".join(text for f, text in names.items() if lock.get(f)) or "-"
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,6 +223,13 @@ def _render_inspect(d: dict[str, Any]) -> str:
             "note: held by a dead thread: "
             + ", ".join(dead_holders)
             + " (the next acquire recovers it and sees owner_died=True)"
+        )
+    stale = [lk["name"] for lk in locks if lk.get("stale_step")]
+    if stale:
+        out.append(
+            "note: free, with a dead thread's unfinished acquire or release step: "
+            + ", ".join(stale)
+            + " (the next acquire completes it and gets the lock, owner_died=False)"
         )
     return "\n".join(out)
 

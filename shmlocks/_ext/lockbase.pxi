@@ -528,14 +528,55 @@ cdef class _Lock:
         return f"<shmlocks.{type(self).__name__} {self._name!r} {st}>"
 
     def _describe(self):
+        """The lock as the next acquire would find it (inspect, stat, top).
+
+        The lock words alone can say "held" when nobody holds it: a thread that died
+        inside acquire or release (a published TAKING/WAITING/RELEASING step) leaves them
+        set, and the next acquire completes its step on its behalf and gets the lock at
+        once, without owner_died (docs/design.md §6.4 [V]). Such a lock is shown free,
+        with ``stale_step``. A dead holder the kernel reports (robust, pi), or a user-kind
+        holder that died in its critical section (no step), is shown as the holder."""
+        cdef uint32_t i, op, h, w, tid
+        cdef uint32_t dead1 = 0
+        cdef bint live = 0
+        cdef bint stale = 0
         self._check()
         f = ld32_acq(&self.b.ctl.flags)
-        return {"name": self._name, "kind": self.kind_name, "locked": bool(self._is_locked()),
-                "holder": self._region._participant(
-                    holder_slot(self.rm, ld32_acq(&self.b.ctl.holder))),
+        locked = bool(self._is_locked())
+        h = holder_slot(self.rm, ld32_acq(&self.b.ctl.holder))
+        kernel = self.recovery == "kernel"
+        if locked:
+            for i in range(self.rm.P):
+                op = participant_op(self.rm, i, self._lock1)
+                if op == 0:
+                    continue
+                st = participant_state(self.rm, i)
+                if st == 1:
+                    live = 1
+                elif st == 2 and dead1 == 0:
+                    dead1 = i + 1
+            if h != 0 and participant_state(self.rm, h - 1) == 2:
+                # a dead holder: owner_died unless (user kinds) it died inside a step
+                stale = not kernel and participant_op(self.rm, h - 1, self._lock1) != 0
+            elif h == 0 and dead1 != 0:
+                if kernel:
+                    # the futex word: its owner's TID, or OWNER_DIED once the kernel saw
+                    # the owner die (the word is the mutex's first, pthread's __lock)
+                    w = ld32_acq(<uint32_t*>&self.b.wa.m)
+                    tid = ld32_rlx(&self.rm.part[dead1 - 1].tid)
+                    if w & FUTEX_OWNER_DIED_ or (w & FUTEX_TID_MASK_) == tid:
+                        h = dead1                    # it died holding: owner_died next
+                elif not live:
+                    stale = 1                        # only a dead thread's step: free
+        if stale:
+            locked = False
+            h = 0
+        return {"name": self._name, "kind": self.kind_name, "locked": locked,
+                "holder": self._region._participant(h) if locked else None,
                 "waiters": self._waiters(),
                 "owner_died": bool(f & SHM_F_OWNER_DIED),
-                "not_recoverable": bool(f & SHM_F_NOTRECOVERABLE)}
+                "not_recoverable": bool(f & SHM_F_NOTRECOVERABLE),
+                "stale_step": bool(stale)}
 
     def _raw(self):
         """Every shared word of this lock's body and its participants' published steps, as
