@@ -342,14 +342,20 @@ def cmd_torture(args: argparse.Namespace) -> int:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text}")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text}")
     return value
@@ -360,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="shmlocks",
         description="Interprocess locks in POSIX shared memory: inspect, clean up, demonstrate.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {shmlocks.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser(
@@ -472,6 +479,15 @@ def _error_text(e: BaseException) -> str:
     return text.splitlines()[0]
 
 
+def _fail(args: argparse.Namespace, text: str) -> int:
+    """Every command's error, in one form: the ``shmlocks: error: ...`` line on stderr,
+    and with ``--json`` also ``{"error": ...}`` on stdout (what a script parses)."""
+    print(f"shmlocks: error: {text}", file=sys.stderr)
+    if getattr(args, "json", False):
+        emit({"error": text}, True, str)
+    return EXIT_ERROR
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -485,11 +501,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         return EXIT_ERROR
     except CliError as e:
-        print(f"shmlocks: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
+        return _fail(args, str(e))
     except (shmlocks.ShmLockError, OSError, ValueError) as e:
-        print(f"shmlocks: error: {type(e).__name__}: {_error_text(e)}", file=sys.stderr)
-        return EXIT_ERROR
+        return _fail(args, _error_text(e))
 
 
 if __name__ == "__main__":

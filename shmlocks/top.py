@@ -229,7 +229,10 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 
 def _interval(text: str) -> float:
-    v = float(text)
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not 0.05 <= v <= 3600:
         raise argparse.ArgumentTypeError("the interval is 0.05 to 3600 seconds")
     return v
