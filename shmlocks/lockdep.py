@@ -211,6 +211,17 @@ def _site() -> dict[str, Any]:
     }
 
 
+def _stacklevel() -> int:
+    """warnings.warn's stacklevel for the caller of this function: the first frame outside
+    this module, the user's acquire (acquire and __enter__ are C: they have no frame)."""
+    f: Any = sys._getframe(1)
+    level = 1
+    while f is not None and f.f_code.co_filename == __file__:
+        f = f.f_back
+        level += 1
+    return level
+
+
 def _where(rec: dict[str, Any]) -> str:
     return f"{rec.get('file')}:{rec.get('line')} in {rec.get('function')}() (pid {rec.get('pid')})"
 
@@ -249,7 +260,7 @@ def before(cls: str, held: list[str]) -> None:
                 f"{graph_path()}): lock-order validation is off for this process "
                 "(`shmlocks lockdep --reset` clears it)",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=_stacklevel(),
             )
             return
         lines = b""
@@ -277,7 +288,7 @@ def _report(fd: int, a: str, b: str, back: list[str], site: dict[str, Any], chai
     os.write(fd, json.dumps(rec).encode() + b"\n")
     if _mode == "warn":
         _validated.add(chain)  # warn once per chain
-        warnings.warn(msg, LockOrderWarning, stacklevel=4)
+        warnings.warn(msg, LockOrderWarning, stacklevel=_stacklevel())
         return
     raise LockOrderError(msg)
 
