@@ -15,6 +15,41 @@ if not _sys.platform.startswith("linux"):
         f"robust process-shared mutexes (this is {_sys.platform})"
     )
 
+from shmlocks.errors import (
+    CapacityError,
+    CorruptRegionError,
+    DeadlockError,
+    LockKindError,
+    LockNotRecoverableError,
+    LockOrderError,
+    LockOrderWarning,
+    NamespaceError,
+    NotOwnerError,
+    ShmLockError,
+)
+
+
+def _installed_elsewhere() -> str | None:
+    """The folder of a shmlocks package that the import system would find if this source
+    tree were not on sys.path (an installed copy this tree shadows), or None."""
+    import importlib.machinery
+
+    here = _os.path.dirname(_os.path.dirname(_os.path.realpath(__file__)))
+    path = [p for p in _sys.path if _os.path.realpath(p or _os.curdir) != here]
+    for finder in _sys.meta_path:
+        try:
+            if finder is importlib.machinery.PathFinder:
+                spec = finder.find_spec("shmlocks", path)
+            else:
+                spec = finder.find_spec("shmlocks", None)  # type: ignore[call-arg]
+        except Exception:  # noqa: BLE001 - a third-party finder's trouble is not ours
+            continue
+        origin = spec.origin if spec is not None else None
+        if origin and _os.path.dirname(_os.path.dirname(_os.path.realpath(origin))) != here:
+            return _os.path.dirname(origin)
+    return None
+
+
 try:
     from shmlocks._core import (
         CACHE_LINE,
@@ -34,24 +69,20 @@ try:
     from shmlocks._core import _user_crashpoint as crashpoint
 except ModuleNotFoundError as _e:  # pragma: no cover - depends on the install
     if _e.name == "shmlocks._core":
+        _other = _installed_elsewhere()
+        if _other is not None:
+            raise ImportError(
+                f"shmlocks' compiled core is missing from {_os.path.dirname(__file__)}: this "
+                f"is the uncompiled source tree, and it shadows the shmlocks installed in "
+                f"{_other}, because Python puts the current directory (or the script's) first "
+                "on sys.path. Run from another directory, or build this tree in place with "
+                "`python -m pip install -e .`."
+            ) from None
         raise ImportError(
             "shmlocks' compiled core is missing: this looks like the uncompiled source tree. "
             "Install it with `python -m pip install -e .` (or `pip install .`) first."
         ) from None
     raise
-
-from shmlocks.errors import (
-    CapacityError,
-    CorruptRegionError,
-    DeadlockError,
-    LockKindError,
-    LockNotRecoverableError,
-    LockOrderError,
-    LockOrderWarning,
-    NamespaceError,
-    NotOwnerError,
-    ShmLockError,
-)
 
 __version__ = "0.1.0"
 
