@@ -1,5 +1,5 @@
 """The ``shmlocks`` command line: ``ls``, ``inspect``, ``deadlocks``, ``stat``, ``top``,
-``unlink``, ``demo``, ``lockdep``, ``bench`` and ``torture``.
+``prune``, ``unlink``, ``demo``, ``lockdep``, ``bench`` and ``torture``.
 
 Every command reads or changes POSIX shared-memory segments through the public API (plus
 ``Region._describe`` for triage). An expected failure (a missing or invalid name, a segment
@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import multiprocessing
 import os
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -257,6 +259,102 @@ def cmd_unlink(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# prune
+
+
+def _prune_verdict(name: str) -> tuple[str | None, dict[str, Any]]:
+    """Why segment ``name`` must be kept (None: it is stale, nobody can be using it), and
+    what was seen of it."""
+    try:
+        d = _describe(name)
+    except FileNotFoundError:
+        return "gone", {}
+    except (shmlocks.ShmLockError, OSError, ValueError) as e:
+        return f"unreadable ({_error_text(e)})", {}
+    seen: dict[str, Any] = {"size": d["size"], "creator_pid": d["creator_pid"]}
+    state, alive = _creator(d)
+    seen["creator_state"] = state
+    live = sum(1 for p in d.get("participants", []) if p["alive"])
+    seen["live_participants"] = live
+    if live:
+        return f"{live} live participant{'s' if live != 1 else ''}", seen
+    if alive is None:
+        return "its creator is in another PID namespace", seen
+    if alive:
+        return f"its creator (pid {d['creator_pid']}) is alive", seen
+    return None, seen
+
+
+def _prune_one(name: str, dry_run: bool) -> dict[str, Any]:
+    path = SHM_DIR / name
+    rec: dict[str, Any] = {"name": name}
+    try:
+        # our own descriptor, taken first: a process that has the segment open holds a
+        # shared flock on it (Region.open), so a non-blocking exclusive one fails; held
+        # across the unlink, it keeps an opener from attaching between our look and it
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return dict(rec, action="kept", reason="gone")
+    except OSError as e:
+        return dict(rec, action="kept", reason=f"unreadable ({_error_text(e)})")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return dict(rec, action="kept", reason="not a regular file")
+        reason, seen = _prune_verdict(name)
+        rec.update(seen)
+        if reason is not None:
+            return dict(rec, action="kept", reason=reason)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return dict(rec, action="kept", reason="open in a process")
+        if os.stat(path, follow_symlinks=False).st_ino != st.st_ino:
+            return dict(rec, action="kept", reason="replaced while looked at")
+        if dry_run:
+            return dict(rec, action="would remove", reason="creator gone, nobody alive")
+        os.unlink(path)
+        return dict(rec, action="removed", reason="creator gone, nobody alive")
+    except FileNotFoundError:
+        return dict(rec, action="kept", reason="gone")
+    except PermissionError:
+        return dict(rec, action="kept", reason="permission denied")
+    finally:
+        os.close(fd)  # (drops the flock)
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    if args.names:
+        names = []
+        for raw in args.names:
+            n = segment_name(raw)
+            _require_region(n)
+            names.append(n)
+    else:
+        names = shmlocks.list_regions()
+    records = [_prune_one(n, args.dry_run) for n in names]
+    emit(records, args.json, _render_prune)
+    return EXIT_OK
+
+
+def _render_prune(records: list[dict[str, Any]]) -> str:
+    if not records:
+        return f"no shmlocks segments in {SHM_DIR}"
+    rows = [
+        [
+            r["name"],
+            human_size(r["size"]) if "size" in r else "?",
+            f"{r['creator_pid']} ({r['creator_state']})" if "creator_pid" in r else "?",
+            r.get("live_participants", "?"),
+            r["action"],
+            r["reason"],
+        ]
+        for r in records
+    ]
+    return table(["NAME", "SIZE", "CREATOR", "ALIVE", "ACTION", "WHY"], rows)
+
+
+# --------------------------------------------------------------------------------------------
 # bench
 
 
@@ -459,6 +557,20 @@ def build_parser() -> argparse.ArgumentParser:
     register_lockdep(sub)
     register_stat(sub)
     register_top(sub)
+
+    p = sub.add_parser(
+        "prune",
+        help="remove stale segments: creator gone, no live participant, not open anywhere",
+        description="Remove the name of every shmlocks segment (or of the NAMEs given) "
+        "that nobody can be using: its creator has exited, no participant is alive, and "
+        "no process has it open. Anything else is kept, with the reason.",
+    )
+    p.add_argument("names", nargs="*", metavar="NAME", help="segments to consider (default: all)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="say what would be removed, remove nothing"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_prune)
 
     p = sub.add_parser("unlink", help="remove a segment's name")
     p.add_argument("name", metavar="NAME", help="segment name (a leading / is optional)")
