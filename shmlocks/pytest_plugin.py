@@ -2,8 +2,10 @@
 
 - fixture ``shmlock``: a factory, ``shmlock("mcs")`` (any kind, the create() keywords
   too), whose locks are closed, and their segments unlinked, after the test;
-- ``--shmlocks-check-leaks``: the session fails if its tests left shmlocks segments that
-  this process created in /dev/shm (each pytest-xdist worker checks its own);
+- ``--shmlocks-check-leaks``: the session fails if its tests left shmlocks segments in
+  /dev/shm: the listing of our user's segments at the end is compared with the one at the
+  start, so segments made by the processes the tests start count too; under pytest-xdist
+  the controller checks, once, for every worker;
 - ``--shmlocks-lockdep``: lock-order validation (SHMLOCKS_LOCKDEP=1) for the session and
   every process it starts: an acquire that inverts a recorded order raises LockOrderError.
 
@@ -14,13 +16,17 @@ suite that does not use it is not slowed down.
 from __future__ import annotations
 
 import os
+import stat
 import struct
+from typing import Any
 
 import pytest
 
 _SHM = "/dev/shm"
 _MAGIC = b"SHMLOCK1"
-_CREATOR_OFF = 68  # shm_header.creator_pid
+_CREATOR_OFF = 68  # shm_header.creator_pid (shmlocks/_ext/shm_layout.h)
+_CREATOR_NS_OFF = 80  # shm_header.creator_pidns
+_HEAD_LEN = 88
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,24 +44,94 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def _ours() -> set[str]:
-    """The shmlocks segments in /dev/shm that this process created."""
-    me = os.getpid()
-    found: set[str] = set()
+def _shmlocks_segments() -> dict[str, tuple[int, int, int]]:
+    """{name: (inode, creator pid, creator pid namespace)} of the shmlocks segments in
+    /dev/shm that belong to our user. Each entry is hostile input: opened without
+    following links or blocking (a FIFO), skipped unless a regular file, its header read
+    with pread (never a mapping a truncation could turn into SIGBUS)."""
+    found: dict[str, tuple[int, int, int]] = {}
     try:
         names = os.listdir(_SHM)
     except OSError:
         return found
+    uid = os.getuid()
     for name in names:
         try:
-            with open(os.path.join(_SHM, name), "rb") as f:
-                head = f.read(_CREATOR_OFF + 4)
+            fd = os.open(
+                os.path.join(_SHM, name),
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            )
         except OSError:
             continue
-        if head[:8] == _MAGIC and len(head) == _CREATOR_OFF + 4:
-            if struct.unpack_from("<I", head, _CREATOR_OFF)[0] == me:
-                found.add(name)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                continue
+            head = os.pread(fd, _HEAD_LEN, 0)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if len(head) == _HEAD_LEN and head[:8] == _MAGIC:
+            pid = struct.unpack_from("<I", head, _CREATOR_OFF)[0]
+            ns = struct.unpack_from("<Q", head, _CREATOR_NS_OFF)[0]
+            found[name] = (st.st_ino, pid, ns)
     return found
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _whose(pid: int, ns: int, root: int) -> str | None:
+    """Why a new segment made by ``pid`` counts as the session's: None if it does not (its
+    creator is alive and not the session process or one of its descendants: another
+    program on the machine)."""
+    if ns and ns != _our_pidns():
+        return f"created in another PID namespace (pid {pid} there)"
+    if not os.path.exists(f"/proc/{pid}"):
+        return f"created by pid {pid}, which has exited"
+    p, steps = pid, 0
+    while p > 1 and steps < 256:
+        if p == root:
+            what = "the test session" if pid == root else "a process the tests started"
+            return f"created by pid {pid} ({what}), still running"
+        p, steps = _parent(p), steps + 1
+    return None
+
+
+def _our_pidns() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _leaks(config: pytest.Config) -> list[tuple[str, str]]:
+    """(name, why) of each shmlocks segment that appeared during the session and is still
+    there: made by this process, its children (multiprocessing, subprocesses, pytest-xdist
+    workers) or their children, whether or not they are still alive."""
+    import gc
+
+    gc.collect()  # creator objects the tests dropped are finalised (and unlink) here
+    before = config.stash.get(_BEFORE, {})
+    root = os.getpid()
+    out = []
+    for name, (ino, pid, ns) in sorted(_shmlocks_segments().items()):
+        if before.get(name, (None,))[0] == ino:
+            continue  # there before the session began
+        why = _whose(pid, ns, root)
+        if why is not None:
+            out.append((name, why))
+    return out
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,27 +140,49 @@ def pytest_configure(config: pytest.Config) -> None:
         from shmlocks import lockdep
 
         lockdep.enable("error")  # this one, if shmlocks was imported already
-    if config.getoption("--shmlocks-check-leaks"):
-        config.stash[_BEFORE] = _ours()
+    if config.getoption("--shmlocks-check-leaks") and not _is_xdist_worker(config):
+        # the controller alone checks, over the whole session: its listing is taken before
+        # any worker starts and after every worker has exited
+        config.stash[_BEFORE] = _shmlocks_segments()
 
 
-_BEFORE = pytest.StashKey[set[str]]()
+_BEFORE = pytest.StashKey[dict[str, tuple[int, int, int]]]()
+_LEFT = pytest.StashKey[list[tuple[str, str]]]()
+_STAT_KEY = "shmlocks leak check failed"
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-xdist has shut its workers down
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    if not config.getoption("--shmlocks-check-leaks"):
+    if _BEFORE not in config.stash:
         return
-    before: set[str] = config.stash[_BEFORE] if _BEFORE in config.stash else set()
-    left = sorted(_ours() - before)
-    if left:
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        text = f"shmlocks: the tests left {len(left)} segment(s) in {_SHM}: {', '.join(left)}"
-        if reporter is not None:
-            reporter.write_line(text, red=True)
-        else:
-            print(text)
+    left = _leaks(config)
+    config.stash[_LEFT] = left
+    if not left:
+        return
+    if session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.stats.setdefault(_STAT_KEY, []).append(left)  # on the "N passed" line
+    else:
+        print(_leak_text(left))
+
+
+def _leak_text(left: list[tuple[str, str]]) -> str:
+    names = ", ".join(n for n, _ in left)
+    lines = [f"shmlocks: the tests left {len(left)} segment(s) in {_SHM}: {names}"]
+    lines += [f"  {n}: {why}" for n, why in left]
+    lines.append("(--shmlocks-check-leaks: close every lock and region a test creates)")
+    return "\n".join(lines)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    left = config.stash.get(_LEFT, None)
+    if left:
+        terminalreporter.write_sep("=", "shmlocks leak check", red=True)
+        for line in _leak_text(left).splitlines():
+            terminalreporter.write_line(line, red=True)
 
 
 @pytest.fixture

@@ -4,6 +4,9 @@ suite would run it."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -30,40 +33,113 @@ def test_shmlock_fixture_makes_and_removes_locks(pytester):
     res.assert_outcomes(passed=2)
 
 
-def test_check_leaks_fails_a_leaking_session(pytester):
-    pytester.makepyfile(
-        """
-        import shmlocks
-        kept = []
-        def test_leaks():
-            lock = shmlocks.MCSLock.create(persist=True)
-            kept.append(lock)
-        def test_after():
-            pass
-        """
+def _private_shm() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    r = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs x /dev/shm"],
+        capture_output=True,
+        timeout=30,
     )
-    res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--shmlocks-check-leaks")
-    res.assert_outcomes(passed=2)
-    assert res.ret != 0
-    res.stdout.fnmatch_lines(["*shmlocks: the tests left 1 segment(s)*"])
-    line = next(ln for ln in res.stdout.lines if "left 1 segment" in ln)
-    os.unlink("/dev/shm/" + line.rsplit(": ", 1)[1].strip())  # what the leaking suite left
+    return r.returncode == 0
 
 
-def test_check_leaks_under_xdist(pytester):
+PRIVATE_SHM = _private_shm()
+
+
+def run_inner(pytester, *args):
+    """An inner pytest session, in a private tmpfs on /dev/shm when we can (root): the
+    leak check compares listings of /dev/shm, which other tests of this suite change as it
+    runs; and what a leaking session leaves stays out of everyone else's /dev/shm."""
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+    if not PRIVATE_SHM:
+        return pytester.run(*argv, timeout=100)
+    mount = 'mount -t tmpfs -o size=256m tmpfs /dev/shm && exec "$@"'
+    return pytester.run(
+        "unshare", "-m", "--propagation", "private", "sh", "-c", mount, "sh", *argv, timeout=100
+    )
+
+
+LEAKY = """
+    import multiprocessing as mp, subprocess, sys
+    import shmlocks
+
+    def _child():
+        shmlocks.MCSLock.create(persist=True)
+
+    def test_in_the_test_process():
+        shmlocks.FutexMutex.create(persist=True)
+
+    def test_in_a_multiprocessing_child():
+        p = mp.get_context("fork").Process(target=_child)
+        p.start()
+        p.join()
+        assert p.exitcode == 0
+
+    def test_in_a_subprocess():
+        code = "import shmlocks; shmlocks.TicketLock.create(persist=True)"
+        subprocess.run([sys.executable, "-c", code], check=True)
+    """
+
+
+def _leaked(res) -> list[str]:
+    """The names the leak check reported, each removed (without a private /dev/shm)."""
+    line = next(ln for ln in res.outlines if ln.startswith("shmlocks: the tests left "))
+    names = line.rsplit(": ", 1)[1].split(", ")
+    if not PRIVATE_SHM:
+        for n in names:
+            if os.path.exists("/dev/shm/" + n):
+                os.unlink("/dev/shm/" + n)
+    return names
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_check_leaks_sees_segments_of_children_and_fails_the_session(pytester, workers):
+    pytester.makepyfile(LEAKY)
+    res = run_inner(pytester, "--shmlocks-check-leaks", *workers)
+    names = _leaked(res)
+    assert len(names) == 3, res.outlines
+    res.assert_outcomes(passed=3)
+    assert res.ret == pytest.ExitCode.TESTS_FAILED, "a failing check fails the session"
+    res.stdout.fnmatch_lines(
+        [
+            "*= shmlocks leak check =*",
+            "shmlocks: the tests left 3 segment(s) in /dev/shm: *",
+            "*: created by pid *, which has exited",
+            "*3 passed, 1 shmlocks leak check failed in *",
+        ]
+    )
+    text = "\n".join(res.outlines)
+    # the test process itself is still running at the check, unless it was an xdist worker
+    assert text.count("which has exited") == (3 if workers else 2), text
+
+
+def test_check_leaks_passes_a_clean_session_under_xdist(pytester):
     pytester.makepyfile(
         """
+        import multiprocessing as mp
+        import shmlocks
+        def _child(name):
+            lock = shmlocks.MCSLock.open(name)
+            with lock:
+                pass
         def test_a(shmlock):
             shmlock("ticket").acquire(timeout=1)
         def test_b(shmlock):
-            shmlock("futex")
+            lock = shmlock("mcs")
+            p = mp.get_context("fork").Process(target=_child, args=(lock.name,))
+            p.start()
+            p.join()
+            assert p.exitcode == 0
+        def test_c():
+            with shmlocks.Region.create(max_locks=2) as r:
+                r.create_lock("x", "clh")
         """
     )
-    res = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-n", "2", "--shmlocks-check-leaks"
-    )
-    res.assert_outcomes(passed=2)
-    assert res.ret == 0
+    res = run_inner(pytester, "-n", "2", "--shmlocks-check-leaks")
+    res.assert_outcomes(passed=3)
+    assert res.ret == 0, res.outlines
+    assert not any("shmlocks leak check" in ln for ln in res.outlines)
 
 
 def test_lockdep_option_validates_lock_order(pytester, monkeypatch):
