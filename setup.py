@@ -28,6 +28,7 @@ setup(
             "wraparound": False,
             "cdivision": True,
             "embedsignature": True,
+            "embedsignature.format": "clinic",  # text signatures: inspect.signature works
             "binding": False,
         },
     )
