@@ -227,7 +227,7 @@ cdef void rmap_maybe_free(rmap_t* rm) noexcept nogil:
 cdef inline void token_unlock(rmap_t* rm, uint32_t slot) noexcept nogil:
     cdef shm_participant* p = &rm.part[slot]
     shm_op_set(&p.op_lock, 0, 0)
-    pthread_mutex_unlock(&p.token.m)
+    pm_unlock(&p.token.m, 0)
 
 
 cdef void thread_exit(void* head) noexcept nogil:
@@ -278,7 +278,11 @@ cdef void atfork_child() noexcept nogil:
 
 
 cdef int participants_init() except -1:
+    cdef pthread_mutex_t robust, pi
     pthread_mutex_init(&g_mutex, NULL)
+    if _robust_mutex_init(&robust, 0) != 0 or _robust_mutex_init(&pi, 1) != 0:
+        raise OSError("pthread_mutex_init of a robust mutex failed")
+    shm_pm_learn_kinds(&robust, &pi)                # what every mutex of ours must carry
     if pthread_key_create(&g_key, thread_exit) != 0:
         raise OSError("pthread_key_create failed")
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child)
@@ -331,14 +335,19 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
 
 
 cdef reg_t* reg_claim(rmap_t* rm) except NULL:
-    """reg_register's work, on a pinned mapping."""
+    """reg_register's work, on a pinned mapping. A slot whose token is not a mutex of ours
+    (foreign bytes: its glibc fields would make glibc abort) is skipped, never locked."""
     cdef uint32_t i
     cdef int rc
+    cdef int ncorrupt = 0
     cdef shm_participant* p
     cdef reg_t* r
     for i in range(rm.P):
         p = &rm.part[i]
-        rc = pthread_mutex_trylock(&p.token.m)
+        rc = pm_trylock(&p.token.m, 0)
+        if rc == SHM_PM_CORRUPT:
+            ncorrupt += 1
+            continue
         if rc == EOWNERDEAD or (rc == 0 and ld32_acq(&p.pending)):
             # The previous owner died. We are its recoverer: finish its business first
             # (by our deadline: cut short, the slot stays pending and we try the next).
@@ -373,6 +382,10 @@ cdef reg_t* reg_claim(rmap_t* rm) except NULL:
             rm.nthreads += 1
             pthread_mutex_unlock(&g_mutex)
             return r
+    if ncorrupt:
+        raise CorruptRegionError(
+            f"{ncorrupt} of the {rm.P} participant slots of this region have a corrupt "
+            "liveness token and the others are in use")
     raise CapacityError(
         f"all {rm.P} participant slots of this region are in use by live threads "
         f"(max_participants={rm.P})")
@@ -416,9 +429,9 @@ cdef int repair_lock(shm_body* b) noexcept nogil:
     """Take a lock's repair mutex, waiting at most 2 s or to the caller's deadline. 0 on
     success, ETIMEDOUT, or another error (a corrupt mutex)."""
     cdef timespec ts = shm_ts_of_ns(recover_until(2000000000))
-    cdef int rc = pthread_mutex_clocklock(&b.ctl.repair.m, CLOCK_MONOTONIC, &ts)
+    cdef int rc = pm_clocklock(&b.ctl.repair.m, 0, &ts)
     if rc == EOWNERDEAD:
-        pthread_mutex_consistent(&b.ctl.repair.m)     # a recoverer died: redo is idempotent
+        pm_consistent(&b.ctl.repair.m, 0)             # a recoverer died: redo is idempotent
         rc = 0
     return rc
 
@@ -428,8 +441,8 @@ cdef void participant_leave_pending(rmap_t* rm, uint32_t slot) noexcept nogil:
     for the next waiter to go on (each lock's recovery redoes safely from any point a
     recoverer can stop at: the crash-point tests kill recoverers at those points)."""
     st32_rel(&rm.part[slot].pending, 1)
-    pthread_mutex_consistent(&rm.part[slot].token.m)
-    pthread_mutex_unlock(&rm.part[slot].token.m)
+    pm_consistent(&rm.part[slot].token.m, 0)
+    pm_unlock(&rm.part[slot].token.m, 0)
 
 
 cdef int participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
@@ -468,11 +481,11 @@ cdef int participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
             return -1
         if rc != 0:
             shm_op_set(&p.op_lock, 0, SHM_OP_QUARANTINED)
-            pthread_mutex_unlock(&p.token.m)     # without consistent(): unusable for good
+            pm_unlock(&p.token.m, 0)             # without consistent(): unusable for good
             return 0
         crashpoint("recover.locked")
         ops.recover(rm, &b, slot)
-        pthread_mutex_unlock(&b.ctl.repair.m)
+        pm_unlock(&b.ctl.repair.m, 0)
         if shm_recover_cut:                      # a settle wait ran out before a decision
             participant_leave_pending(rm, slot)
             return -1
@@ -481,7 +494,7 @@ cdef int participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
     st64_rel(&p.op_value, 0)                     # no half-done pass survives its recovery
     shm_op_set(&p.op_lock, 0, 0)
     st32_rel(&p.pending, 0)
-    pthread_mutex_consistent(&p.token.m)
+    pm_consistent(&p.token.m, 0)
     return 1
 
 
@@ -520,12 +533,12 @@ cdef void participant_try_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
     cdef int rc
     if slot >= rm.P:
         return
-    rc = pthread_mutex_trylock(&rm.part[slot].token.m)
+    rc = pm_trylock(&rm.part[slot].token.m, 0)
     if rc == EOWNERDEAD or (rc == 0 and ld32_acq(&rm.part[slot].pending)):
         if participant_recover(rm, slot) == 1:
-            pthread_mutex_unlock(&rm.part[slot].token.m)
+            pm_unlock(&rm.part[slot].token.m, 0)
     elif rc == 0:
-        pthread_mutex_unlock(&rm.part[slot].token.m)     # already recovered and free
+        pm_unlock(&rm.part[slot].token.m, 0)             # already recovered and free
 
 
 ctypedef bint (*midstep_fn)(shm_body* b, uint32_t x) noexcept nogil

@@ -386,9 +386,9 @@ cdef class Region:
         bname = _check_lock_name(name)
         ts = shm_ts_of_ns(shm_now_ns() + 5000000000)
         with nogil:
-            rc = pthread_mutex_clocklock(&self.rm.hdr.dir_mutex.m, CLOCK_MONOTONIC, &ts)
+            rc = pm_clocklock(&self.rm.hdr.dir_mutex.m, 0, &ts)   # guarded (shm_sys.h)
         if rc == EOWNERDEAD:
-            pthread_mutex_consistent(&self.rm.hdr.dir_mutex.m)   # entries publish atomically
+            pm_consistent(&self.rm.hdr.dir_mutex.m, 0)   # entries publish atomically
         elif rc == ETIMEDOUT:
             raise TimeoutError("timed out waiting for the region's directory lock")
         elif rc != 0:
@@ -416,7 +416,7 @@ cdef class Region:
             self.rm.hdr.nlocks += 1
             st32_rel(&d.state, SHM_DIRENT_READY)       # publish the entry and its body
         finally:
-            pthread_mutex_unlock(&self.rm.hdr.dir_mutex.m)
+            pm_unlock(&self.rm.hdr.dir_mutex.m, 0)
         return slot
 
     def open_lock(self, name):

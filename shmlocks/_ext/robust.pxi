@@ -8,6 +8,12 @@
 #
 # Waiting is bounded: pthread_mutex_clocklock(CLOCK_MONOTONIC) in slices of the wait
 # policy, so timeouts and Ctrl-C work; a waiter spins on trylock briefly first.
+#
+# The mutex is in the segment, so its fields are foreign bytes: every glibc call goes
+# through the pm_* guards (shm_sys.h), which refuse a mutex whose kind is not exactly the
+# one we initialised (R_CORRUPT: CorruptRegionError) and, for pi, mark a word naming a
+# thread that no longer exists FUTEX_OWNER_DIED before FUTEX_LOCK_PI would fail with ESRCH
+# (glibc aborts on that); the lock then comes back owner_died.
 
 cdef void _robust_init(shm_body* b) noexcept nogil:
     _robust_mutex_init(&b.wa.m, 0)
@@ -42,12 +48,12 @@ cdef class _PthreadMutexLock(_Lock):
         return 1
 
     cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
-        return _pm_code(pthread_mutex_trylock(&self.b.wa.m))
+        return _pm_code(pm_trylock(&self.b.wa.m, self._code == SHM_KIND_PI))
 
     cdef int _try(self, uint32_t me) noexcept nogil:
         if ld32_acq(&self.b.ctl.flags) & SHM_F_NOTRECOVERABLE:
             return R_NOTREC
-        return _pm_code(pthread_mutex_trylock(&self.b.wa.m))
+        return _pm_code(pm_trylock(&self.b.wa.m, self._code == SHM_KIND_PI))
 
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         cdef timespec ts
@@ -64,7 +70,7 @@ cdef class _PthreadMutexLock(_Lock):
             # read the futex word first (its owner TID; the kernel's flag bits above): a
             # trylock bound to fail would still take the holder's cache line from it
             if ld32_rlx(<uint32_t*>&self.b.wa.m) & FUTEX_TID_MASK_ == 0:
-                rc = _pm_code(pthread_mutex_trylock(&self.b.wa.m))
+                rc = _pm_code(pm_trylock(&self.b.wa.m, self._code == SHM_KIND_PI))
                 if rc != R_BUSY:
                     return rc
             r = wait_pause(w)
@@ -78,7 +84,7 @@ cdef class _PthreadMutexLock(_Lock):
             if sl <= 0:
                 return R_TIMEOUT
             ts = shm_ts_of_ns(shm_now_ns() + sl)
-            rc = _pm_code(pthread_mutex_clocklock(&self.b.wa.m, CLOCK_MONOTONIC, &ts))
+            rc = _pm_code(pm_clocklock(&self.b.wa.m, self._code == SHM_KIND_PI, &ts))
             if rc != R_TIMEOUT:
                 return rc
             r = wait_check(w)
@@ -89,10 +95,10 @@ cdef class _PthreadMutexLock(_Lock):
             wait_tick(w)                             # the per-wait hook (wait.pxi)
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
-        return 0 if pthread_mutex_unlock(&self.b.wa.m) == 0 else R_CORRUPT
+        return 0 if pm_unlock(&self.b.wa.m, self._code == SHM_KIND_PI) == 0 else R_CORRUPT
 
     cdef int _consistent(self) noexcept nogil:
-        return pthread_mutex_consistent(&self.b.wa.m)
+        return pm_consistent(&self.b.wa.m, self._code == SHM_KIND_PI)
 
     cdef bint _is_locked(self) noexcept nogil:
         # the glibc mutex's first word is its futex: holder TID | FUTEX_WAITERS | OWNER_DIED

@@ -16,6 +16,10 @@
 #include <limits.h>
 #include <sys/syscall.h>
 #include <linux/futex.h>
+#include <pthread.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
 
 /* ---- atomics: explicit orderings, named for what they are ---- */
 #define SEQ __ATOMIC_SEQ_CST
@@ -173,6 +177,107 @@ static inline void shm_trace(const char *what, uint64_t a, uint64_t b, uint64_t 
  * cannot be seen before it */
 static inline void shm_op_set(uint32_t *op_lock, uint32_t lock1, uint32_t step) {
     __atomic_store_n((uint64_t *)(void *)op_lock, (uint64_t)lock1 | ((uint64_t)step << 32), REL);
+}
+
+/* ---- glibc's robust mutexes in the segment: every call goes through shm_pm_* ----
+ * The tokens, the directory and repair mutexes and the robust/pi lock words are glibc
+ * pthread mutexes that live in the segment, and the segment is hostile input: glibc
+ * assert()s (abort: the interpreter dies) on mutex states it could not have made itself.
+ * Read from glibc 2.36 nptl/pthread_mutex_{lock,timedlock,trylock,unlock}.c, the asserts a
+ * mutex's own fields can reach are:
+ *   - __kind: any kind but the one pthread_mutex_init gave it. A PP kind reaches
+ *     __pthread_tpp_change_priority's `new_prio == -1 || ...` and the PP paths'
+ *     `__owner == 0`; a non-robust PI kind `robust || !(oldval & FUTEX_OWNER_DIED)` and
+ *     trylock's `robust`; unknown low bits unlock's `type == ERRORCHECK`; the elision bits
+ *     an xend outside a transaction (SIGSEGV).  So a kind that is not exactly ours makes
+ *     the call fail with EINVAL, never reach glibc (a mutex we hold, whose kind changed
+ *     under us, gets ours back first: its owner may repair it, and glibc must unlink it
+ *     from our robust list).
+ *   - __lock of a robust PI mutex naming a thread that does not exist: FUTEX_LOCK_PI fails
+ *     with ESRCH and clocklock asserts `e != ESRCH || !robust`.  The kernel never leaves
+ *     such a word behind (a dying owner's robust list walk clears its TID and sets
+ *     FUTEX_OWNER_DIED), but a copy of the segment, a scribble, or an owner whose robust
+ *     list was longer than the kernel walks can.  shm_pm_clocklock does first what the
+ *     kernel would have done at that thread's death: a CAS of the word to
+ *     FUTEX_OWNER_DIED (keeping FUTEX_WAITERS), so the lock comes back EOWNERDEAD and is
+ *     recovered with owner_died.  "Does not exist" is what FUTEX_LOCK_PI will find: no
+ *     task with that TID in the caller's PID namespace (kill(tid, 0) == ESRCH), or an
+ *     exited one (a zombie, state Z/X in /proc/TID/stat).  The pi kind refuses a region of
+ *     another PID namespace (pi.pxi), so a holder's TID is always one of ours.
+ *     Remaining window: a word that names a live thread which does NOT hold it (a scribble
+ *     or a copy naming a live TID) and that thread exits between the check and the system
+ *     call: ESRCH, and glibc aborts.  Only foreign bytes in the word can open it, for
+ *     microseconds; no owner of ours can (participants.pxi bounds the robust list).
+ * __count, __owner, __nusers and __spins reach no assert for our kinds (ENOTRECOVERABLE,
+ * EPERM at worst). __list is glibc's robust-list link: trusted, see docs/design.md §3. */
+static int shm_pm_kind_robust = -1;   /* __kind of a robust, process-shared mutex */
+static int shm_pm_kind_pi = -1;       /* ... with PTHREAD_PRIO_INHERIT */
+#define SHM_PM_CORRUPT EINVAL         /* what the guards return for a foreign kind */
+
+static inline int shm_pm_kind(pthread_mutex_t *m) {
+    return __atomic_load_n(&m->__data.__kind, RLX);
+}
+static inline int shm_pm_kind_ok(pthread_mutex_t *m, int pi) {
+    return shm_pm_kind(m) == (pi ? shm_pm_kind_pi : shm_pm_kind_robust);
+}
+static inline void shm_pm_learn_kinds(pthread_mutex_t *robust, pthread_mutex_t *pi) {
+    shm_pm_kind_robust = shm_pm_kind(robust);
+    shm_pm_kind_pi = shm_pm_kind(pi);
+}
+
+/* Is there no thread `tid` for FUTEX_LOCK_PI to attach to? (see above) */
+static __attribute__((noinline)) int shm_tid_gone(uint32_t tid) {
+    char path[48], buf[512], *p;
+    int fd;
+    ssize_t n;
+    if (kill((pid_t)tid, 0) != 0) return errno == ESRCH;
+    snprintf(path, sizeof path, "/proc/%u/stat", tid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;                 /* unknown: taken as alive */
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    p = strrchr(buf, ')');
+    return p != NULL && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+/* A PI word naming a thread that is gone: mark it as the kernel marks a dead owner's. */
+static inline void shm_pi_reap(pthread_mutex_t *m) {
+    uint32_t *w = (uint32_t *)(void *)m;
+    uint32_t v = __atomic_load_n(w, ACQ);
+    uint32_t tid = v & FUTEX_TID_MASK;
+    if (tid == 0 || tid == shm_gettid() || !shm_tid_gone(tid)) return;
+    __atomic_compare_exchange_n(w, &v, (v & FUTEX_WAITERS) | FUTEX_OWNER_DIED, 0, SEQ, SEQ);
+}
+
+/* trylock: glibc's pi trylock sees FUTEX_OWNER_DIED, asks FUTEX_TRYLOCK_PI, ignores its
+ * ESRCH and returns EOWNERDEAD with the dead TID still in the word (the release then fails,
+ * EPERM). OWNER_DIED with a TID is only ever a live locker's passing state: reap it first. */
+static inline int shm_pm_trylock(pthread_mutex_t *m, int pi) {
+    if (__builtin_expect(!shm_pm_kind_ok(m, pi), 0)) return SHM_PM_CORRUPT;
+    if (pi) {
+        uint32_t v = __atomic_load_n((uint32_t *)(void *)m, RLX);
+        if (__builtin_expect((v & FUTEX_OWNER_DIED) && (v & FUTEX_TID_MASK), 0)) shm_pi_reap(m);
+    }
+    return pthread_mutex_trylock(m);
+}
+static inline int shm_pm_clocklock(pthread_mutex_t *m, int pi, const struct timespec *ts) {
+    if (!shm_pm_kind_ok(m, pi)) return SHM_PM_CORRUPT;
+    if (pi) shm_pi_reap(m);
+    return pthread_mutex_clocklock(m, CLOCK_MONOTONIC, ts);
+}
+static inline int shm_pm_unlock(pthread_mutex_t *m, int pi) {
+    if (__builtin_expect(!shm_pm_kind_ok(m, pi), 0)) {
+        if ((__atomic_load_n((uint32_t *)(void *)m, ACQ) & FUTEX_TID_MASK) != shm_gettid())
+            return EPERM;                 /* not ours: glibc would say the same */
+        __atomic_store_n(&m->__data.__kind, pi ? shm_pm_kind_pi : shm_pm_kind_robust, RLX);
+    }
+    return pthread_mutex_unlock(m);
+}
+static inline int shm_pm_consistent(pthread_mutex_t *m, int pi) {
+    if (!shm_pm_kind_ok(m, pi)) return SHM_PM_CORRUPT;
+    return pthread_mutex_consistent(m);
 }
 
 #endif

@@ -249,6 +249,14 @@ cdef extern from "shm_sys.h" nogil:
     uint64_t shm_trace_mask
     enum: SHM_TRACE_BUILT
     void trace "shm_trace"(const char* what, uint64_t a, uint64_t b, uint64_t c)
+    # glibc mutexes in the segment: every call on one goes through these guards, which
+    # refuse (SHM_PM_CORRUPT) a mutex whose fields would reach a glibc assert (shm_sys.h)
+    enum: SHM_PM_CORRUPT
+    void shm_pm_learn_kinds(pthread_mutex_t* robust, pthread_mutex_t* pi)
+    int pm_trylock "shm_pm_trylock"(pthread_mutex_t* m, bint pi)
+    int pm_clocklock "shm_pm_clocklock"(pthread_mutex_t* m, bint pi, const timespec* ts)
+    int pm_unlock "shm_pm_unlock"(pthread_mutex_t* m, bint pi)
+    int pm_consistent "shm_pm_consistent"(pthread_mutex_t* m, bint pi)
 
 cdef extern from "shm_debug.h" nogil:
     enum: SHM_DEBUG_BUILT
