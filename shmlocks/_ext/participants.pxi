@@ -94,6 +94,18 @@ cdef int _robust_mutex_init(pthread_mutex_t* m, bint pi) noexcept nogil:
 
 
 cdef pthread_mutex_t g_mutex          # guards every rmap_t's counters and the global list
+
+# How many regions a thread may take part in at once. Each keeps one liveness token locked
+# on the thread's glibc robust list, and so does each robust or pi lock the thread holds;
+# at the thread's death the kernel walks at most ROBUST_LIST_LIMIT (2,048) entries of that
+# list, newest first (glibc pushes at the head), so past it the OLDEST entries (the first
+# regions' tokens) are never marked OWNER_DIED: the thread would look alive there forever.
+# 1,024 tokens leave the other 1,024 entries to the robust/pi locks it holds at once (and
+# to any other library's robust mutexes). Tokens of regions closed in this process are
+# given back at close (the closing thread's) or at the next registration (another
+# thread's: reg_leave_closed), so they do not count.
+cdef enum:
+    REGIONS_PER_THREAD = 1024
 cdef pthread_key_t g_key
 cdef rmap_t* g_rmaps = NULL
 
@@ -289,18 +301,22 @@ cdef int participants_init() except -1:
     return 0
 
 
-cdef void reg_leave_closed() noexcept nogil:
+cdef int reg_leave_closed() noexcept nogil:
     """The calling thread leaves every region closed by another thread where it holds
-    nothing (it stayed registered, keeping the mapping, across that close)."""
+    nothing (it stayed registered, keeping the mapping, across that close) and has no
+    protocol step published (no frame of this thread, a signal handler's caller
+    included, is inside an acquire there). Returns how many regions it still takes part
+    in: each keeps a token on its robust list (REGIONS_PER_THREAD)."""
     cdef reg_t* head = <reg_t*>shm_tls_get()
     cdef reg_t** pp = &head
     cdef reg_t* r
     cdef rmap_t* rm
+    cdef int n = 0
     pthread_mutex_lock(&g_mutex)
     while pp[0] != NULL:
         r = pp[0]
         rm = r.rm
-        if rm.closed and r.held == 0 and rm.base != NULL:
+        if rm.closed and r.held == 0 and rm.base != NULL and ld32_acq(r.op) == 0:
             pp[0] = r.next
             token_unlock(rm, r.slot)
             rm.nthreads -= 1
@@ -308,18 +324,26 @@ cdef void reg_leave_closed() noexcept nogil:
             rmap_maybe_free(rm)
             free(r)
         else:
+            n += 1
             pp = &r.next
     pthread_mutex_unlock(&g_mutex)
     pthread_setspecific(g_key, head)
     shm_tls_set(head)
+    return n
 
 
 cdef reg_t* reg_register(rmap_t* rm) except NULL:
     """Claim a participant slot for the calling thread (slow path, first use). The mapping
     is pinned meanwhile (the claim reads /proc and may recover a dead participant: another
-    thread can close the region then); a close that came first or meanwhile is ValueError."""
+    thread can close the region then); a close that came first or meanwhile is ValueError.
+    A thread keeps at most REGIONS_PER_THREAD tokens (see the enum's comment): past that,
+    CapacityError."""
     cdef reg_t* r = NULL
-    reg_leave_closed()
+    if reg_leave_closed() >= REGIONS_PER_THREAD:
+        raise CapacityError(
+            f"this thread already takes part in {REGIONS_PER_THREAD} regions, the most a "
+            "thread may (each keeps a liveness token on the thread's robust list, which "
+            "the kernel walks only so far at its death): close regions it no longer uses")
     rmap_pin(rm)
     try:
         r = reg_claim(rm)
