@@ -120,6 +120,40 @@ def test_pi_word_naming_no_thread_recovers(died_bit):
         lk.close()
 
 
+def _kernel_thread_tid() -> int | None:
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[6]) & 0x00200000:  # PF_KTHREAD
+                return int(d)
+    return None
+
+
+def test_pi_word_naming_a_kernel_thread_recovers():
+    """A pi word naming a kernel thread (kthreadd, pid 2, is one where the PID namespace
+    shows it): FUTEX_LOCK_PI refuses to attach to it with EPERM, which glibc takes for a
+    fatal error ("The futex facility returned an unexpected error code"). No kernel thread
+    holds a user futex: the lock is recovered as from a gone owner. Found by the fuzzer."""
+    kt = _kernel_thread_tid()
+    if kt is None:
+        pytest.skip("no kernel thread is visible in this PID namespace")
+    name = uniq("glibc-pi")
+    lk = shmlocks.PIMutex.create(name)
+    try:
+        with open(shm_path(name), "rb") as f:
+            data = bytearray(f.read())
+        struct.pack_into("<I", data, _layout(data)["locks"] + 128, kt)
+        p = _run_on_copy(bytes(data), _PI_CHILD)
+        _assert_no_crash(p)
+        assert "got True owner_died True" in p.stdout, p.stdout
+    finally:
+        lk.close()
+
+
 # --------------------------------------------------------------------------- __kind
 
 _KIND_CHILD = """

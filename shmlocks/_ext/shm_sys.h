@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 
 /* ---- atomics: explicit orderings, named for what they are ---- */
 #define SEQ __ATOMIC_SEQ_CST
@@ -193,23 +194,27 @@ static inline void shm_op_set(uint32_t *op_lock, uint32_t lock1, uint32_t step) 
  *     the call fail with EINVAL, never reach glibc (a mutex we hold, whose kind changed
  *     under us, gets ours back first: its owner may repair it, and glibc must unlink it
  *     from our robust list).
- *   - __lock of a robust PI mutex naming a thread that does not exist: FUTEX_LOCK_PI fails
- *     with ESRCH and clocklock asserts `e != ESRCH || !robust`.  The kernel never leaves
- *     such a word behind (a dying owner's robust list walk clears its TID and sets
- *     FUTEX_OWNER_DIED), but a copy of the segment, a scribble, or an owner whose robust
- *     list was longer than the kernel walks can.  shm_pm_clocklock does first what the
- *     kernel would have done at that thread's death: a CAS of the word to
- *     FUTEX_OWNER_DIED (keeping FUTEX_WAITERS), so the lock comes back EOWNERDEAD and is
- *     recovered with owner_died.  "Does not exist" is what FUTEX_LOCK_PI will find: no
- *     task with that TID in the caller's PID namespace (kill(tid, 0) == ESRCH), or an
- *     exited one (a zombie, state Z/X in /proc/TID/stat).  The pi kind refuses a region of
- *     another PID namespace (pi.pxi), so a holder's TID is always one of ours.
- *     Remaining window: a word that names a live thread which does NOT hold it (a scribble
- *     or a copy naming a live TID) and that thread exits between the check and the system
- *     call: ESRCH, and glibc aborts.  Only foreign bytes in the word can open it, for
- *     microseconds; no owner of ours can (participants.pxi bounds the robust list).
+ *   - __lock of a robust PI mutex naming a thread FUTEX_LOCK_PI cannot attach to: one that
+ *     does not exist (ESRCH: clocklock asserts `e != ESRCH || !robust`) or a kernel thread
+ *     (EPERM, which glibc's futex_lock_pi64 takes for a fatal error and aborts: "The futex
+ *     facility returned an unexpected error code").  The kernel never leaves such a word
+ *     behind (a dying owner's robust-list walk clears its TID and sets FUTEX_OWNER_DIED),
+ *     but a copy of the segment, a scribble, or an owner whose robust list was longer than
+ *     the kernel walks can.  shm_pm_clocklock does first what the kernel would have done
+ *     at that owner's death: a CAS of the word to FUTEX_OWNER_DIED (keeping
+ *     FUTEX_WAITERS), so the lock comes back EOWNERDEAD and is recovered with owner_died.
+ *     "Cannot attach" is what FUTEX_LOCK_PI will find: no task with that TID in the
+ *     caller's PID namespace (kill(tid, 0) == ESRCH), an exited one (state Z/X in
+ *     /proc/TID/stat) or a kernel thread (PF_KTHREAD there).  The pi kind refuses a region
+ *     of another PID namespace (pi.pxi), so a holder's TID is always one of ours.
+ *     Remaining windows, both opened only by foreign bytes written into the word: a word
+ *     naming a live thread that does NOT hold it, which exits between the check and the
+ *     system call (ESRCH: abort); and a word rewritten while kernel waiters are attached
+ *     to another owner, then released by us (FUTEX_UNLOCK_PI: EINVAL, fatal to glibc).
+ *     No owner of ours opens either (participants.pxi bounds the robust list).
  * __count, __owner, __nusers and __spins reach no assert for our kinds (ENOTRECOVERABLE,
- * EPERM at worst). __list is glibc's robust-list link: trusted, see docs/design.md §3. */
+ * EPERM at worst). __list is glibc's robust-list link, rewritten by glibc at every lock:
+ * trusted while held (docs/design.md §7.4). */
 static int shm_pm_kind_robust = -1;   /* __kind of a robust, process-shared mutex */
 static int shm_pm_kind_pi = -1;       /* ... with PTHREAD_PRIO_INHERIT */
 #define SHM_PM_CORRUPT EINVAL         /* what the guards return for a foreign kind */
@@ -225,10 +230,15 @@ static inline void shm_pm_learn_kinds(pthread_mutex_t *robust, pthread_mutex_t *
     shm_pm_kind_pi = shm_pm_kind(pi);
 }
 
-/* Is there no thread `tid` for FUTEX_LOCK_PI to attach to? (see above) */
+/* Is there no thread `tid` FUTEX_LOCK_PI can attach to? (see above) None with that TID
+ * (the kernel: ESRCH), an exited one (ESRCH), or a kernel thread (the kernel: EPERM, which
+ * glibc's futex_lock_pi64 takes for a fatal error: "The futex facility returned an
+ * unexpected error code", abort). A kernel thread never holds a user futex. */
+#define SHM_PF_KTHREAD 0x00200000u    /* include/linux/sched.h */
 static __attribute__((noinline)) int shm_tid_gone(uint32_t tid) {
-    char path[48], buf[512], *p;
-    int fd;
+    char path[48], buf[640], *p;
+    unsigned long flags = 0;
+    int fd, i;
     ssize_t n;
     if (kill((pid_t)tid, 0) != 0) return errno == ESRCH;
     snprintf(path, sizeof path, "/proc/%u/stat", tid);
@@ -239,7 +249,15 @@ static __attribute__((noinline)) int shm_tid_gone(uint32_t tid) {
     if (n <= 0) return 0;
     buf[n] = 0;
     p = strrchr(buf, ')');
-    return p != NULL && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+    if (p == NULL || p[1] != ' ') return 0;
+    p += 2;                               /* field 3, the state */
+    if (*p == 'Z' || *p == 'X') return 1;
+    for (i = 3; i < 9 && p != NULL; i++) {     /* on to field 9, the flags */
+        p = strchr(p, ' ');
+        if (p) p++;
+    }
+    if (p != NULL) flags = strtoul(p, NULL, 10);
+    return (flags & SHM_PF_KTHREAD) != 0;
 }
 
 /* A PI word naming a thread that is gone: mark it as the kernel marks a dead owner's. */
