@@ -1,0 +1,422 @@
+"""Fuzzer of a segment's bytes: no bytes in a segment may crash the interpreter or hang it.
+
+For each trial it takes a template segment (a region with one lock of each kind, either
+fresh or with live holders, a queued waiter and a SIGKILLed holder), scribbles a few fields
+(random words, boundary values, thread ids, glibc mutex kinds, byte runs) in the header,
+the directory, the participant slots and tokens, or one lock's ctl line, repair mutex,
+words A/B, nodes and per-participant records, writes the result as a new segment, and
+forks a child that opens it and runs every operation with short timeouts: describe,
+lock_names, open_lock, locked, owner, stats, acquire(False), acquire(timeout) from two
+threads at once, mark_consistent, release, close.
+
+  crash  the child is killed by a signal (SIGABRT, SIGSEGV, SIGBUS, ...)
+  hang   the child is still running past its deadline (every operation has a timeout)
+  ok     anything else; a Python exception is a fine answer to corrupt bytes
+
+Deterministic by seed (the template's thread ids aside); every crash or hang input is
+saved (``--save DIR``) and can be replayed (``--replay FILE ...``). Segments are named
+``shmlt-fz-<pid>-<n>`` and removed after each trial.
+
+    python tests/support/fuzz.py --seconds 3600 --seed 7 --save fz-out
+    python tests/support/fuzz.py --replay tests/data/fz/*.bin
+
+The last line printed is a JSON summary (tests/test_fuzz.py reads it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import random
+import signal
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import shmlocks
+
+SHM_DIR = "/dev/shm"
+LINE = 128
+HDR = struct.Struct("<QIIQIIQQQQ")  # magic .. lock_stride (shmlocks/_ext/shm_layout.h)
+P = 6  # participant slots of the template
+KIND_NAMES = list(shmlocks.KINDS)
+CHILD_LIMIT = 40.0  # s: a child past this is a hang (each op's own timeout is <= 0.05 s)
+OP_TIMEOUT = 0.05
+
+_seq = 0
+
+
+def _name() -> str:
+    global _seq
+    _seq += 1
+    return f"shmlt-fz-{os.getpid()}-{_seq}"
+
+
+def _path(name: str) -> str:
+    return os.path.join(SHM_DIR, name)
+
+
+def _unlink(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_path(name))
+
+
+# --------------------------------------------------------------------------- templates
+
+
+class Templates:
+    """Template segments: a fresh one and a busy one (live holders of ticket and clh in a
+    helper process, a waiter queued on ticket, mcs/futex/robust/pi held by a process that
+    was SIGKILLed). The helper lives until close()."""
+
+    def __init__(self) -> None:
+        self.helper = 0
+        self.tids: list[int] = []
+        self.names: list[str] = []
+        self.images: list[bytes] = []
+        self._fresh()
+        self._busy()
+
+    def _region(self):
+        name = _name()
+        self.names.append(name)
+        reg = shmlocks.Region.create(name, max_locks=len(KIND_NAMES) + 1, max_participants=P)
+        for k in KIND_NAMES:
+            reg.create_lock(k, k)
+        return name, reg
+
+    def _fresh(self) -> None:
+        name, reg = self._region()
+        self.images.append(_read(name))
+        reg.close()
+
+    def _busy(self) -> None:
+        name, reg = self._region()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the live helper: holds ticket and clh, a second thread waits
+            try:
+                rr = shmlocks.Region.open(name)
+                for k in ("ticket", "clh"):
+                    rr.open_lock(k).acquire()
+                t = threading.Thread(
+                    target=lambda: rr.open_lock("ticket").acquire(timeout=1e6), daemon=True
+                )
+                t.start()
+                time.sleep(0.2)
+                os.write(w, f"{threading.get_native_id()} {t.native_id}\n".encode())
+                time.sleep(1e6)
+            finally:
+                os._exit(0)
+        self.helper = pid
+        self.tids += [int(x) for x in os.read(r, 100).split()]
+        os.close(r)
+        os.close(w)
+        r, w = os.pipe()
+        dead = os.fork()
+        if dead == 0:  # holds mcs, futex, robust, pi and is SIGKILLed
+            try:
+                rr = shmlocks.Region.open(name)
+                for k in ("mcs", "futex", "robust", "pi"):
+                    rr.open_lock(k).acquire()
+                os.write(w, f"{threading.get_native_id()}\n".encode())
+            finally:
+                os.kill(os.getpid(), signal.SIGKILL)
+        self.tids += [int(x) for x in os.read(r, 100).split()]
+        os.close(r)
+        os.close(w)
+        os.waitpid(dead, 0)
+        time.sleep(0.1)
+        self.images.append(_read(name))
+        self._busy_region = reg
+
+    def close(self) -> None:
+        if self.helper:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.helper, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.helper, 0)
+            self.helper = 0
+        with contextlib.suppress(Exception):
+            self._busy_region.close()
+        for n in self.names:
+            _unlink(n)
+
+
+def _read(name: str) -> bytes:
+    with open(_path(name), "rb") as f:
+        return f.read()
+
+
+# --------------------------------------------------------------------------- mutation
+
+
+def areas(img: bytes) -> dict[str, list[tuple[int, int]]]:
+    """Byte ranges of every field group, by name; lock-body groups per kind
+    (``ctl:<kind>``, ``repair:<kind>``, ``words:<kind>``, ``nodes:<kind>``,
+    ``precs:<kind>``)."""
+    (_m, _v, _ln, _t, nl, npart, dir_off, part_off, locks_off, stride) = HDR.unpack_from(img)
+    out: dict[str, list[tuple[int, int]]] = {
+        "header": [(0, 88)],
+        "dir_mutex": [(LINE, LINE + 48)],
+        "dir": [(dir_off + i * LINE, dir_off + i * LINE + 72) for i in range(nl)],
+        "token": [(part_off + i * 2 * LINE, part_off + i * 2 * LINE + 48) for i in range(npart)],
+        "slot": [
+            (part_off + i * 2 * LINE + LINE, part_off + i * 2 * LINE + LINE + 64)
+            for i in range(npart)
+        ],
+    }
+    for i, k in enumerate(KIND_NAMES):
+        b = locks_off + i * stride
+        out[f"ctl:{k}"] = [(b, b + 64), (b + 112, b + 128)]
+        out[f"repair:{k}"] = [(b + 64, b + 112)]
+        out[f"words:{k}"] = [(b + LINE, b + LINE + 48), (b + 2 * LINE, b + 2 * LINE + 48)]
+        out[f"nodes:{k}"] = [
+            (b + (3 + j) * LINE, b + (3 + j) * LINE + 40) for j in range(npart + 1)
+        ]
+        out[f"precs:{k}"] = [
+            (b + (4 + npart + j) * LINE, b + (4 + npart + j) * LINE + 40) for j in range(npart)
+        ]
+    return out
+
+
+def mutex_offsets(img: bytes, target: str) -> list[int]:
+    """Where the glibc mutexes are: the directory mutex, every token, and the repair
+    mutex (and for robust and pi, word A) of the lock of kind `target`."""
+    (_m, _v, _ln, _t, nl, npart, dir_off, part_off, locks_off, stride) = HDR.unpack_from(img)
+    b = locks_off + KIND_NAMES.index(target) * stride
+    out = [LINE, b + 64] + [part_off + i * 2 * LINE for i in range(npart)]
+    if target in ("robust", "pi"):
+        out += [b + LINE] * 4
+    return out
+
+
+def interesting(tids: list[int]) -> list[int]:
+    vals = [0, 1, 2, 3, 4, P - 1, P, P + 1, P + 2, 0xFFFFFFFF, 0xFFFFFFFE, 0x80000000,
+            0x7FFFFFFF, 0x40000000, 0x3FFFFFFF, 0x3FFFFFF0, 0xDEAD, 1 << 13, (1 << 13) | 1,
+            0x10, 0x20, 0x40, 0x80, 0x90, 0xB0, 0xC0, 0x100, 0x200, 0x7FFFFFFE, os.getpid(),
+            1, 0xFFFF, 0x10000]  # fmt: skip
+    for t in tids:
+        vals += [t, t | 0x40000000, t | 0x80000000, t | 0xC0000000]
+    return vals
+
+
+def mutate(rnd: random.Random, img: bytes, target: str, tids: list[int]) -> bytearray:
+    """Scribble 1..4 fields: of the lock of kind `target` (70 %) or anywhere else."""
+    buf = bytearray(img)
+    ar = areas(img)
+    mine = [a for a in ar if a.endswith(":" + target)]
+    other = [a for a in ar if ":" not in a]
+    vals = interesting(tids)
+    mutexes = mutex_offsets(img, target)
+    for _ in range(rnd.randint(1, 4)):
+        if rnd.random() < 0.3:  # a glibc mutex's field: what glibc asserts on
+            off = rnd.choice(mutexes) + rnd.choice([0, 0, 0, 4, 8, 12, 16, 16, 16, 20])
+            struct.pack_into("<I", buf, off, rnd.choice(vals))
+            continue
+        group = rnd.choice(mine if rnd.random() < 0.7 else other)
+        lo, hi = rnd.choice(ar[group])
+        off = rnd.randrange(lo, hi) & ~3
+        c = rnd.random()
+        if c < 0.45:
+            struct.pack_into("<I", buf, off, rnd.choice(vals))
+        elif c < 0.65:
+            struct.pack_into("<I", buf, off, rnd.getrandbits(32))
+        elif c < 0.75 and off + 8 <= hi and off % 8 == 0:
+            struct.pack_into("<Q", buf, off, rnd.choice([rnd.getrandbits(64), 2**64 - 1, 2**63]))
+        elif c < 0.85:
+            n = rnd.randrange(1, 24)
+            buf[off : min(off + n, hi)] = rnd.randbytes(n)[: max(0, min(off + n, hi) - off)]
+        elif c < 0.93:
+            buf[lo:hi] = bytes(hi - lo)  # a whole field group zeroed
+        else:  # a word copied from elsewhere in the segment
+            src = rnd.randrange(0, len(img) - 4) & ~3
+            buf[off : off + 4] = img[src : src + 4]
+    return buf
+
+
+# --------------------------------------------------------------------------- the child
+
+
+def exercise(name: str) -> collections.Counter:
+    """Every operation on every lock of segment `name`: what raised what."""
+    res: collections.Counter = collections.Counter()
+
+    def op(what: str, fn: Callable[[], object]) -> object:
+        try:
+            v = fn()
+            res[what] += 1
+            return v
+        except Exception as e:  # any exception is a fine answer to corrupt bytes
+            res[f"{what}:{type(e).__name__}"] += 1
+            return None
+
+    reg = op("open", lambda: shmlocks.Region.open(name))
+    if reg is None:
+        return res
+    op("describe", reg._describe)
+    names = op("names", reg.lock_names) or []
+    for n in names:
+        lk = op("open_lock", lambda n=n: reg.open_lock(n))
+        if lk is None:
+            continue
+        for what in ("locked", "owner", "stats", "_describe", "_raw"):
+            op(what, lambda what=what, lk=lk: _call(lk, what))
+
+        def take(lk=lk, blocking=True) -> None:
+            got = lk.acquire(timeout=OP_TIMEOUT) if blocking else lk.acquire(False)
+            if got:
+                if lk.owner_died:
+                    lk.mark_consistent()
+                lk.release()
+
+        op("try", lambda take=take: take(blocking=False))
+        other = threading.Thread(target=lambda take=take: op("thread", take), daemon=True)
+        other.start()
+        op("timed", take)
+        other.join(CHILD_LIMIT)
+    op("close", reg.close)
+    return res
+
+
+def _call(lk, what: str) -> object:
+    v = getattr(lk, what)
+    return v() if callable(v) else v
+
+
+def run_child(img: bytes | bytearray, limit: float = CHILD_LIMIT) -> tuple[str, str, float]:
+    """Write `img` as a new segment, exercise it in a forked child: (outcome, detail, s)."""
+    name = _name()
+    with open(_path(name), "wb") as f:
+        f.write(img)
+    r, w = os.pipe()
+    t0 = time.monotonic()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(r)
+                res = exercise(name)
+                os.write(w, " ".join(sorted(k for k in res if ":" in k)).encode()[:4000])
+            except BaseException:
+                code = 3
+            finally:
+                os._exit(code)
+        os.close(w)
+        st = None
+        while time.monotonic() - t0 < limit:
+            p, st = os.waitpid(pid, os.WNOHANG)
+            if p:
+                break
+            st = None
+            time.sleep(0.005)
+        if st is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            outcome = "hang"
+        elif os.WIFSIGNALED(st):
+            outcome = "crash:" + signal.Signals(os.WTERMSIG(st)).name
+        else:
+            outcome = "ok" if os.WEXITSTATUS(st) == 0 else f"exit:{os.WEXITSTATUS(st)}"
+        detail = os.read(r, 8192).decode(errors="replace")
+        os.close(r)
+        return outcome, detail, time.monotonic() - t0
+    finally:
+        _unlink(name)
+
+
+def _bad(outcome: str) -> bool:
+    return outcome != "ok"
+
+
+# --------------------------------------------------------------------------- drivers
+
+
+def fuzz(seconds: float, trials: int, seed: int, save: str | None, log=print) -> dict:
+    rnd = random.Random(seed)
+    tpl = Templates()
+    outcomes: collections.Counter = collections.Counter()
+    errors: collections.Counter = collections.Counter()
+    saved: list[str] = []
+    t_end = time.monotonic() + seconds if seconds else float("inf")
+    n = 0
+    try:
+        while (trials == 0 or n < trials) and time.monotonic() < t_end:
+            target = KIND_NAMES[n % len(KIND_NAMES)]  # every kind in turn
+            ti = rnd.randrange(len(tpl.images))
+            img = mutate(rnd, tpl.images[ti], target, tpl.tids)
+            outcome, detail, dt = run_child(img)
+            outcomes[outcome] += 1
+            errors.update(detail.split())
+            if _bad(outcome):
+                path = None
+                if save:
+                    os.makedirs(save, exist_ok=True)
+                    path = os.path.join(save, f"fz-{seed}-{n}-{target}.bin")
+                    with open(path, "wb") as f:
+                        f.write(img)
+                    saved.append(path)
+                log(f"trial {n} ({target}): {outcome} after {dt:.1f}s saved={path} {detail}")
+            n += 1
+            if n % 100 == 0:
+                log(f"{n} trials: {dict(outcomes)}")
+    finally:
+        tpl.close()
+    return _summary(n, seed, outcomes, errors, saved)
+
+
+def replay(files: list[str], log=print) -> dict:
+    outcomes: collections.Counter = collections.Counter()
+    errors: collections.Counter = collections.Counter()
+    bad = []
+    for path in files:
+        with open(path, "rb") as f:
+            img = f.read()
+        outcome, detail, dt = run_child(img)
+        outcomes[outcome] += 1
+        errors.update(detail.split())
+        log(f"{path}: {outcome} in {dt:.1f}s {detail}")
+        if _bad(outcome):
+            bad.append(path)
+    return _summary(len(files), None, outcomes, errors, bad)
+
+
+def _summary(n, seed, outcomes, errors, saved) -> dict:
+    return {
+        "trials": n,
+        "seed": seed,
+        "crashes": sum(v for k, v in outcomes.items() if k.startswith("crash")),
+        "hangs": outcomes["hang"],
+        "other": sum(v for k, v in outcomes.items() if k.startswith("exit")),
+        "outcomes": dict(outcomes),
+        "errors": dict(errors.most_common(30)),
+        "saved": saved,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=0.0, help="time budget (0: none)")
+    ap.add_argument("--trials", type=int, default=0, help="trial budget (0: none)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--save", help="directory for the inputs that crash or hang")
+    ap.add_argument("--replay", nargs="+", metavar="FILE", help="replay saved inputs")
+    a = ap.parse_args(argv)
+    if a.replay:
+        s = replay(a.replay)
+    else:
+        if not a.seconds and not a.trials:
+            ap.error("give --seconds or --trials")
+        s = fuzz(a.seconds, a.trials, a.seed, a.save)
+    print(json.dumps(s), flush=True)
+    return 1 if s["crashes"] or s["hangs"] or s["other"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

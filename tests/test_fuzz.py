@@ -1,0 +1,55 @@
+"""The segment-bytes fuzzer (tests/support/fuzz.py) in CI: a bounded run over every kind
+and field group, and the inputs that once crashed the interpreter, replayed.
+
+No bytes in a segment may crash the interpreter (a child killed by a signal) or hang it (a
+child past its deadline: every operation it runs has a timeout). SHMLOCKS_FUZZ_SECONDS and
+SHMLOCKS_FUZZ_SEED change the run's budget and seed; a failing input is saved under the
+test's tmp_path, replay it with ``python tests/support/fuzz.py --replay FILE``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FUZZ = os.path.join(HERE, "support", "fuzz.py")
+SAVED = sorted(glob.glob(os.path.join(HERE, "data", "fz", "*.bin")))
+
+
+def _run(*args: str, budget: float) -> dict:
+    p = subprocess.run(
+        [sys.executable, FUZZ, *args],
+        capture_output=True,
+        text=True,
+        timeout=budget + 240,
+    )
+    assert p.stdout.strip(), p.stderr[-2000:]
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    summary["log"] = p.stdout[-3000:]
+    return summary
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_fuzz_segment_bytes_no_crash_no_hang(tmp_path):
+    seconds = float(os.environ.get("SHMLOCKS_FUZZ_SECONDS", "25"))
+    seed = os.environ.get("SHMLOCKS_FUZZ_SEED", "1")
+    s = _run("--seconds", str(seconds), "--seed", seed, "--save", str(tmp_path), budget=seconds)
+    assert s["crashes"] == 0 and s["hangs"] == 0 and s["other"] == 0, s
+    assert s["trials"] >= 12, s  # every kind targeted at least twice
+
+
+@pytest.mark.timeout(600)
+def test_saved_crash_inputs_replay_clean():
+    """a4_scribble.py's saved inputs (tests/data/fz/): each once killed the interpreter
+    (SIGABRT, `___pthread_mutex_trylock: Assertion 'robust'` and the __kind asserts)."""
+    assert SAVED
+    s = _run("--replay", *SAVED, budget=60)
+    assert s["trials"] == len(SAVED)
+    assert s["crashes"] == 0 and s["hangs"] == 0 and s["other"] == 0, s
