@@ -91,28 +91,28 @@ if _os.environ.get("SHMLOCKS_LOCKDEP"):  # lock-order validation: 1 (error) or w
 
     _lockdep.enable(_lockdep.mode_from_env(_os.environ["SHMLOCKS_LOCKDEP"]))
 
-_MAGIC_BYTES = (0x314B434F4C4D4853).to_bytes(8, "little")  # b"SHMLOCK1"
 _SHM_DIR = "/dev/shm"
 
 
 def is_region_file(path: str) -> bool:
-    """True if the file at ``path`` starts with the shmlocks region magic."""
+    """True if the file at ``path`` starts with the shmlocks region magic. Read the safe
+    way (shmlocks/_shmread.py): a symlink, a FIFO or anything else that is not a regular
+    file, or a file of a user not trusted (``SHMLOCKS_TRUST_UIDS``), is False, at once."""
+    from shmlocks import _shmread
+
     try:
-        with open(path, "rb") as f:
-            return f.read(8) == _MAGIC_BYTES
+        return _shmread.read_head(path, len(_shmread.MAGIC)) == _shmread.MAGIC
     except OSError:
         return False
 
 
 def list_regions() -> list[str]:
-    """Names of the shmlocks regions in /dev/shm, sorted."""
-    import os
+    """Names of the shmlocks regions in /dev/shm, sorted: regular files owned by a trusted
+    user (this process's, root, or one listed in ``SHMLOCKS_TRUST_UIDS``) that start with
+    the shmlocks magic. Nothing else in /dev/shm is opened (shmlocks/_shmread.py)."""
+    from shmlocks import _shmread
 
-    try:
-        names = os.listdir(_SHM_DIR)
-    except OSError:
-        return []
-    return sorted(n for n in names if is_region_file(os.path.join(_SHM_DIR, n)))
+    return sorted(_shmread.scan(_SHM_DIR)[0])
 
 
 __all__ = [

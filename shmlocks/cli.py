@@ -1,8 +1,9 @@
 """The ``shmlocks`` command line: ``ls``, ``inspect``, ``deadlocks``, ``stat``, ``top``,
 ``prune``, ``unlink``, ``demo``, ``lockdep``, ``bench`` and ``torture``.
 
-Every command reads or changes POSIX shared-memory segments through the public API (plus
-``Region._describe`` for triage). An expected failure (a missing or invalid name, a segment
+Every command reads /dev/shm as untrusted input (shmlocks/_shmread.py: no symlink, no FIFO,
+only files of trusted owners) and the read-only ones work from a validated private copy of
+each segment read with pread (shmlocks/_segment.py), never a mapping. An expected failure (a missing or invalid name, a segment
 that is not a shmlocks region, a permission problem) is reported as one line,
 ``shmlocks: error: ...``, with exit status 1, never as a traceback.
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import shmlocks
+from shmlocks import _segment, _shmread
 from shmlocks._core import _check_name, _pid_alive
 from shmlocks._table import emit, human_size, table
 from shmlocks.deadlocks import annotate
@@ -61,23 +63,30 @@ def segment_name(raw: str) -> str:
 
 
 def _require_region(name: str) -> Path:
-    """The /dev/shm path of a shmlocks region called ``name``, or a CliError saying why not."""
+    """The /dev/shm path of a shmlocks region called ``name``, or a CliError saying why not.
+    Read the safe way (shmlocks/_shmread.py): a FIFO, a symlink, a directory or a file of
+    an untrusted user is an error at once, never a hang."""
     path = SHM_DIR / name
-    if not path.exists():
-        raise CliError(f"no shared-memory segment named {name!r}")
-    if not os.access(path, os.R_OK):
-        raise CliError(f"{name!r}: permission denied")
-    if not shmlocks.is_region_file(str(path)):
+    try:
+        head = _shmread.read_head(str(path), len(_shmread.MAGIC))
+    except FileNotFoundError:
+        raise CliError(f"no shared-memory segment named {name!r}") from None
+    except _shmread.Refused as e:
+        raise CliError(f"{name!r}: refused, {e.why}") from None
+    except PermissionError:
+        raise CliError(f"{name!r}: permission denied") from None
+    except OSError as e:
+        raise CliError(f"{name!r}: {e.strerror or e}") from None
+    if head != _shmread.MAGIC:
         raise CliError(f"{name!r} is not a shmlocks segment (no shmlocks magic at its start)")
     return path
 
 
 def _describe(name: str) -> dict[str, Any]:
-    region = shmlocks.Region.open(name)
-    try:
-        return dict(region._describe())
-    finally:
-        region.close()
+    """``Region._describe()``'s snapshot, from a validated private copy of the segment
+    read with pread (shmlocks/_segment.py), never a mapping: a segment that shrinks
+    meanwhile is an error, not SIGBUS, and nothing is attached or written."""
+    return _segment.describe(_segment.read(name))
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,7 +123,8 @@ def _flags(lock: dict[str, Any]) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    names = shmlocks.list_regions()
+    found, notes = _shmread.scan(str(SHM_DIR))
+    names = sorted(found)
     records: list[dict[str, Any]] = []
     for name in names:
         rec: dict[str, Any] = {"name": name}
@@ -139,6 +149,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
             )
         records.append(rec)
     emit(records, args.json, _render_ls)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -242,7 +254,7 @@ def cmd_unlink(args: argparse.Namespace) -> int:
     name = segment_name(args.name)
     if not args.force:
         _require_region(name)
-    elif not (SHM_DIR / name).exists():
+    elif not os.path.lexists(SHM_DIR / name):
         raise CliError(f"no shared-memory segment named {name!r}")
     try:
         posix_ipc.unlink_shared_memory("/" + name)

@@ -16,14 +16,12 @@ suite that does not use it is not slowed down.
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from typing import Any
 
 import pytest
 
 _SHM = "/dev/shm"
-_MAGIC = b"SHMLOCK1"
 _CREATOR_OFF = 68  # shm_header.creator_pid (shmlocks/_ext/shm_layout.h)
 _CREATOR_NS_OFF = 80  # shm_header.creator_pidns
 _HEAD_LEN = 88
@@ -46,33 +44,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _shmlocks_segments() -> dict[str, tuple[int, int, int]]:
     """{name: (inode, creator pid, creator pid namespace)} of the shmlocks segments in
-    /dev/shm that belong to our user. Each entry is hostile input: opened without
-    following links or blocking (a FIFO), skipped unless a regular file, its header read
-    with pread (never a mapping a truncation could turn into SIGBUS)."""
-    found: dict[str, tuple[int, int, int]] = {}
-    try:
-        names = os.listdir(_SHM)
-    except OSError:
-        return found
+    /dev/shm that belong to our user. Each entry is hostile input, read the one safe way
+    (shmlocks/_shmread.py): opened without following links or blocking (a FIFO), skipped
+    unless a regular file, its header read with pread (never a mapping a truncation could
+    turn into SIGBUS)."""
+    from shmlocks import _shmread
+
     uid = os.getuid()
-    for name in names:
-        try:
-            fd = os.open(
-                os.path.join(_SHM, name),
-                os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-            )
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
-                continue
-            head = os.pread(fd, _HEAD_LEN, 0)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        if len(head) == _HEAD_LEN and head[:8] == _MAGIC:
+    found: dict[str, tuple[int, int, int]] = {}
+    for name, (head, st) in _shmread.entries(_SHM, _HEAD_LEN)[0].items():
+        if st.st_uid == uid and len(head) == _HEAD_LEN:
             pid = struct.unpack_from("<I", head, _CREATOR_OFF)[0]
             ns = struct.unpack_from("<Q", head, _CREATOR_NS_OFF)[0]
             found[name] = (st.st_ino, pid, ns)

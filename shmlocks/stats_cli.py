@@ -1,8 +1,9 @@
 """``shmlocks stat NAME [--json]``: the statistics of every lock of one segment (a region
 or a standalone lock), from the counters in the segment (SPEC.md "Lock statistics").
 
-Read-only: the segment is validated as ``inspect`` does (``Region.open``) and its counters
-are shown as the numbers they hold, scribbled or not. What ``top`` shows live comes from
+Read-only: the segment is read as ``inspect`` reads it (a validated private copy read with
+pread: shmlocks/_segment.py) and its counters are shown as the numbers they hold,
+scribbled or not. What ``top`` shows live comes from
 :func:`segment_stats` too.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import shmlocks
+from shmlocks import _segment
 from shmlocks._table import emit, table
 
 STAT_KEYS = (
@@ -28,17 +29,11 @@ STAT_KEYS = (
 def segment_stats(name: str) -> dict[str, Any]:
     """Every lock of segment ``name``: its kind, holder (pid, tid, alive), waiters and
     counters, as plain data (what ``stat --json`` prints)."""
-    region = shmlocks.Region.open(name)
-    try:
-        d = region._describe()
-        counters = region.stats()
-    finally:
-        region.close()
+    seg = _segment.read(name)  # a private copy read with pread, never a mapping
+    d = _segment.describe(seg)
     locks = []
-    for lk in d["locks"]:
-        c = counters.get(lk["name"])
-        if c is None:
-            continue  # created between the two reads
+    for lk, body in zip(d["locks"], seg.locks, strict=True):
+        c = _segment.lock_stats(body)
         locks.append(
             {
                 "name": lk["name"],

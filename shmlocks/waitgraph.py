@@ -5,39 +5,21 @@ Invariant: a thread is a node named (pidns, pid, tid, start time), the same in e
 segment it uses; its one out-edge goes to the holder of the lock it publishes it waits for.
 Only live threads and validated records make edges, so a cycle is a real deadlock.
 
-Pure Python over read-only mappings: a segment is validated as ``Region.open`` validates it
-(a foreign, scribbled or other-version segment is skipped with a one-line note), every
-index read from it is bounds-checked before use, and nothing is ever written.
+Pure Python over private copies read with pread (shmlocks/_segment.py), never a mapping, so
+a segment that shrinks under the reader is a note, not SIGBUS; a segment is validated as
+``Region.open`` validates it (a foreign, scribbled, other-version or untrusted one is
+skipped with a one-line note), every index read from it is bounds-checked before use, and
+nothing is ever written.
 """
 
 from __future__ import annotations
 
-import mmap
-import os
-import struct
 import time
 from dataclasses import dataclass, field
 
-from shmlocks import _core, list_regions
+from shmlocks import _segment, _shmread
 
-SHM_DIR = "/dev/shm"
-
-# shm_layout.h (its _Static_asserts pin these offsets)
-_LINE = 128
-_HEADER = struct.Struct("<QIIQIIQQQQIIII")  # up to glibc_mutex_size
-_PART = struct.Struct("<IIIIQQIIQQQ")  # participant line 1: pid .. tstart
-_PART_SIZE = 2 * _LINE
-_DIRENT = struct.Struct("<II8x56s")
-_CTL = struct.Struct("<IIII")  # kind, flags, holder, magic
-_STATE_READY = 1
-_DIRENT_READY = 2
-_BODY_MAGIC = 0x4B4F4C42
-_OP_WAITING = 2
-_OP_QUARANTINED = 0xDEAD
-_HOLDER_SLOT_BITS = 13
-_FUTEX_OWNER_DIED = 0x40000000
-_FUTEX_TID_MASK = 0x3FFFFFFF
-_KIND_NAMES = {1: "ticket", 2: "mcs", 3: "clh", 4: "futex", 5: "robust", 6: "pi"}
+SHM_DIR = _shmread.SHM_DIR
 
 #: a thread's identity across segments: (pidns, pid, tid, thread start time)
 ThreadKey = tuple[int, int, int, int]
@@ -174,69 +156,41 @@ def describe_cycle(cycle: list[Member], now_ns: int | None = None) -> str:
 # -------------------------------------------------------------------------------- scanning
 
 
-def _part_state(word: int, op_step: int, pending: int) -> int:
-    """0 free, 1 alive, 2 dead (participants.pxi participant_state)."""
-    if word & _FUTEX_OWNER_DIED or op_step == _OP_QUARANTINED:
-        return 2
-    if word & _FUTEX_TID_MASK == 0:
-        return 2 if pending else 0
-    return 1
-
-
-def _scan_segment(g: Graph, name: str, mm: mmap.mmap) -> None:
-    (_m, _v, _line, _t, L, P, dir_off, part_off, locks_off, stride, state, *_rest) = (
-        _HEADER.unpack_from(mm, 0)
-    )
-    if state != _STATE_READY:
-        g.notes.append(f"skipped {name}: still being created")
-        return
+def _scan_segment(g: Graph, seg: _segment.Segment) -> None:
+    name = seg.name
     # participants: identity, liveness, wait record
-    keys: list[ThreadKey | None] = [None] * P
-    gens = [0] * P
+    keys: list[ThreadKey | None] = [None] * seg.max_participants
     waiting: list[tuple[int, int]] = []  # (slot, lock index)
-    for i in range(P):
-        off = part_off + i * _PART_SIZE
-        (word,) = struct.unpack_from("<I", mm, off)
-        (pid, tid, op_lock, op_step, _opv, gen, pending, detects, pidns, since, tstart) = (
-            _PART.unpack_from(mm, off + _LINE)
-        )
-        gens[i] = gen
-        st = _part_state(word, op_step, pending)
+    for p in seg.in_use():
+        st = p.state
         if st == 0:
             continue
-        key = (pidns, pid, tid, tstart)
-        g.slots[(name, i)] = (key, st == 1)
+        key = (p.pidns, p.pid, p.tid, p.tstart)
+        g.slots[(name, p.slot)] = (key, st == 1)
         if st != 1:
             continue  # a dead thread is recovered, never part of a cycle
-        keys[i] = key
+        keys[p.slot] = key
         t = g.threads.get(key)
         if t is None:
-            t = g.threads[key] = ThreadInfo(key, pid, tid)
-        t.slots.append((name, i))
-        if op_step == _OP_WAITING and 1 <= op_lock <= L:
-            if t.waits is None or since > t.since_ns:
-                waiting.append((i, op_lock - 1))
-                t.since_ns = since
-                t.detects = bool(detects)
+            t = g.threads[key] = ThreadInfo(key, p.pid, p.tid)
+        t.slots.append((name, p.slot))
+        if p.op_step == _segment.OP_WAITING and 1 <= p.op_lock <= seg.max_locks:
+            if t.waits is None or p.wait_since > t.since_ns:
+                waiting.append((p.slot, p.op_lock - 1))
+                t.since_ns = p.wait_since
+                t.detects = bool(p.detects)
     # locks: name, kind, holder
     refs: dict[int, LockRef] = {}
     holders: dict[int, int] = {}
-    for i in range(L):
-        d_state, d_kind, raw = _DIRENT.unpack_from(mm, dir_off + i * _LINE)
-        if d_state != _DIRENT_READY or d_kind not in _KIND_NAMES:
+    for lk in seg.locks:
+        if not lk.valid:
             continue
-        kind, _flags, holder, magic = _CTL.unpack_from(mm, locks_off + i * stride)
-        if magic != _BODY_MAGIC or kind != d_kind:
-            continue
-        lname = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-        ref = refs[i] = LockRef(name, i, lname, _KIND_NAMES[kind])
-        s1 = holder & ((1 << _HOLDER_SLOT_BITS) - 1)
-        if holder == 0 or not 1 <= s1 <= P:
-            continue
-        if ((s1 | (gens[s1 - 1] << _HOLDER_SLOT_BITS)) & 0xFFFFFFFF) != holder:
-            continue  # left by an earlier occupant of the slot
-        holders[i] = s1 - 1
-        hk = keys[s1 - 1]
+        ref = refs[lk.idx] = LockRef(name, lk.idx, lk.name, _segment.KIND_NAMES[lk.kind_code])
+        h = seg.holder_slot(lk)
+        if h is None:
+            continue  # free, out of range, or left by an earlier occupant of the slot
+        holders[lk.idx] = h
+        hk = keys[h]
         if hk is not None:
             g.threads[hk].holds.append(ref)
     for slot, li in waiting:
@@ -255,32 +209,24 @@ def _scan_segment(g: Graph, name: str, mm: mmap.mmap) -> None:
 
 
 def snapshot(names: list[str] | None = None) -> Graph:
-    """Read every shmlocks segment (or those named) into one wait-for graph."""
+    """Read every shmlocks segment (or those named) into one wait-for graph: each from a
+    private copy read with pread (shmlocks/_segment.py), never a mapping."""
     g = Graph(taken_ns=time.monotonic_ns())
-    for name in list_regions() if names is None else names:
+    if names is None:
+        found, notes = _shmread.scan(SHM_DIR)
+        names = sorted(found)
+        g.notes.extend(notes)
+    for name in names:
         try:
-            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY | os.O_NOFOLLOW)
+            seg = _segment.read(name, SHM_DIR)
         except FileNotFoundError:
             continue  # removed since the listing
-        except OSError as e:
-            g.notes.append(f"skipped {name}: {e.strerror or e}")
+        except _segment.NotReady:
+            g.notes.append(f"skipped {name}: still being created")
             continue
-        try:
-            size = os.fstat(fd).st_size
-            if size < _HEADER.size:
-                g.notes.append(f"skipped {name}: too small ({size} bytes) to be a region")
-                continue
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
-        except (OSError, ValueError) as e:
-            g.notes.append(f"skipped {name}: {e}")
+        except (OSError, ValueError) as e:  # CorruptRegionError is a ValueError
+            text = e.why if isinstance(e, _shmread.Refused) else str(e).splitlines()[0]
+            g.notes.append(f"skipped {name}: {text}")
             continue
-        finally:
-            os.close(fd)
-        try:
-            _core._validate_segment(mm, name)
-            _scan_segment(g, name, mm)
-        except (ValueError, struct.error) as e:  # CorruptRegionError is a ValueError
-            g.notes.append(f"skipped {name}: {str(e).splitlines()[0]}")
-        finally:
-            mm.close()
+        _scan_segment(g, seg)
     return g

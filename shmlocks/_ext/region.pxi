@@ -620,10 +620,13 @@ cdef int _validate(char* base, size_t size, n) except -1:
     return 0
 
 
-def _validate_segment(const unsigned char[::1] buf not None, name):
-    """Validate a read-only view of a whole segment exactly as Region.open does (raises
-    CorruptRegionError); shmlocks/waitgraph.py scans /dev/shm with it, never writing."""
-    if buf.shape[0] < <Py_ssize_t>sizeof(shm_header):
-        raise CorruptRegionError(f"segment {name!r} is too small ({buf.shape[0]} bytes) "
+def _validate_header(const unsigned char[::1] head not None, uint64_t size, name):
+    """Validate a private copy of a segment's header against the size of its file, exactly
+    as Region.open validates a mapping (raises CorruptRegionError). shmlocks/waitgraph.py
+    and the CLI read /dev/shm with pread (shmlocks/_shmread.py), never a mapping."""
+    cdef shm_header h
+    if head.shape[0] < <Py_ssize_t>sizeof(shm_header):
+        raise CorruptRegionError(f"segment {name!r} is too small ({head.shape[0]} bytes) "
                                  "to be a region")
-    _validate(<char*>&buf[0], <size_t>buf.shape[0], name)
+    memcpy(&h, &head[0], sizeof(shm_header))
+    _validate(<char*>&h, <size_t>size, name)

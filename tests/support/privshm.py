@@ -53,10 +53,8 @@ def _why_not() -> str | None:
     return None
 
 
-def requires_private_shm(func):
-    """Skip the test (with the reason) unless a private tmpfs on /dev/shm can be made."""
-    why = _why_not()
-    return pytest.mark.skipif(why is not None, reason=why or "")(func)
+#: skips a test (with the reason) unless a private tmpfs on /dev/shm can be made
+requires_private_shm = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
 
 
 def run_private(

@@ -1,0 +1,374 @@
+"""A validated, private copy of one shmlocks segment, read with pread: what the read-only
+commands (``ls``, ``inspect``, ``stat``, ``top``) and the wait-for graph
+(shmlocks/waitgraph.py) read, never a mapping of the segment (docs/design.md §9).
+
+The file is opened the safe way (shmlocks/_shmread.py: no symlink, no FIFO, a trusted
+owner), its header validated exactly as ``Region.open`` validates a mapping
+(``_core._validate_header``: magic, version, ABI, geometry, offsets, size against the
+file's), then only the parts needed are copied with pread: the directory and the
+participant table, and the first three lines (control, word A, word B) of each lock's
+body. A file that shrinks meanwhile gives a short read (``Shrunk``), never SIGBUS; every
+index read from it (a holder's slot, a lock index, a queue node) is bounds-checked before
+use. The kinds' "is it held" tests mirror their ``_is_locked`` in shmlocks/_ext/*.pxi.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from shmlocks import _core, _shmread
+from shmlocks._shmread import SHM_DIR, pread_exact
+from shmlocks.errors import CorruptRegionError
+
+# shm_layout.h (its _Static_asserts pin these offsets; tests/test_layout.py checks them)
+LINE = 128
+HEADER_SIZE = 2 * LINE
+_HEADER = struct.Struct("<QIIQIIQQQQIIIIQ")  # magic .. creator_pidns (bytes 0..87)
+PART_SIZE = 2 * LINE
+# a participant: its token's futex word (line 0), then line 1: pid .. tstart
+_PART = struct.Struct("<I124xIIIIQQIIQQQ64x")
+_DIRENT = struct.Struct("<II8x56s")
+_CTL = struct.Struct("<IIII5QI")  # kind, flags, holder, magic, 5 counters, last_pid
+_CTL_RARE = struct.Struct("<QQ")  # owner_deaths, timeouts (bytes 112..127)
+STATE_READY = 1
+DIRENT_READY = 2
+BODY_MAGIC = 0x4B4F4C42
+OP_WAITING = 2
+OP_QUARANTINED = 0xDEAD
+HOLDER_SLOT_BITS = 13
+FUTEX_OWNER_DIED = 0x40000000
+FUTEX_TID_MASK = 0x3FFFFFFF
+_TOKEN_TAKEN = FUTEX_OWNER_DIED | FUTEX_TID_MASK
+NAME_MAX = 56
+KIND_NAMES = {1: "ticket", 2: "mcs", 3: "clh", 4: "futex", 5: "robust", 6: "pi"}
+_CLH = 3
+_BODY_READ = 3 * LINE  # ctl, word A, word B
+
+
+class NotReady(ValueError):
+    """A segment whose creator has not finished building it (or died doing so)."""
+
+
+class Participant(NamedTuple):
+    slot: int
+    word: int  # its token's futex word
+    pid: int
+    tid: int
+    op_lock: int
+    op_step: int
+    op_value: int
+    generation: int
+    pending: int
+    detects: int
+    pidns: int
+    wait_since: int
+    tstart: int
+
+    @property
+    def state(self) -> int:
+        """0 free, 1 alive, 2 dead (participants.pxi participant_state)."""
+        if self.word & FUTEX_OWNER_DIED or self.op_step == OP_QUARANTINED:
+            return 2
+        if self.word & FUTEX_TID_MASK == 0:
+            return 2 if self.pending else 0
+        return 1
+
+    @property
+    def hid(self) -> int:
+        """The holder id of this slot's occupant (participants.pxi holder_id)."""
+        return ((self.slot + 1) | (self.generation << HOLDER_SLOT_BITS)) & 0xFFFFFFFF
+
+
+class Lock(NamedTuple):
+    idx: int  # its index in the directory
+    name: str
+    kind_code: int  # from the directory
+    ctl_kind: int
+    flags: int
+    holder: int
+    magic: int
+    counters: tuple[int, ...]  # acquisitions handoffs contended wait_total wait_max
+    rare: tuple[int, int]  # owner_deaths, timeouts
+    word_a: int  # u64
+    word_b: int  # u64
+    clh_node_state: int | None  # the state of the node CLH's tail names, if in range
+
+    @property
+    def kind(self) -> str | None:
+        return KIND_NAMES.get(self.kind_code)
+
+    @property
+    def valid(self) -> bool:
+        """A known kind, and the body initialised as that kind."""
+        return (
+            self.kind is not None and self.magic == BODY_MAGIC and self.ctl_kind == self.kind_code
+        )
+
+
+@dataclass
+class Segment:
+    name: str
+    size: int
+    max_locks: int
+    max_participants: int
+    creator_pid: int
+    creator_pidns: int
+    records: list[tuple[int, ...]]  # every participant slot, as _PART unpacks it
+    locks: list[Lock]  # the READY directory entries, in index order
+
+    def holder_slot(self, lock: Lock) -> int | None:
+        """The slot its holder record names, if it is in range and not stale (left by an
+        earlier occupant of the slot): participants.pxi holder_slot."""
+        h = lock.holder
+        s1 = h & ((1 << HOLDER_SLOT_BITS) - 1)
+        if h == 0 or not 1 <= s1 <= self.max_participants:
+            return None
+        if self.participant(s1 - 1).hid != h:
+            return None
+        return s1 - 1
+
+    def participant(self, slot: int) -> Participant:
+        return Participant(slot, *self.records[slot])
+
+    def in_use(self) -> list[Participant]:
+        """The slots not free (alive, dead, or their recovery pending): state != 0."""
+        return [
+            Participant(i, *r)
+            for i, r in enumerate(self.records)
+            if r[0] & _TOKEN_TAKEN or r[7] or r[4] == OP_QUARANTINED
+        ]
+
+
+def read(name: str, directory: str = SHM_DIR) -> Segment:
+    """Read segment ``name`` of ``directory`` into a validated private copy.
+
+    Raises ``FileNotFoundError``, ``_shmread.Refused`` (a symlink, not a regular file, an
+    untrusted owner), ``_shmread.Shrunk`` (shorter than its header says),
+    ``CorruptRegionError`` (not a region, another layout version or ABI, inconsistent
+    geometry) or ``NotReady``."""
+    fd, st = _shmread.open_file(os.path.join(directory, name))
+    try:
+        return _read(fd, st.st_size, name)
+    except _shmread.Shrunk:
+        raise _shmread.Shrunk(f"segment {name!r} shrank while it was read") from None
+    finally:
+        os.close(fd)
+
+
+def _read(fd: int, size: int, name: str) -> Segment:
+    if size < HEADER_SIZE:
+        raise CorruptRegionError(f"segment {name!r} is too small ({size} bytes) to be a region")
+    head = pread_exact(fd, 0, HEADER_SIZE)
+    (
+        magic,
+        _v,
+        _line,
+        _total,
+        L,
+        P,
+        dir_off,
+        part_off,
+        locks_off,
+        stride,
+        state,
+        cpid,
+        _n,
+        _m,
+        cns,
+    ) = _HEADER.unpack_from(head, 0)
+    if magic == int.from_bytes(_shmread.MAGIC, "little") and state != STATE_READY:
+        raise NotReady(f"segment {name!r} is still being created")
+    _core._validate_header(head, size, name)  # everything below is in bounds of `size`
+    table = pread_exact(fd, dir_off, locks_off - dir_off)
+    start = part_off - dir_off
+    records = list(_PART.iter_unpack(table[start : start + P * PART_SIZE]))
+    locks = []
+    for i in range(L):
+        d_state, d_kind, raw = _DIRENT.unpack_from(table, i * LINE)
+        if d_state != DIRENT_READY:
+            continue
+        body_off = locks_off + i * stride
+        body = pread_exact(fd, body_off, _BODY_READ)
+        kind, flags, holder, bmagic, *rest = _CTL.unpack_from(body, 0)
+        word_a, word_b = (
+            struct.unpack_from("<Q", body, LINE)[0],
+            struct.unpack_from("<Q", body, 2 * LINE)[0],
+        )
+        node_state = None
+        if d_kind == _CLH:
+            t = word_a & 0xFFFFFFFF  # the tail's node id: 1..P+1 (clh.pxi _clh_ok)
+            if 1 <= t <= P + 1:
+                (node_state,) = struct.unpack(
+                    "<I", pread_exact(fd, body_off + (3 + t - 1) * LINE, 4)
+                )
+        lname = raw[: NAME_MAX - 1].split(b"\0", 1)[0].decode("utf-8", "replace")
+        locks.append(
+            Lock(
+                i,
+                lname,
+                d_kind,
+                kind,
+                flags,
+                holder,
+                bmagic,
+                tuple(rest[:5]),
+                _CTL_RARE.unpack_from(body, 112),
+                word_a,
+                word_b,
+                node_state,
+            )
+        )
+    return Segment(name, size, L, P, cpid, cns, records, locks)
+
+
+# ------------------------------------------------------------------------- describe
+
+
+_pidns_cache: tuple[int, int] = (0, 0)  # (pid, namespace inode)
+
+
+def _my_pidns() -> int:
+    global _pidns_cache
+    pid = os.getpid()
+    if _pidns_cache[0] != pid:
+        try:
+            ino = os.stat("/proc/self/ns/pid").st_ino
+        except OSError:
+            ino = 0
+        _pidns_cache = (pid, ino)
+    return _pidns_cache[1]
+
+
+def other_pidns(ns: int) -> bool:
+    """Is namespace id ``ns`` (a record's) known and not ours? (participants.pxi)"""
+    mine = _my_pidns()
+    return ns != 0 and mine != 0 and ns != mine
+
+
+def is_locked(seg: Segment, lock: Lock) -> bool:
+    """The kind's ``_is_locked`` over the copy (ticket.pxi, mcs.pxi, clh.pxi, futex.pxi,
+    robust.pxi)."""
+    kind = lock.kind_code
+    if kind == 1:  # ticket: next != serving
+        return lock.word_a != lock.word_b
+    if kind == 2:  # mcs: a tail
+        return lock.word_a != 0
+    if kind == _CLH:  # the tail's node is not FREE (an id out of range: held)
+        return lock.clh_node_state is None or lock.clh_node_state != 0
+    if kind in (4, 5, 6):  # futex word, or the glibc mutex's futex word
+        return lock.word_a & 0xFFFFFFFF != 0
+    return lock.holder != 0
+
+
+def _participant(seg: Segment, slot: int | None) -> dict[str, Any] | None:
+    if slot is None:
+        return None
+    p = seg.participant(slot)
+    return {
+        "slot": slot,
+        "pid": p.pid,
+        "tid": p.tid,
+        "alive": p.state == 1,
+        "other_namespace": other_pidns(p.pidns),
+    }
+
+
+def _weigh(seg: Segment, lk: Lock, in_use: list[Participant]) -> tuple[bool, int | None, bool]:
+    """(locked, holder slot, stale_step): the lock as the next acquire finds it, the words
+    weighed against the holder record and the published steps, as lockbase.pxi
+    ``_Lock._describe`` weighs them (docs/design.md §6.4 [V]): a lock whose words are set
+    only by a thread that died inside acquire or release is free, with a stale step."""
+    locked = is_locked(seg, lk)
+    h = seg.holder_slot(lk)
+    kernel = _core.KINDS[KIND_NAMES[lk.kind_code]].recovery == "kernel"
+    stale = False
+    if locked:
+        live, dead1 = False, None
+        for p in in_use:
+            if p.op_lock != lk.idx + 1 or p.op_step == 0:
+                continue
+            st = p.state
+            if st == 1:
+                live = True
+            elif st == 2 and dead1 is None:
+                dead1 = p.slot
+        if h is not None and seg.participant(h).state == 2:
+            hp = seg.participant(h)
+            # a dead holder: owner_died unless (user kinds) it died inside a step
+            stale = not kernel and hp.op_lock == lk.idx + 1 and hp.op_step != 0
+        elif h is None and dead1 is not None:
+            if kernel:
+                # the futex word: its owner's TID, or OWNER_DIED once the kernel saw it die
+                w = lk.word_a & 0xFFFFFFFF
+                if w & FUTEX_OWNER_DIED or (w & FUTEX_TID_MASK) == seg.participant(dead1).tid:
+                    h = dead1
+            elif not live:
+                stale = True  # only a dead thread's step: free
+    if stale:
+        locked, h = False, None
+    return locked, h, stale
+
+
+def describe(seg: Segment) -> dict[str, Any]:
+    """What ``Region._describe()`` gives for a mapped region, from the copy: the
+    participants in use, and each lock's kind, holder, waiters and flags."""
+    in_use = seg.in_use()
+    parts = [_participant(seg, p.slot) for p in in_use]
+    locks = []
+    for lk in seg.locks:
+        if lk.kind is None:
+            raise CorruptRegionError(
+                f"region {seg.name!r}: lock {lk.idx} has unknown kind {lk.kind_code}"
+            )
+        waiters = sum(
+            1
+            for p in in_use
+            if p.op_lock == lk.idx + 1 and p.op_step == OP_WAITING and p.state == 1
+        )
+        locked, holder, stale = _weigh(seg, lk, in_use)
+        locks.append(
+            {
+                "name": lk.name,
+                "kind": lk.kind,
+                "locked": locked,
+                "holder": _participant(seg, holder) if locked else None,
+                "waiters": waiters,
+                "owner_died": bool(lk.flags & 1),
+                "not_recoverable": bool(lk.flags & 2),
+                "stale_step": stale,
+            }
+        )
+    return {
+        "name": seg.name,
+        "size": seg.size,
+        "version": _core.LAYOUT_VERSION,
+        "max_locks": seg.max_locks,
+        "max_participants": seg.max_participants,
+        "creator_pid": seg.creator_pid,
+        "creator_other_namespace": other_pidns(seg.creator_pidns),
+        "participants": parts,
+        "locks": locks,
+    }
+
+
+def lock_stats(lk: Lock) -> dict[str, Any]:
+    """One lock's counters, as ``_Lock.stats()`` gives them (stats.pxi stats_read)."""
+    acq, handoffs, contended, wait_total, wait_max = lk.counters
+    owner_deaths, timeouts = lk.rare
+    return {
+        "acquisitions": acq,
+        "contended": contended,
+        "wait_total_s": wait_total / 1e9,
+        "wait_max_s": wait_max / 1e9,
+        "timeouts": timeouts,
+        "owner_deaths": owner_deaths,
+        "handoffs": handoffs,
+    }
+
+
+def stats(seg: Segment) -> dict[str, dict[str, Any]]:
+    """{lock name: its counters}, as ``Region.stats()`` gives them."""
+    return {lk.name: lock_stats(lk) for lk in seg.locks}

@@ -1,0 +1,179 @@
+"""Reading /dev/shm as untrusted input: the one way every reader of it opens an entry.
+
+/dev/shm is world-writable: any local user can put a FIFO there (an ``open()`` blocks
+until a writer comes), a symlink, a directory, or a file that looks like a segment and
+shrinks while it is mapped (a read of a mapping past the new end is SIGBUS). So, for the
+listing, the deadlock look of every waiter, every CLI command, the pytest plugin's leak
+check and the CI's leftover check:
+
+- an entry is opened with ``O_NOFOLLOW|O_NONBLOCK`` (a symlink fails, a FIFO does not
+  block) and read only if ``fstat`` of what was opened says it is a regular file owned by
+  a trusted user: this process's uid, root, and the uids (or user names) listed in
+  ``SHMLOCKS_TRUST_UIDS`` (comma- or space-separated);
+- its bytes are read with ``pread`` into a private copy, never mapped: a file that
+  shrinks gives a short read (``Shrunk``), never a signal.
+
+Standard library only, so that .ci/run can load this file by path before shmlocks is
+built (it does, for its check of the segments a run left behind).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pwd
+import stat
+
+SHM_DIR = "/dev/shm"
+TRUST_ENV = "SHMLOCKS_TRUST_UIDS"
+MAGIC = b"SHMLOCK1"  # shm_layout.h SHM_MAGIC, little endian
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+
+class Refused(OSError):
+    """An entry that is not read: not a regular file, or owned by an untrusted user.
+    ``why`` says which, without the path."""
+
+    why: str = ""
+
+
+class Shrunk(OSError):
+    """A file shorter than what it says it holds: truncated before or while it was read."""
+
+
+def _refused(path: str, why: str) -> Refused:
+    e = Refused(f"{path}: {why}")
+    e.why = why
+    return e
+
+
+def trusted_uids() -> frozenset[int]:
+    """The owners whose files in /dev/shm are read: this process's real and effective
+    uid, root, and those listed in ``SHMLOCKS_TRUST_UIDS`` (uids or user names; an
+    unknown name is ignored)."""
+    uids = {os.getuid(), os.geteuid(), 0}
+    for word in os.environ.get(TRUST_ENV, "").replace(",", " ").split():
+        if word.isdigit():
+            uids.add(int(word))
+            continue
+        try:
+            uids.add(pwd.getpwnam(word).pw_uid)
+        except KeyError:
+            pass
+    return frozenset(uids)
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def check(st: os.stat_result, trusted: frozenset[int] | None = None) -> str | None:
+    """Why a file with status ``st`` is not read, or None if it may be."""
+    if not stat.S_ISREG(st.st_mode):
+        for test, what in _KINDS:
+            if test(st.st_mode):
+                return f"not a regular file ({what})"
+        return "not a regular file"
+    if st.st_uid not in (trusted_uids() if trusted is None else trusted):
+        return f"owned by uid {st.st_uid}, a user not trusted ({TRUST_ENV} widens it)"
+    return None
+
+
+def open_file(path: str, trusted: frozenset[int] | None = None) -> tuple[int, os.stat_result]:
+    """Open ``path`` for reading the safe way: (fd, its fstat). ``Refused`` (with the
+    reason) for a symlink, anything not a regular file, or an untrusted owner;
+    ``FileNotFoundError`` and other ``OSError`` as the open gives them."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # the last component is a symlink (O_NOFOLLOW)
+            raise _refused(path, "not a regular file (a symbolic link)") from None
+        if e.errno == errno.ENXIO:  # a socket
+            raise _refused(path, "not a regular file (a socket)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        why = check(st, trusted)
+        if why:
+            raise _refused(path, why)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def pread_exact(fd: int, offset: int, n: int) -> bytes:
+    """``n`` bytes at ``offset``, read with pread (``Shrunk`` if the file ends first)."""
+    chunks = []
+    got = 0
+    while got < n:
+        b = os.pread(fd, n - got, offset + got)
+        if not b:
+            raise Shrunk(f"it ends before byte {offset + n} (shrunk while read?)")
+        chunks.append(b)
+        got += len(b)
+    return b"".join(chunks)
+
+
+def read_head(path: str, n: int, trusted: frozenset[int] | None = None) -> bytes:
+    """Up to ``n`` bytes from the start of ``path``, read the safe way (``open_file``)."""
+    fd, _st = open_file(path, trusted)
+    try:
+        return os.pread(fd, n, 0)
+    finally:
+        os.close(fd)
+
+
+def scan(directory: str = SHM_DIR, head: int = len(MAGIC)) -> tuple[dict[str, bytes], list[str]]:
+    """Every shmlocks segment in ``directory``: ({name: its first ``head`` bytes}, notes).
+    See ``entries``."""
+    found, notes = entries(directory, head)
+    return {name: data for name, (data, _st) in found.items()}, notes
+
+
+def entries(
+    directory: str = SHM_DIR, head: int = len(MAGIC)
+) -> tuple[dict[str, tuple[bytes, os.stat_result]], list[str]]:
+    """Every shmlocks segment in ``directory``: ({name: (its first ``head`` bytes, the
+    fstat of the file read)}, notes).
+
+    An entry is opened only if readdir says it is a regular file (a FIFO never is), and
+    read only if it is owned by a trusted user (``open_file``); a segment (the shmlocks
+    magic at its start) of an untrusted user is left out with a note saying so. Nothing
+    else is reported: /dev/shm holds other programs' files too."""
+    trusted = trusted_uids()
+    found: dict[str, tuple[bytes, os.stat_result]] = {}
+    notes: list[str] = []
+    try:
+        listing = list(os.scandir(directory))
+    except OSError:
+        return found, notes
+    for e in listing:
+        try:
+            if not e.is_file(follow_symlinks=False):
+                continue
+            owner = e.stat(follow_symlinks=False).st_uid
+            ok = owner in trusted
+            # an untrusted owner's file is read only to tell a segment from other files
+            # (for the note): its first 8 bytes, by pread
+            fd, st = open_file(e.path, trusted if ok else frozenset([owner]))
+            try:
+                data = os.pread(fd, head if ok else len(MAGIC), 0)
+            finally:
+                os.close(fd)
+        except OSError:
+            continue  # gone, unreadable, or replaced by something else since the lstat
+        if data[: len(MAGIC)] != MAGIC:
+            continue
+        if ok:
+            found[e.name] = (data, st)
+        else:
+            notes.append(f"skipped {e.name}: {check(st, trusted)}")
+    return found, notes
