@@ -48,7 +48,7 @@ _CLH = 3
 _BODY_READ = 3 * LINE  # ctl, word A, word B
 
 
-class NotReady(ValueError):
+class NotReady(CorruptRegionError):
     """A segment whose creator has not finished building it (or died doing so)."""
 
 
@@ -180,7 +180,12 @@ def _read(fd: int, size: int, name: str) -> Segment:
         cns,
     ) = _HEADER.unpack_from(head, 0)
     if magic == int.from_bytes(_shmread.MAGIC, "little") and state != STATE_READY:
-        raise NotReady(f"segment {name!r} is still being created")
+        if cpid and _core._pid_alive(cpid):
+            raise NotReady(f"segment {name!r} is still being created (by pid {cpid})")
+        raise NotReady(
+            f"segment {name!r} was never finished: its creator (pid {cpid}) died while "
+            "building it, or it is not a shmlocks region"
+        )
     _core._validate_header(head, size, name)  # everything below is in bounds of `size`
     table = pread_exact(fd, dir_off, locks_off - dir_off)
     start = part_off - dir_off

@@ -221,9 +221,6 @@ def snapshot(names: list[str] | None = None) -> Graph:
             seg = _segment.read(name, SHM_DIR)
         except FileNotFoundError:
             continue  # removed since the listing
-        except _segment.NotReady:
-            g.notes.append(f"skipped {name}: still being created")
-            continue
         except (OSError, ValueError) as e:  # CorruptRegionError is a ValueError
             text = e.why if isinstance(e, _shmread.Refused) else str(e).splitlines()[0]
             g.notes.append(f"skipped {name}: {text}")
