@@ -20,7 +20,6 @@ import fcntl
 import multiprocessing
 import os
 import signal
-import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -304,15 +303,15 @@ def _prune_one(name: str, dry_run: bool) -> dict[str, Any]:
         # our own descriptor, taken first: a process that has the segment open holds a
         # shared flock on it (Region.open), so a non-blocking exclusive one fails; held
         # across the unlink, it keeps an opener from attaching between our look and it
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        # (opened the one safe way: no symlink, no FIFO, a regular file of a trusted user)
+        fd, st = _shmread.open_file(str(path))
     except FileNotFoundError:
         return dict(rec, action="kept", reason="gone")
+    except _shmread.Refused as e:
+        return dict(rec, action="kept", reason=e.why)
     except OSError as e:
         return dict(rec, action="kept", reason=f"unreadable ({_error_text(e)})")
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return dict(rec, action="kept", reason="not a regular file")
         reason, seen = _prune_verdict(name)
         rec.update(seen)
         if reason is not None:
