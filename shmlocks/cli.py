@@ -171,7 +171,15 @@ def _render_ls(records: list[dict[str, Any]]) -> str:
                 f"{r['creator_pid']} ({r['creator_state']})",
             ]
         )
-    return table(["NAME", "SIZE", "LOCKS", "PARTICIPANTS", "SLOTS", "CREATOR"], rows)
+    out = table(["NAME", "SIZE", "LOCKS", "PARTICIPANTS", "SLOTS", "CREATOR"], rows)
+    stale = sum(1 for r in records if r.get("creator_alive") is False and r.get("alive") == 0)
+    if stale:
+        out += (
+            f"\nnote: {stale} segment{'s' if stale != 1 else ''} with the creator gone and no "
+            "live participant: `shmlocks prune` removes what nobody has open (--dry-run: "
+            "which)"
+        )
+    return out
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -79,6 +79,16 @@ def test_a_stale_segment_is_removed_and_dry_run_only_says_so(orphan):
     assert not shm_exists(name)
 
 
+def test_ls_points_at_prune_when_a_segment_is_stale(orphan):
+    name = orphan()
+    p = cli("ls")
+    assert p.returncode == 0, p.stderr
+    row = next(ln for ln in p.stdout.splitlines() if ln.startswith(name))
+    assert row.endswith("(gone)") and "0 alive" in row, row
+    note = p.stdout.splitlines()[-1]
+    assert note.startswith("note: ") and "`shmlocks prune`" in note, p.stdout
+
+
 def test_a_segment_whose_creator_lives_is_kept(new_lock):
     lock = new_lock("futex")
     (rec,) = _prune_json(lock.name).values()
