@@ -306,6 +306,22 @@ cdef class _Lock:
             return self._got(r, rc, shm_crash_armed)
         return self._acquire_slow(r, rc, deadline)
 
+    cdef bint _held_via_other_view(self, reg_t* r) noexcept nogil:
+        """Slow path: does the lock's holder record name another live participant slot of
+        the calling thread (same pid, tid and PID namespace as ours)? Each object made by
+        open() or unpickling maps the segment anew and registers its own slot, so the
+        holder id differs from ours although the thread is the same."""
+        cdef uint32_t h = holder_slot(self.rm, ld32_acq(&self.b.ctl.holder))
+        cdef shm_participant* me
+        cdef shm_participant* p
+        if h == 0 or h - 1 == r.slot:
+            return 0
+        me = &self.rm.part[r.slot]
+        p = &self.rm.part[h - 1]
+        return (ld32_acq(&p.pid) == r.pid and ld32_acq(&p.tid) == ld32_rlx(&me.tid)
+                and ld64_acq(&p.pidns) == ld64_rlx(&me.pidns)
+                and participant_state(self.rm, h - 1) == 1)
+
     cdef _raise_deadlock(self):
         raise DeadlockError(f"this thread already holds {self.kind_name} lock {self._name!r} "
                             "(shmlocks locks are not reentrant)")
@@ -323,6 +339,23 @@ cdef class _Lock:
         if ld32_rlx(&self.b.ctl.holder) == r.hid:
             shm_op_set(r.op, 0, 0)
             self._raise_deadlock()
+        if self._held_via_other_view(r):
+            # Held by this very thread through another object of this lock (open() again,
+            # a pickle round trip: another participant slot of the same thread). Waiting
+            # would never end: withdraw at once (a wait with deadline 0 leaves the place
+            # a queue kind's _fast took), then raise.
+            wait_init(&w, 0, NULL)
+            shm_op_set(r.op, self._lock1, SHM_OP_WAITING)
+            rc = self._wait(me, rc, &w)
+            if rc == R_ACQ or rc == R_ACQ_DIED:      # released meanwhile (a handler)
+                return self._got(r, rc, shm_crash_armed)
+            shm_op_set(r.op, 0, 0)
+            if rc < 0:
+                _raise_code(self, rc)
+            raise DeadlockError(
+                f"this thread already holds {self.kind_name} lock {self._name!r} through "
+                "another object of the same lock (opened again, or unpickled): shmlocks "
+                "locks are not reentrant")
         wait_init(&w, deadline, &self.b.precs[me].spin_ns)
         t0 = shm_now_ns()                            # also the wait's start, for stats_waited
         dl_arm(&w, self, me, t0)                     # the wait record: since when ...
@@ -350,6 +383,8 @@ cdef class _Lock:
             stats_waited(self.b.ctl, shm_now_ns() - t0)
             return self._got(r, rc, shm_crash_armed)
         shm_op_set(r.op, 0, 0)
+        if PyErr_Occurred() != NULL:
+            return _raise_pending()                  # never a return value with it set
         if rc == R_TIMEOUT:
             if w.dl_hit:
                 dl_raise()                           # a deadlock's victim (deadlock.pxi)

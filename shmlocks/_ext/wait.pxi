@@ -297,6 +297,14 @@ cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
             return W_READY
         r = wait_park(w, word, v)
         fsub32(parked, 1)
+        if r == W_SIGNAL:
+            # A handler raised: the wait ends with it even if ready(ctx) now says READY.
+            # For a kind's inner wait (CLH behind an abandoned node, MCS for a pass through
+            # its node, ticket for an inherited ticket) READY only means "go on waiting":
+            # going on with the exception set would end in a return value with an
+            # exception set (SystemError). The kind leaves its place on R_SIGNAL; a lock
+            # granted meanwhile is handed back by _acquire_slow.
+            return W_SIGNAL
         q = ready(ctx)
         if q == Q_READY:
             return W_READY
