@@ -201,6 +201,8 @@ cdef class _Lock:
         if rc == R_ACQ_DIED:
             for32(&self.b.ctl.flags, SHM_F_OWNER_DIED)
         f = ld32_acq(&self.b.ctl.flags)
+        if f & SHM_F_HANDON:                 # the hand-on is over: the hold is ours now
+            fand32(&self.b.ctl.flags, ~(<uint32_t>SHM_F_HANDON))
         if f & SHM_F_NOTRECOVERABLE:
             shm_op_set(r.op, self._lock1, SHM_OP_RELEASING)
             st32_rlx(&self.b.ctl.holder, 0)
@@ -460,8 +462,42 @@ cdef class _Lock:
                                "timeout returned without the lock")
         return self
 
+    cdef int _release_handing_on(self) except -1:
+        """Release a hold that has owner_died, leaving it set for the next holder: the
+        with block was left by an exception before mark_consistent(), so the repair may
+        be half done; the next holder repairs (docs/design.md §6.4). Not the fast path:
+        __exit__ calls it only with an exception and OWNER_DIED set."""
+        cdef reg_t* r
+        cdef int rc
+        self._check()
+        r = reg_lookup(self.rm)
+        if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.hid:
+            raise NotOwnerError(f"release of {self.kind_name} lock {self._name!r} by a "
+                                "thread that does not hold it")
+        # HANDON first, while we hold: a death from here on leaves owner_died for the next
+        # holder, as this release means to (the verdict reads it), never NOTRECOVERABLE
+        for32(&self.b.ctl.flags, SHM_F_HANDON)
+        shm_op_set(r.op, self._lock1, SHM_OP_RELEASING)
+        crashpoint("lock.release.releasing")
+        # robust and pi: glibc's mutex must be consistent, or its unlock makes it
+        # ENOTRECOVERABLE; owner_died lives on in the lock's own flag, which the next
+        # holder's acquire reads (_got_flags)
+        self._consistent()
+        st32_rlx(&self.b.ctl.holder, 0)
+        crashpoint("lock.release.unholder")
+        r.held -= 1
+        rc = self._unlock(r.slot, shm_crash_armed)
+        crashpoint("lock.release.unlocked")
+        shm_op_set(r.op, 0, 0)
+        if rc < 0:
+            _raise_code(self, rc)
+        return 0
+
     def __exit__(self, t, v, tb):
-        self._release()
+        if t is not None and self._handing_on():
+            self._release_handing_on()
+        else:
+            self._release()
         if g_lockdep is not None:
             ld_released(self._lockdep_class())
         return False
@@ -507,6 +543,34 @@ cdef class _Lock:
         self._check()
         return bool(ld32_acq(&self.b.ctl.flags) & SHM_F_OWNER_DIED)
 
+    cdef bint _handing_on(self):
+        """An exception leaves the with block: does this hold still have owner_died?"""
+        return (not self._closed and not self.rm.closed
+                and ld32_acq(&self.b.ctl.flags) & SHM_F_OWNER_DIED != 0)
+
+    def clear_not_recoverable(self):
+        """clear_not_recoverable() -> bool
+
+        Bring back a lock that was released without mark_consistent() after an owner
+        death (every acquire raising LockNotRecoverableError). The next holder gets
+        ``owner_died == True``: the protected data is still suspect, so it repairs and
+        calls mark_consistent(), as after any owner death. Any thread of any process that
+        has the lock open may call it, at any time (nobody holds a not-recoverable lock):
+        an acquire that ran before it raised LockNotRecoverableError, one that runs after
+        it gets owner_died. Returns True if the lock was not recoverable, False (and does
+        nothing) if it was usable already, so that two processes calling it at once
+        reset it once."""
+        cdef uint32_t f
+        self._check()
+        while True:
+            f = ld32_acq(&self.b.ctl.flags)
+            if not f & SHM_F_NOTRECOVERABLE:
+                return False
+            if cas32(&self.b.ctl.flags, f,
+                     (f & ~(<uint32_t>(SHM_F_NOTRECOVERABLE | SHM_F_HANDON)))
+                     | SHM_F_OWNER_DIED):
+                return True
+
     def mark_consistent(self):
         """Declare the protected data repaired after an owner death (holder only)."""
         cdef reg_t* r
@@ -516,7 +580,7 @@ cdef class _Lock:
             raise NotOwnerError("mark_consistent() by a thread that does not hold the lock")
         if ld32_acq(&self.b.ctl.flags) & SHM_F_OWNER_DIED:
             self._consistent()
-            fand32(&self.b.ctl.flags, ~(<uint32_t>SHM_F_OWNER_DIED))
+            fand32(&self.b.ctl.flags, ~(<uint32_t>(SHM_F_OWNER_DIED | SHM_F_HANDON)))
 
     def stats(self):
         """A snapshot of this lock's statistics, summed over every process that used it

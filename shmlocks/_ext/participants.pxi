@@ -533,6 +533,7 @@ cdef void recover_verdict(rmap_t* rm, shm_body* b, uint32_t q, uint32_t op) noex
     decided it), at step `op`: say what its hold leaves behind, then end it.
       op 0 (in its critical section)        -> OWNER_DIED: the next holder must repair
       RELEASING with OWNER_DIED already set -> NOTRECOVERABLE, as its own release would
+        (unless HANDON: it was handing owner_died on, which the flag still does)
       TAKING / WAITING (granted, not back)  -> nothing: it never entered
     The flags first, then the holder record, in the order _release uses: whoever sees
     the holder cleared sees the flags the next holder inherits. The kind then releases
@@ -545,7 +546,8 @@ cdef void recover_verdict(rmap_t* rm, shm_body* b, uint32_t q, uint32_t op) noex
                 "[V]: the holder record names the dead holder or no one")
     if op == 0:
         for32(&b.ctl.flags, SHM_F_OWNER_DIED)
-    elif op == SHM_OP_RELEASING and ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED:
+    elif (op == SHM_OP_RELEASING and ld32_acq(&b.ctl.flags) & SHM_F_OWNER_DIED
+            and not ld32_acq(&b.ctl.flags) & SHM_F_HANDON):
         for32(&b.ctl.flags, SHM_F_NOTRECOVERABLE)
     holder_forget(rm, b, q)
 

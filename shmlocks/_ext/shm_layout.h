@@ -113,6 +113,11 @@ enum { SHM_KIND_TICKET = 1, SHM_KIND_MCS = 2, SHM_KIND_CLH = 3,
 /* ctl.flags */
 #define SHM_F_OWNER_DIED      1u   /* the current hold follows an owner death */
 #define SHM_F_NOTRECOVERABLE  2u   /* released while inconsistent: every acquire fails */
+#define SHM_F_HANDON          4u   /* set by a holder that releases with OWNER_DIED on purpose
+                                      (a with block left by an exception before
+                                      mark_consistent()): the next holder inherits
+                                      owner_died, and a death mid-release is not a release
+                                      made inconsistent (docs/design.md §6.4) */
 
 /* The ctl line.  Lower half: identity, the holder record and the statistics the holder
  * writes under the lock with plain (relaxed) stores: the holder stores ctl.holder at every

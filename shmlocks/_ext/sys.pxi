@@ -88,6 +88,7 @@ cdef extern from "shm_layout.h" nogil:
     enum: SHM_KIND_MAX
     enum: SHM_F_OWNER_DIED
     enum: SHM_F_NOTRECOVERABLE
+    enum: SHM_F_HANDON
     enum: SHM_BODY_MAGIC
     uint64_t SHM_MAGIC
 
