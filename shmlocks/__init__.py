@@ -25,6 +25,7 @@ from shmlocks.errors import (
     LockOrderWarning,
     NamespaceError,
     NotOwnerError,
+    ReentryError,
     ShmLockError,
 )
 
@@ -132,6 +133,7 @@ __all__ = [
     "NamespaceError",
     "NotOwnerError",
     "PIMutex",
+    "ReentryError",
     "Region",
     "RobustMutex",
     "ShmLockError",

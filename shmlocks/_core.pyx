@@ -17,7 +17,7 @@ cimport cython
 
 from shmlocks.errors import (CapacityError, CorruptRegionError, DeadlockError,
                              LockKindError, LockNotRecoverableError, NamespaceError,
-                             NotOwnerError, ShmLockError)
+                             NotOwnerError, ReentryError, ShmLockError)
 
 include "_ext/sys.pxi"
 include "_ext/participants.pxi"

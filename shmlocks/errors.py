@@ -10,6 +10,7 @@ __all__ = [
     "CorruptRegionError",
     "CapacityError",
     "NamespaceError",
+    "ReentryError",
     "LockOrderError",
     "LockOrderWarning",
 ]
@@ -57,3 +58,11 @@ class NamespaceError(ShmLockError):
     """A lock that cannot work across PID namespaces (pi: the kernel names a priority-
     inheritance futex's owner by thread id, which differs between namespaces) was opened
     from a namespace other than its region's creator's."""
+
+
+class ReentryError(ShmLockError, RuntimeError):
+    """A lock call (acquire, release, a with block) made inside a signal handler, or a
+    finalizer, that runs while the same thread waits in acquire() of a lock of the same
+    region (or recovers a dead participant there): refused, because the thread's one
+    participant there is in the middle of a protocol step. Take locks of that region
+    outside the handler (set a flag in the handler), or use another region."""

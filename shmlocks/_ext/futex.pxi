@@ -57,6 +57,7 @@ cdef class FutexMutex(_Lock):
             participant_try_recover(self.rm, o - 1)
 
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
+        global shm_recover_sig
         cdef uint32_t* word = self._word()
         cdef uint32_t v
         cdef int r
@@ -90,6 +91,9 @@ cdef class FutexMutex(_Lock):
                 return R_SIGNAL
             wait_tick(w)                             # the per-wait hook (wait.pxi)
             self._check_owner(ld32_acq(word))
+            if shm_recover_sig:                      # a handler raised in that recovery
+                shm_recover_sig = 0
+                return R_SIGNAL
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef uint32_t* word = self._word()

@@ -139,6 +139,7 @@ cdef class _Lock:
         cdef reg_t* r
         if self._closed or self.rm.closed:
             raise ValueError(f"lock {self._name!r} is closed")
+        cdef int64_t outer = shm_recover_deadline    # (a wait this call interrupts)
         r = reg_lookup(self.rm)
         if r != NULL:
             return r
@@ -146,7 +147,7 @@ cdef class _Lock:
         try:
             return reg_register(self.rm)
         finally:
-            shm_recover_deadline = -1
+            shm_recover_deadline = outer
 
     # -- the internal interface (overridden by each kind) ---------------------------------
 
@@ -308,6 +309,38 @@ cdef class _Lock:
             return self._got(r, rc, shm_crash_armed)
         return self._acquire_slow(r, rc, deadline)
 
+    cdef int _withdraw(self, reg_t* r, int rc) except? -100:
+        """Leave at once whatever place _fast took (a wait with deadline 0: each kind's
+        timeout path). The kind's result: R_TIMEOUT once left, R_ACQ if it was granted."""
+        cdef wait_t w
+        wait_init(&w, 0, NULL)
+        shm_op_set(r.op, self._lock1, SHM_OP_WAITING)
+        rc = self._wait(r.slot, rc, &w)
+        if rc == R_ACQ or rc == R_ACQ_DIED:
+            return rc
+        shm_op_set(r.op, 0, 0)
+        if rc < 0 and rc != R_SIGNAL:
+            _raise_code(self, rc)
+        return rc
+
+    cdef bint _waiting_via_other_view(self, reg_t* r) noexcept nogil:
+        """Inside a re-entry window only: does another live slot of the calling thread
+        (another object of this lock) take or wait for this lock?"""
+        cdef shm_participant* me = &self.rm.part[r.slot]
+        cdef shm_participant* p
+        cdef uint32_t x, op
+        for x in range(self.rm.P):
+            if x == r.slot:
+                continue
+            p = &self.rm.part[x]
+            op = participant_op(self.rm, x, self._lock1)
+            if ((op == SHM_OP_TAKING or op == SHM_OP_WAITING)
+                    and ld32_acq(&p.pid) == r.pid and ld32_acq(&p.tid) == ld32_rlx(&me.tid)
+                    and ld64_acq(&p.pidns) == ld64_rlx(&me.pidns)
+                    and participant_state(self.rm, x) == 1):
+                return 1
+        return 0
+
     cdef bint _held_via_other_view(self, reg_t* r) noexcept nogil:
         """Slow path: does the lock's holder record name another live participant slot of
         the calling thread (same pid, tid and PID namespace as ours)? Each object made by
@@ -332,7 +365,7 @@ cdef class _Lock:
         global shm_recover_deadline
         cdef wait_t w
         cdef uint32_t me = r.slot
-        cdef int64_t t0
+        cdef int64_t t0, outer
         if rc == R_ACQ_DIED:
             return self._got(r, rc, shm_crash_armed)
         if rc < 0:
@@ -344,25 +377,26 @@ cdef class _Lock:
         if self._held_via_other_view(r):
             # Held by this very thread through another object of this lock (open() again,
             # a pickle round trip: another participant slot of the same thread). Waiting
-            # would never end: withdraw at once (a wait with deadline 0 leaves the place
-            # a queue kind's _fast took), then raise.
-            wait_init(&w, 0, NULL)
-            shm_op_set(r.op, self._lock1, SHM_OP_WAITING)
-            rc = self._wait(me, rc, &w)
-            if rc == R_ACQ or rc == R_ACQ_DIED:      # released meanwhile (a handler)
+            # would never end: withdraw at once, then raise.
+            rc = self._withdraw(r, rc)
+            if rc == R_ACQ or rc == R_ACQ_DIED:      # released meanwhile
                 return self._got(r, rc, shm_crash_armed)
-            shm_op_set(r.op, 0, 0)
-            if rc < 0:
-                _raise_code(self, rc)
             raise DeadlockError(
                 f"this thread already holds {self.kind_name} lock {self._name!r} through "
                 "another object of the same lock (opened again, or unpickled): shmlocks "
                 "locks are not reentrant")
+        if shm_win_n > 0 and self._waiting_via_other_view(r):
+            # A handler of ours acquires, through another object, the lock its thread
+            # waits for: queued behind its own wait, it would never be served
+            self._withdraw(r, rc)
+            raise reentry_error(f"acquire() of {self.kind_name} lock {self._name!r}")
         wait_init(&w, deadline, &self.b.precs[me].spin_ns)
+        w.rm = self.rm                               # hidden while handlers run
         t0 = shm_now_ns()                            # also the wait's start, for stats_waited
         dl_arm(&w, self, me, t0)                     # the wait record: since when ...
         shm_op_set(r.op, self._lock1, SHM_OP_WAITING)     # "me waits for this lock"
         crashpoint("lock.wait.waiting")
+        outer = shm_recover_deadline                 # (a wait a handler of ours interrupts)
         shm_recover_deadline = deadline              # recoveries we run keep our deadline
         if self.rm.nthreads <= 1:
             # no other thread of ours is registered here, so none can hold this lock and
@@ -373,7 +407,7 @@ cdef class _Lock:
         else:
             with nogil:
                 rc = self._wait(me, rc, &w)
-        shm_recover_deadline = -1
+        shm_recover_deadline = outer
         if rc == R_ACQ or rc == R_ACQ_DIED:
             wait_adapt(&w, &self.b.precs[me].spin_ns)
             if PyErr_Occurred() != NULL:
@@ -406,8 +440,7 @@ cdef class _Lock:
             self._check_held_across_close()
         r = reg_lookup(self.rm)
         if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.hid:
-            raise NotOwnerError(f"release of {self.kind_name} lock {self._name!r} by a "
-                                "thread that does not hold it")
+            self._not_owner(r)
         shm_op_set(r.op, self._lock1, SHM_OP_RELEASING)
         trace("release", r.slot, 0, 0)
         crashpoint_at(armed, "lock.release.releasing")
@@ -438,6 +471,14 @@ cdef class _Lock:
             raise ValueError(f"lock {self._name!r} is closed")
         return 0
 
+    cdef int _not_owner(self, reg_t* r) except -1:
+        if r == NULL and window_busy(self.rm):
+            # a handler releasing a lock its thread holds while that thread waits in this
+            # region: the release would publish its step over the wait's
+            raise reentry_error(f"release() of {self.kind_name} lock {self._name!r}")
+        raise NotOwnerError(f"release of {self.kind_name} lock {self._name!r} by a "
+                            "thread that does not hold it")
+
     def release(self):
         """Release the lock. NotOwnerError if the calling thread does not hold it."""
         self._release()
@@ -448,7 +489,7 @@ cdef class _Lock:
         """True if the calling thread holds the lock: what threading.Condition asks."""
         cdef reg_t* r
         self._check()
-        r = reg_lookup(self.rm)
+        r = reg_find(self.rm)
         return r != NULL and ld32_rlx(&self.b.ctl.holder) == r.hid
 
     def __enter__(self):
@@ -472,8 +513,7 @@ cdef class _Lock:
         self._check()
         r = reg_lookup(self.rm)
         if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.hid:
-            raise NotOwnerError(f"release of {self.kind_name} lock {self._name!r} by a "
-                                "thread that does not hold it")
+            self._not_owner(r)
         # HANDON first, while we hold: a death from here on leaves owner_died for the next
         # holder, as this release means to (the verdict reads it), never NOTRECOVERABLE
         for32(&self.b.ctl.flags, SHM_F_HANDON)
@@ -575,7 +615,7 @@ cdef class _Lock:
         """Declare the protected data repaired after an owner death (holder only)."""
         cdef reg_t* r
         self._check()
-        r = reg_lookup(self.rm)
+        r = reg_find(self.rm)
         if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.hid:
             raise NotOwnerError("mark_consistent() by a thread that does not hold the lock")
         if ld32_acq(&self.b.ctl.flags) & SHM_F_OWNER_DIED:

@@ -107,12 +107,15 @@ cdef uint32_t _mcs_scan_succ(shm_body* b, uint32_t q) noexcept nogil:
     return 0 if v == QUEUE_NONE else v               # none of them lived to publish
 
 
-cdef uint32_t _mcs_find_succ(shm_body* b, uint32_t q) noexcept nogil:
+cdef uint32_t _mcs_find_succ(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     """Node q is in the queue and not last, so it has a successor: wait for it to become
-    visible (a joiner between two instructions). Bounded: 0 after 5 s (corrupt)."""
+    visible (a joiner between two instructions). Bounded: 0 after 5 s (corrupt). Inside a
+    recovery also by the caller's deadline and signals (recover_wait_check): then 0 with
+    shm_recover_cut set, and the caller decides nothing more (docs/design.md §6.3)."""
     cdef uint32_t v
     cdef int i = 0
     cdef int64_t until = 0
+    cdef int64_t nsig = 0
     while True:
         v = _mcs_scan_succ(b, q)
         if v != 0:
@@ -123,6 +126,12 @@ cdef uint32_t _mcs_find_succ(shm_body* b, uint32_t q) noexcept nogil:
             continue
         if until == 0:
             until = shm_now_ns() + 5 * <int64_t>1000000000
+            if shm_recovering:
+                until = recover_until(5 * <int64_t>1000000000)
+                nsig = shm_now_ns() + RECOVER_CHECK_NS
+        if shm_recovering:
+            if recover_wait_check(rm, until, &nsig):
+                return 0
         elif shm_now_ns() > until:
             return 0
         sched_yield()
@@ -172,7 +181,10 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
                     wake_if_parked(&m.state, &m.parked)
                     return 0
                 continue
-            nx = _mcs_find_succ(b, s - 1)
+            nx = _mcs_find_succ(rm, b, s - 1)
+            if nx == 0 and shm_recovering and shm_recover_cut:
+                return 0                             # cut short: the pass record stays,
+                                                     # the next recoverer goes on ([M2])
         if nx == 0 or nx > b.P:
             return R_CORRUPT
         st64_rel(&rm.part[q].op_value,
@@ -214,7 +226,9 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
                 st32_rel(&n.state, M_IDLE)
                 return 0
         else:
-            succ = _mcs_find_succ(b, q)
+            succ = _mcs_find_succ(rm, b, q)
+            if succ == 0 and shm_recovering and shm_recover_cut:
+                return 0                             # cut short before any change
         break
     if succ == 0 or succ > b.P:
         return R_CORRUPT
@@ -224,6 +238,8 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
     wake_if_parked(&n.state, &n.parked)
     crashpoint_at(armed, "mcs.release.idled")
     rc = _mcs_pass(rm, b, succ, q)
+    if shm_recovering and shm_recover_cut:
+        return rc                                    # cut short: the record is the redo's
     st64_rel(&rm.part[q].op_value, 0)                # the pass is over: no record is left
     return rc
 

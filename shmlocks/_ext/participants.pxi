@@ -174,6 +174,33 @@ cdef uint64_t thread_start(uint32_t tid):
         return 0
 
 
+# Re-entry windows (docs/design.md §4). Python code runs inside a blocked acquire only where
+# the wait checks signals (wait_check: handlers, and the deadlock look's own code, which may
+# run finalizers) and in the same check inside a recovery (recover_wait_check). The thread's
+# participant in that region is mid-step there (WAITING, or recovering someone): a lock call
+# from that code would publish its own step over it. For the length of the window the
+# participant is hidden: its reg_t is unlinked from the thread's list, so any lock call on
+# that region misses reg_lookup (the fast path is untouched) and reaches a slow path that
+# refuses it with ReentryError (window_busy). Nested windows (a handler's wait on another
+# region) stack, at most WINDOW_MAX deep; per thread, as are these variables.
+cdef extern from *:
+    """
+    static __thread void *shm_win_rm[8];
+    static __thread void *shm_win_reg[8];
+    static __thread int shm_win_n = 0;
+    static __thread int shm_recover_sig = 0;   /* a handler raised inside a recovery wait */
+    static __thread int shm_recovering = 0;    /* inside participant_recover */
+    """
+    void* shm_win_rm[8]
+    void* shm_win_reg[8]
+    int shm_win_n
+    int shm_recover_sig
+    int shm_recovering
+
+cdef enum:
+    WINDOW_MAX = 8
+
+
 cdef inline reg_t* reg_lookup(rmap_t* rm) noexcept nogil:
     cdef reg_t* r = <reg_t*>shm_tls_get()
     while r != NULL:
@@ -181,6 +208,77 @@ cdef inline reg_t* reg_lookup(rmap_t* rm) noexcept nogil:
             return r
         r = r.next
     return NULL
+
+
+cdef int window_enter(rmap_t* rm) noexcept nogil:
+    """Python code may run now inside this thread's wait or recovery on region rm: hide
+    the thread's participant there (unlink its reg_t) and mark rm busy. Returns 1 if
+    window_exit must undo it."""
+    global shm_win_n
+    cdef reg_t* head
+    cdef reg_t** pp
+    cdef reg_t* r = NULL
+    if rm == NULL or shm_win_n >= WINDOW_MAX or shm_win_n < 0:
+        return 0
+    head = <reg_t*>shm_tls_get()
+    pp = &head
+    while pp[0] != NULL:
+        if pp[0].rm == rm:
+            r = pp[0]
+            pp[0] = r.next
+            r.next = NULL
+            pthread_setspecific(g_key, head)
+            shm_tls_set(head)
+            break
+        pp = &pp[0].next
+    shm_win_rm[shm_win_n] = <void*>rm
+    shm_win_reg[shm_win_n] = <void*>r
+    shm_win_n += 1
+    return 1
+
+
+cdef void window_exit(int entered) noexcept nogil:
+    """End the window window_enter opened: link the hidden participant back."""
+    global shm_win_n
+    cdef reg_t* r
+    if not entered or shm_win_n <= 0:          # (0 in a child forked inside the window)
+        return
+    shm_win_n -= 1
+    r = <reg_t*>shm_win_reg[shm_win_n]
+    if r != NULL:
+        r.next = <reg_t*>shm_tls_get()
+        pthread_setspecific(g_key, r)
+        shm_tls_set(r)
+
+
+cdef inline bint window_busy(rmap_t* rm) noexcept nogil:
+    """Is this thread inside a window on region rm (a lock call now is a re-entry)?"""
+    cdef int i
+    for i in range(shm_win_n):
+        if shm_win_rm[i] == <void*>rm:
+            return 1
+    return 0
+
+
+cdef reg_t* reg_find(rmap_t* rm) noexcept nogil:
+    """reg_lookup, hidden participants included: for calls that publish no step
+    (mark_consistent, _is_owned), allowed inside a window."""
+    cdef reg_t* r = reg_lookup(rm)
+    cdef int i
+    if r != NULL:
+        return r
+    for i in range(shm_win_n):
+        if shm_win_rm[i] == <void*>rm and shm_win_reg[i] != NULL:
+            return <reg_t*>shm_win_reg[i]
+    return NULL
+
+
+cdef object reentry_error(str what):
+    return ReentryError(
+        f"{what} inside a signal handler (or finalizer) that runs while this thread waits "
+        "in acquire() of a lock of the same region (or recovers a participant there): "
+        "refused, because it would overwrite the protocol step the waiting acquire has "
+        "published (README: re-entry)")
 
 
 cdef void rmap_link(rmap_t* rm) noexcept nogil:
@@ -273,6 +371,7 @@ cdef void atfork_parent() noexcept nogil:
 
 cdef void atfork_child() noexcept nogil:
     """A forked child is one new thread that owns no slot: forget the parent's threads."""
+    global shm_win_n, shm_recovering, shm_recover_sig
     cdef rmap_t* rm = g_rmaps
     cdef reg_t* r = <reg_t*>shm_tls_get()
     cdef reg_t* nx
@@ -282,6 +381,9 @@ cdef void atfork_child() noexcept nogil:
         r = nx
     pthread_setspecific(g_key, NULL)
     shm_tls_set(NULL)
+    shm_win_n = 0                       # a fork inside a window: the child has no wait
+    shm_recovering = 0
+    shm_recover_sig = 0
     while rm != NULL:
         rm.nthreads = 0
         rm.pins = 0
@@ -339,6 +441,8 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
     A thread keeps at most REGIONS_PER_THREAD tokens (see the enum's comment): past that,
     CapacityError."""
     cdef reg_t* r = NULL
+    if window_busy(rm):
+        raise reentry_error("a lock call")
     if reg_leave_closed() >= REGIONS_PER_THREAD:
         raise CapacityError(
             f"this thread already takes part in {REGIONS_PER_THREAD} regions, the most a "
@@ -361,6 +465,7 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
 cdef reg_t* reg_claim(rmap_t* rm) except NULL:
     """reg_register's work, on a pinned mapping. A slot whose token is not a mutex of ours
     (foreign bytes: its glibc fields would make glibc abort) is skipped, never locked."""
+    global shm_recover_sig
     cdef uint32_t i
     cdef int rc
     cdef int ncorrupt = 0
@@ -374,8 +479,12 @@ cdef reg_t* reg_claim(rmap_t* rm) except NULL:
             continue
         if rc == EOWNERDEAD or (rc == 0 and ld32_acq(&p.pending)):
             # The previous owner died. We are its recoverer: finish its business first
-            # (by our deadline: cut short, the slot stays pending and we try the next).
+            # (by our deadline: cut short, the slot stays pending and we try the next;
+            # cut short by a signal handler that raised, its exception propagates).
             if participant_recover(rm, i) != 1:
+                if shm_recover_sig:
+                    shm_recover_sig = 0
+                    return NULL
                 continue
             rc = 0
         if rc == 0:
@@ -449,11 +558,52 @@ cdef inline int64_t recover_until(int64_t cap_ns) noexcept nogil:
     return until
 
 
-cdef int repair_lock(shm_body* b) noexcept nogil:
-    """Take a lock's repair mutex, waiting at most 2 s or to the caller's deadline. 0 on
-    success, ETIMEDOUT, or another error (a corrupt mutex)."""
-    cdef timespec ts = shm_ts_of_ns(recover_until(2000000000))
-    cdef int rc = pm_clocklock(&b.ctl.repair.m, 0, &ts)
+cdef int64_t RECOVER_CHECK_NS = 5000000     # 5 ms: a park slice (wait.pxi)
+
+
+cdef int recover_wait_check(rmap_t* rm, int64_t until, int64_t* next_sig) noexcept nogil:
+    """One check of a wait inside a recovery: 1 to stop it (shm_recover_cut set: `until`,
+    the caller's deadline included, has passed, or a signal handler raised; then also
+    shm_recover_sig), 0 to go on. Signals are checked every RECOVER_CHECK_NS, as a park
+    slice checks them, inside a re-entry window; a recovery cut short is left pending and
+    finished by the next waiter (docs/design.md §6.3)."""
+    global shm_recover_cut, shm_recover_sig
+    cdef int64_t now = shm_now_ns()
+    cdef int rc = 0
+    cdef int entered
+    if now >= until:
+        shm_recover_cut = 1
+        return 1
+    if now >= next_sig[0]:
+        next_sig[0] = now + RECOVER_CHECK_NS
+        entered = window_enter(rm)
+        with gil:
+            rc = PyErr_CheckSignals()
+        window_exit(entered)
+        if rc < 0:
+            shm_recover_cut = 1
+            shm_recover_sig = 1
+            return 1
+    return 0
+
+
+cdef int repair_lock(rmap_t* rm, shm_body* b) noexcept nogil:
+    """Take a lock's repair mutex, waiting at most 2 s or to the caller's deadline, in
+    slices that check signals (recover_wait_check). 0 on success, ETIMEDOUT (time ran
+    out, or a handler raised), or another error (a corrupt mutex)."""
+    cdef int64_t until = recover_until(2000000000)
+    cdef int64_t nsig = shm_now_ns() + RECOVER_CHECK_NS
+    cdef int64_t end
+    cdef timespec ts
+    cdef int rc
+    while True:
+        end = shm_now_ns() + RECOVER_CHECK_NS
+        ts = shm_ts_of_ns(end if end < until else until)
+        rc = pm_clocklock(&b.ctl.repair.m, 0, &ts)
+        if rc != ETIMEDOUT:
+            break
+        if recover_wait_check(rm, until, &nsig):
+            return ETIMEDOUT
     if rc == EOWNERDEAD:
         pm_consistent(&b.ctl.repair.m, 0)             # a recoverer died: redo is idempotent
         rc = 0
@@ -480,15 +630,24 @@ cdef int participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
     identity is cleared. If a lock's repair mutex is unusable (a corrupt segment), the
     slot is quarantined (its token left ENOTRECOVERABLE) rather than handed to a new
     thread with a half-finished protocol."""
-    global shm_recover_cut
+    global shm_recover_cut, shm_recovering
+    cdef shm_participant* p = &rm.part[slot]
+    cdef int rc
+    shm_recover_cut = 0
+    trace("recover.begin", slot, ld64_rlx(&p.generation),
+          ld32_rlx(&p.op_lock) | (<uint64_t>ld32_rlx(&p.op_step) << 32))
+    shm_recovering += 1
+    rc = _participant_recover(rm, slot)
+    shm_recovering -= 1
+    return rc
+
+
+cdef int _participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
     cdef shm_participant* p = &rm.part[slot]
     cdef uint32_t i
     cdef int rc
     cdef shm_body b
     cdef kind_ops_t* ops
-    shm_recover_cut = 0
-    trace("recover.begin", slot, ld64_rlx(&p.generation),
-          ld32_rlx(&p.op_lock) | (<uint64_t>ld32_rlx(&p.op_step) << 32))
     for i in range(rm.L):
         if ld32_acq(&rm.dir[i].state) != SHM_DIRENT_READY:
             continue
@@ -499,7 +658,7 @@ cdef int participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
         if not ops.repair:
             ops.recover(rm, &b, slot)            # the kernel recovers it (robust, pi)
             continue
-        rc = repair_lock(&b)
+        rc = repair_lock(rm, &b)
         if rc == ETIMEDOUT:                      # a live recoverer is slow, or our time
             participant_leave_pending(rm, slot)  # is up: the next waiter goes on
             return -1
@@ -575,19 +734,20 @@ cdef bint participants_settle(rmap_t* rm, shm_body* b, uint32_t q, uint32_t step
     """Recovery by elimination needs the live participants that are between two steps of
     `step` on this lock (midstep(b, x): e.g. took a ticket but has not published it) to
     finish them. Waits for each, bounded by its progress (a death ends the wait), 5 s and
-    the caller's deadline. Returns 1 once none is mid-step; 0 if time ran out first (and
-    sets shm_recover_cut): the caller must then decide nothing and return."""
+    the caller's deadline, and ends early if a signal handler raises. Returns 1 once none
+    is mid-step; 0 if cut short first (shm_recover_cut set): the caller must then decide
+    nothing and return."""
     global shm_recover_cut
     cdef uint32_t x
     cdef uint32_t lock1 = b.index + 1
     cdef int64_t until = recover_until(5 * <int64_t>1000000000)
+    cdef int64_t nsig = shm_now_ns() + RECOVER_CHECK_NS
     for x in range(b.P):
         if x == q:
             continue
         while (_op_is(participant_op(rm, x, lock1), step) and midstep(b, x)
                and not participant_dead(rm, x)):
-            if shm_now_ns() >= until:
-                shm_recover_cut = 1
+            if recover_wait_check(rm, until, &nsig):    # deadline, 5 s, or a signal
                 return 0
             sched_yield()
     return 1

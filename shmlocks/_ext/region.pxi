@@ -489,6 +489,7 @@ cdef class Region:
         """Recover every participant slot whose owner died (their tokens came back
         EOWNERDEAD to us). Returns how many. Normally done lazily, by the waiters that
         depend on a dead participant and by registration; this sweeps the rest."""
+        global shm_recover_sig
         cdef uint32_t i
         cdef int n = 0
         self._check_open()
@@ -498,6 +499,9 @@ cdef class Region:
                 if participant_dead(self.rm, i):
                     with nogil:
                         participant_try_recover(self.rm, i)
+                    if shm_recover_sig:           # a handler raised: its exception
+                        shm_recover_sig = 0       # propagates (the recovery is pending)
+                        return _raise_pending()
                     n += not participant_dead(self.rm, i)
         finally:
             rmap_unpin(self.rm)

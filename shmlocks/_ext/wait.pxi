@@ -122,6 +122,8 @@ cdef struct wait_t:
     void* dl_lock           # the waiting _Lock (borrowed: the acquire holds a reference)
     uint32_t dl_slot        # its participant slot
     int dl_hit              # 1: a deadlock's victim, withdrawing as on a timeout
+    rmap_t* rm              # the waiter's region: hidden while Python code runs (its
+                            # re-entry window, participants.pxi); NULL: none
 
 
 cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) noexcept nogil:
@@ -144,6 +146,7 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
     w.dl_lock = NULL
     w.dl_slot = 0
     w.dl_hit = 0
+    w.rm = NULL
 
 
 cdef inline void wait_nogil(wait_t* w) noexcept nogil:
@@ -171,17 +174,22 @@ cdef int wait_check(wait_t* w) noexcept nogil:
     """Deadline, signals, and (once its time has come) a look for a deadlock this waiter
     must break (wait_look). 0 to go on, else W_TIMEOUT or W_SIGNAL."""
     cdef int64_t now = shm_now_ns()
-    cdef int r
+    cdef int r = 0
+    cdef int entered
     if w.deadline >= 0 and now >= w.deadline:
         return W_TIMEOUT
+    # Python code runs from here (handlers; the look's own code, and any finalizer): the
+    # waiting participant is hidden, so a lock call on its region is refused (re-entry)
+    entered = window_enter(w.rm)
     with gil:
         if PyErr_CheckSignals() < 0:
-            return W_SIGNAL
-    if 0 <= w.dl_next <= now and wait_look != NULL:
+            r = W_SIGNAL
+    if r == 0 and 0 <= w.dl_next <= now and wait_look != NULL:
         r = wait_look(w, now)
         if r != 0:
-            return W_TIMEOUT if r > 0 else W_SIGNAL
-    return 0
+            r = W_TIMEOUT if r > 0 else W_SIGNAL
+    window_exit(entered)
+    return r
 
 
 cdef int64_t wait_slice(wait_t* w) noexcept nogil:
@@ -343,6 +351,7 @@ cdef inline void wait_tick(wait_t* w) noexcept nogil:
 
 cdef int park(park_t* pk, wait_t* w) noexcept nogil:
     """Wait under the policy w until pk.ready says READY: R_ACQ, R_TIMEOUT or R_SIGNAL."""
+    global shm_recover_sig
     cdef int res
     if SHM_DEBUG_BUILT:
         dassert(pk.ready != NULL and pk.tick != NULL and pk.word != NULL
@@ -353,6 +362,10 @@ cdef int park(park_t* pk, wait_t* w) noexcept nogil:
             break
         wait_tick(w)                            # the per-wait hook, once a slice
         pk.tick(pk.rm, pk.b, pk.arg)            # the one we depend on: alive?
+        if shm_recover_sig:                     # a handler raised inside that recovery
+            shm_recover_sig = 0
+            res = W_SIGNAL
+            break
     if res == W_READY:
         return R_ACQ
     return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
