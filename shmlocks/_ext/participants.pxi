@@ -570,16 +570,18 @@ cdef int recover_wait_check(rmap_t* rm, int64_t until, int64_t* next_sig) noexce
     global shm_recover_cut, shm_recover_sig
     cdef int64_t now = shm_now_ns()
     cdef int rc = 0
-    cdef int entered
+    cdef int entered, cut
     if now >= until:
         shm_recover_cut = 1
         return 1
     if now >= next_sig[0]:
         next_sig[0] = now + RECOVER_CHECK_NS
-        entered = window_enter(rm)
+        cut = shm_recover_cut              # a handler's own acquire (another region) may
+        entered = window_enter(rm)         # recover someone too: this one's state stays
         with gil:
             rc = PyErr_CheckSignals()
         window_exit(entered)
+        shm_recover_cut = cut
         if rc < 0:
             shm_recover_cut = 1
             shm_recover_sig = 1
