@@ -51,6 +51,21 @@ def _installed_elsewhere() -> str | None:
     return None
 
 
+def _core_elsewhere() -> str | None:
+    """Where the import system finds ``shmlocks._core`` when it is not beside this file
+    (another tree's, through an editable install's finder), or None."""
+    here = _os.path.dirname(_os.path.realpath(__file__))
+    for finder in _sys.meta_path:
+        try:
+            spec = finder.find_spec("shmlocks._core", [here])  # type: ignore[call-arg]
+        except Exception:  # noqa: BLE001 - a third-party finder's trouble is not ours
+            continue
+        if spec is not None and spec.origin:
+            origin = _os.path.realpath(spec.origin)
+            return None if _os.path.dirname(origin) == here else origin
+    return None
+
+
 try:
     from shmlocks._core import (
         CACHE_LINE,
@@ -84,6 +99,17 @@ except ModuleNotFoundError as _e:  # pragma: no cover - depends on the install
             "Install it with `python -m pip install -e .` (or `pip install .`) first."
         ) from None
     raise
+except ImportError as _e:  # pragma: no cover - depends on the install
+    _foreign = _core_elsewhere()
+    if _foreign is None:
+        raise
+    raise ImportError(
+        f"{_e}: this shmlocks ({_os.path.dirname(__file__)}) has no compiled core of its "
+        f"own, and the one found, {_foreign}, belongs to another shmlocks tree (an editable "
+        "install), which this one shadows because Python puts the current directory (or "
+        "the script's) first on sys.path. Run from another directory, or build this tree "
+        "in place with `python -m pip install -e .`."
+    ) from None
 
 __version__ = "0.1.0"
 

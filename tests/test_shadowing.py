@@ -74,3 +74,37 @@ def test_an_uncompiled_source_tree_shadowing_an_installed_package(tmp_path):
         timeout=30,
     )
     assert ok.stdout.strip() == str(site / "shmlocks" / "__init__.py"), ok.stderr
+
+
+def test_a_source_tree_given_another_trees_compiled_core(tmp_path):
+    """An editable install's finder maps ``shmlocks._core`` to its own tree, whatever tree
+    ``shmlocks`` itself came from: from the root of another clone, its package gets that
+    core, whose imports may not match. The error says so rather than only "cannot import
+    name". (The finder here is a stand-in for setuptools' editable finder.)"""
+    src = tmp_path / "other-clone" / "shmlocks"
+    src.mkdir(parents=True)
+    for f in os.listdir(PKG):
+        if f.endswith(".py"):
+            shutil.copy(os.path.join(PKG, f), src)
+    other = tmp_path / "editable-tree" / "shmlocks"  # its core needs a newer errors.py
+    other.mkdir(parents=True)
+    (other / "_core.py").write_text(
+        "raise ImportError(\"cannot import name 'NewError' from 'shmlocks.errors'\")\n"
+    )
+    code = (
+        "import importlib.machinery as m, sys\n"
+        "class Editable:\n"
+        "    @staticmethod\n"
+        "    def find_spec(name, path=None, target=None):\n"
+        "        if name == 'shmlocks._core':\n"
+        f"            return m.PathFinder.find_spec(name, [{str(other)!r}])\n"
+        "sys.meta_path.insert(0, Editable)\n"
+        "import shmlocks\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=src.parent, capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert "cannot import name" in last and "belongs to another shmlocks tree" in last, last
+    assert str(src) in last and str(other / "_core.py") in last, last
