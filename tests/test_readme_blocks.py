@@ -136,11 +136,20 @@ def _run(code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_attach_by_name_snippet_runs():
-    (snippet,) = [b for b in blocks("python") if ".open(" in b and "# in another" in b]
+    """Run in two programs, the snippet gives both the same lock, and the last one's end
+    leaves nothing in /dev/shm."""
+    (snippet,) = [b for b in blocks("python") if "open_or_create(" in b and "# in each" in b]
     name = uniq("readme-attach")
     code = snippet.replace('"myapp-jobs"', repr(name))
-    first, second = code.splitlines()[0], "\n".join(code.splitlines()[1:])
-    script = f"import shmlocks\n{first}\ncreator = lock\n{second}\nwith lock:\n    pass\n"
+    other = f"import os, shmlocks\n{code}\nprint(os.stat('/dev/shm/' + lock.name).st_ino)\n"
+    script = (
+        f"import os, subprocess, sys, shmlocks\n{code}\n"
+        "ino = os.stat('/dev/shm/' + lock.name).st_ino\n"
+        f"out = subprocess.run([sys.executable, '-c', {other!r}], capture_output=True,"
+        " text=True, check=True).stdout\n"
+        "assert int(out) == ino, (out, ino)\n"
+        "with lock:\n    pass\n"
+    )
     r = _run(script)
     assert r.returncode == 0, r.stderr
     assert not shm_exists(name), "a normal end leaves nothing in /dev/shm"

@@ -71,14 +71,9 @@ cdef class _Lock:
     def __init__(self, name=None, *, max_participants=64, mode=0o600, persist=False):
         if type(self) is _Lock:
             raise TypeError("_Lock is abstract: use one of shmlocks.KINDS")
-        region = Region.create(name, max_locks=1, max_participants=max_participants,
-                               mode=mode, persist=persist)
-        try:
-            i = region._create_entry("lock", _kind_code(type(self)))
-        except BaseException:
-            region.close()
-            raise
-        self._bind(region, i, region.name)
+        region = Region._create(name, 1, max_participants, mode, persist,
+                                _kind_code(type(self)))    # its lock made before its name
+        self._bind(region, 0, region.name)
         self._standalone = True
 
     @classmethod
@@ -88,13 +83,19 @@ cdef class _Lock:
 
     @classmethod
     def open(cls, name):
-        """Attach to an existing lock (the first lock of region ``name``) from any process."""
+        """Attach to an existing lock (the one lock of region ``name``) from any process.
+        LockKindError if it is another kind, or a region of several locks (open those
+        with ``Region.open(name).open_lock(lock_name)``)."""
         cdef _Lock lk
         region = Region.open(name)
         try:
             names = region.lock_names()
             if not names:
                 raise FileNotFoundError(f"region {region.name!r} holds no lock")
+            if len(names) > 1:
+                raise LockKindError(
+                    f"{region.name!r} is a region of {len(names)} locks, not a single lock: "
+                    f"open one with shmlocks.Region.open({region.name!r}).open_lock(name)")
             lk = region.open_lock(names[0])
             if cls is not _Lock and type(lk) is not cls:
                 raise LockKindError(f"{region.name!r} holds a {lk.kind!r} lock, "
@@ -105,6 +106,27 @@ cdef class _Lock:
         lk._standalone = True
         lk._name = region.name
         return lk
+
+    @classmethod
+    def open_or_create(cls, name, *, max_participants=64, mode=0o600, persist=False):
+        """Open lock ``name``, or create it (with these arguments) if there is none: atomic,
+        so that of any number of processes racing on one name, all end up with the same
+        lock. LockKindError if the existing one is of another kind. The arguments do not
+        apply to a lock that exists already."""
+        n = _check_name(name)
+        _check_create_args(1, max_participants, mode)
+        deadline = _time.monotonic() + 5.0
+        while True:
+            try:
+                return cls.create(n, max_participants=max_participants, mode=mode,
+                                  persist=persist)
+            except FileExistsError:
+                pass
+            try:
+                return cls.open(n)
+            except FileNotFoundError:              # its last user left meanwhile: again
+                if _time.monotonic() > deadline:
+                    raise
 
     cdef _bind(self, Region region, uint32_t i, name):
         cdef rmap_t* rm = region.rm

@@ -28,6 +28,10 @@ cdef struct rmap_t:
     int pins                  # threads inside a call that touches the mapping unregistered
     int pyalive               # the Region object is alive
     int fd                    # the segment's file, open as long as the mapping (-1: none)
+    int named                 # fd holds flock(LOCK_SH): this view keeps the name alive
+    int persist               # the segment was created with persist=True
+    int fork_fd               # between fork's prepare and parent/child: the child's fd
+    char path[224]            # "/dev/shm/<name>" (names are at most 200 bytes)
     rmap_t* gnext
 
 cdef struct reg_t:
@@ -293,11 +297,42 @@ cdef void rmap_maybe_unmap(rmap_t* rm) noexcept nogil:
     """Called with g_mutex held: unmap once closed, no thread holds a token here and no
     thread is inside a pinned call (rmap_pin)."""
     if rm.closed and rm.nthreads == 0 and rm.pins == 0 and rm.base != NULL:
+        rmap_leave_name(rm)
         munmap(rm.base, rm.size)
         rm.base = NULL
         if rm.fd >= 0:
             close(rm.fd)
             rm.fd = -1
+
+
+cdef void rmap_leave_name(rmap_t* rm) noexcept nogil:
+    """This view stops keeping the segment's name alive (its unmap, or the process's end):
+    if no other view anywhere holds the file (flock: ours is the last LOCK_SH), unlink the
+    name, unless the segment is persist or the name names another file by now.
+    docs/design.md §2."""
+    cdef struct_stat a, b
+    if not rm.named or rm.fd < 0:
+        return
+    rm.named = 0
+    # a failed LOCK_SH -> LOCK_EX conversion drops our LOCK_SH (flock(2)), so of two last
+    # users leaving at once, one gets LOCK_EX
+    if flock(rm.fd, LOCK_EX | LOCK_NB) == 0:
+        if (not rm.persist and fstat(rm.fd, &a) == 0 and lstat(rm.path, &b) == 0
+                and a.st_dev == b.st_dev and a.st_ino == b.st_ino):
+            unlink(rm.path)
+    flock(rm.fd, LOCK_UN)
+
+
+cdef void rmap_leave_all_names() noexcept nogil:
+    """The process is ending (atexit, or multiprocessing's exit path before os._exit):
+    every view leaves its name, as if unmapped; the mappings stay for daemon threads."""
+    cdef rmap_t* rm
+    pthread_mutex_lock(&g_mutex)
+    rm = g_rmaps
+    while rm != NULL:
+        rmap_leave_name(rm)
+        rm = rm.gnext
+    pthread_mutex_unlock(&g_mutex)
 
 
 cdef int rmap_pin(rmap_t* rm) except -1:
@@ -362,10 +397,35 @@ cdef void thread_exit(void* head) noexcept nogil:
 
 
 cdef void atfork_prepare() noexcept nogil:
+    """Before fork: a new open file description (open of /proc/self/fd/N) with its own
+    LOCK_SH for each view the child inherits open, so that the child keeps the name alive
+    on its own: a flock belongs to a description, and the inherited fd shares ours."""
+    cdef rmap_t* rm
+    cdef char buf[48]
+    cdef int fd
     pthread_mutex_lock(&g_mutex)
+    rm = g_rmaps
+    while rm != NULL:
+        rm.fork_fd = -1
+        if rm.named and not rm.closed and rm.fd >= 0:
+            snprintf(buf, sizeof(buf), b"/proc/self/fd/%d", rm.fd)
+            fd = c_open(buf, O_RDWR | O_CLOEXEC)
+            if fd >= 0:
+                # nobody can hold LOCK_EX while our own LOCK_SH stands: this never waits
+                if flock(fd, LOCK_SH | LOCK_NB) == 0:
+                    rm.fork_fd = fd
+                else:
+                    close(fd)
+        rm = rm.gnext
 
 
 cdef void atfork_parent() noexcept nogil:
+    cdef rmap_t* rm = g_rmaps
+    while rm != NULL:
+        if rm.fork_fd >= 0:
+            close(rm.fork_fd)             # the child's copy keeps its description and lock
+            rm.fork_fd = -1
+        rm = rm.gnext
     pthread_mutex_unlock(&g_mutex)
 
 
@@ -387,6 +447,13 @@ cdef void atfork_child() noexcept nogil:
     while rm != NULL:
         rm.nthreads = 0
         rm.pins = 0
+        if rm.fork_fd >= 0:               # our own description, with its LOCK_SH
+            if rm.fd >= 0:
+                close(rm.fd)
+            rm.fd = rm.fork_fd
+            rm.fork_fd = -1
+        else:                             # the inherited fd shares the parent's lock:
+            rm.named = 0                  # never flock it here
         rm = rm.gnext
     pthread_mutex_unlock(&g_mutex)
 

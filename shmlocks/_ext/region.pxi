@@ -2,16 +2,19 @@
 # directory, lifetime. One POSIX shared-memory object per region, laid out as shm_layout.h.
 #
 # Creation race: the creator builds everything while header.state == BUILDING, then
-# publishes READY with a release store; open() waits (bounded) for READY and validates
+# publishes READY with a release store, and only then gives the file its name (below:
+# the name's lifetime); open() still waits (bounded) for READY, for a segment built
+# under its name where O_TMPFILE is missing, and validates
 # magic, version, line size, the geometry and every offset against the file size before
 # any other use. The validated geometry is copied into the process-local rmap_t and never
 # read from the segment again, so a scribbled header cannot steer an index out of bounds.
 
 import os as _os
 import time as _time
-import weakref as _weakref
 import atexit as _atexit
 import stat as _stat
+import sys as _sys
+import fcntl as _fcntl
 import errno as _errno
 
 OPEN_READY_TIMEOUT = 2.0
@@ -62,6 +65,24 @@ cdef _reserve(int fd, uint64_t off, uint64_t length, what):
             raise
 
 
+def _os_error(int err, path):
+    raise OSError(err, _os.strerror(err), _os.fsdecode(path))
+
+
+def _unlink_quietly(n):
+    try:
+        _os.unlink(_SHM_DIR + n)
+    except OSError:
+        pass
+
+
+def _check_create_args(max_locks, max_participants, mode):
+    _check_count(max_locks, "max_locks", SHM_MAX_LOCKS)
+    _check_count(max_participants, "max_participants", SHM_MAX_PARTICIPANTS)
+    if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
+        raise ValueError("mode must be an int permission mask like 0o600")
+
+
 def _gen_name():
     return f"shmlocks-{_os.getpid()}-{_os.urandom(6).hex()}"
 
@@ -81,38 +102,229 @@ cdef int _init_pshared_mutex(pthread_mutex_t* m, bint pi) except -1:
     return 0
 
 
-_owned_regions = _weakref.WeakSet()
+# -- the name's lifetime (docs/design.md §2) --------------------------------------------
+# Every view (a Region object's mapping) keeps the segment's file open, with flock(LOCK_SH)
+# on its own open file description, for as long as it is mapped: the kernel drops that
+# lock when the process dies, whatever kills it. The view that leaves last (its unmap, or
+# its process's end) gets flock(LOCK_EX | LOCK_NB) and unlinks the name if the name still
+# names that file and the segment is not persist (rmap_leave_name, participants.pxi). An
+# opener takes its lock first, then checks that the name still names the file it opened
+# (if not, the last user left meanwhile: it tries again). A creator builds the segment
+# unnamed (O_TMPFILE) and links the name last (linkat fails if the name exists), so nobody
+# sees it half-built. A segment whose last user died (a name left behind, a file nobody
+# holds) is treated as gone: the next open or create of the name unlinks it.
+
+def _leave_names_at_exit():
+    with nogil:
+        rmap_leave_all_names()
 
 
-def _unlink_owned_at_exit():
-    pid = _os.getpid()
-    for r in list(_owned_regions):
-        r._unlink_if_owner(pid)
+_atexit.register(_leave_names_at_exit)
+
+# multiprocessing's children (Process, Pool workers) end with os._exit, which skips atexit,
+# after running multiprocessing.util's finalizers: one finalizer per process leaves the
+# names there. Registered once multiprocessing is in use (it is not imported for this).
+_mp_hooked_pid = 0
 
 
-_atexit.register(_unlink_owned_at_exit)
+class _MpAnchor:
+    pass
+
+
+_MP_ANCHOR = _MpAnchor()
+
+
+def _hook_multiprocessing():
+    global _mp_hooked_pid
+    util = _sys.modules.get("multiprocessing.util")
+    if util is None or _mp_hooked_pid == _os.getpid():
+        return
+    _mp_hooked_pid = _os.getpid()
+    util.Finalize(None, _leave_names_at_exit, exitpriority=-100)
+    # a child's registry of finalizers is emptied at its start: register there again
+    util.register_after_fork(_MP_ANCHOR, _mp_after_fork)
+    process = _sys.modules.get("multiprocessing.process")
+    if process is not None and process.parent_process() is not None:
+        _sigterm_leaves_names()
+
+
+cdef void _sigterm_leave(int sig) noexcept nogil:
+    """SIGTERM in a multiprocessing child (Pool.terminate() ends every worker so): leave
+    the names as at a normal end, then die of the signal as before. Async-signal-safe
+    calls only (flock, fstat, lstat, unlink), and the list only if nobody is changing it."""
+    cdef rmap_t* rm
+    cdef c_sigaction dfl
+    if pthread_mutex_trylock(&g_mutex) == 0:
+        rm = g_rmaps
+        while rm != NULL:
+            rmap_leave_name(rm)
+            rm = rm.gnext
+        pthread_mutex_unlock(&g_mutex)
+    memset(&dfl, 0, sizeof(dfl))
+    dfl.sa_handler = SIG_DFL
+    c_sigaction_call(sig, &dfl, NULL)
+    c_raise(sig)                      # delivered, now fatal, once this handler returns
+
+
+cdef void _sigterm_leaves_names() noexcept nogil:
+    """Install _sigterm_leave in a multiprocessing child where SIGTERM still has its
+    default action (a handler of the program's, Python's included, is left alone)."""
+    cdef c_sigaction old, act
+    if c_sigaction_call(SIGTERM, NULL, &old) != 0 or old.sa_handler != SIG_DFL:
+        return
+    memset(&act, 0, sizeof(act))
+    act.sa_handler = _sigterm_leave
+    sigemptyset(&act.sa_mask)
+    c_sigaction_call(SIGTERM, &act, NULL)
+
+
+def _mp_after_fork(anchor):
+    global _mp_hooked_pid
+    _mp_hooked_pid = 0
+    _hook_multiprocessing()
+
+
+_os.register_at_fork(before=_hook_multiprocessing)
+
+
+cdef bint _names_file(path, int fd) except -1:
+    """Does `path` name the file open as fd (not another one, nor nothing)?"""
+    st = _os.fstat(fd)
+    try:
+        ps = _os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return st.st_ino == ps.st_ino and st.st_dev == ps.st_dev
+
+
+cdef bint _is_orphan(int fd) except -1:
+    """A finished, valid segment of our layout, not persist (we hold LOCK_EX: nobody else
+    has it open): its last user died. Anything else (a corrupt or truncated file
+    included) is left to open's checks, which report it."""
+    cdef shm_header h
+    data = _os.pread(fd, sizeof(shm_header), 0)
+    if len(data) != sizeof(shm_header):
+        return False
+    memcpy(&h, <const char*>data, sizeof(shm_header))
+    if (h.state != SHM_STATE_READY or h.flags & SHM_HDR_PERSIST):
+        return False
+    try:
+        _validate(<char*>&h, _os.fstat(fd).st_size, "")   # reads the header only
+    except CorruptRegionError:
+        return False
+    return True
+
+
+cdef int _hold_name(int fd, n, double deadline) except -1:
+    """Take flock(LOCK_SH) on segment n's file (open as fd) for this view. Returns 0 when
+    held and the name still names the file, 1 if the name moved meanwhile (the caller
+    retries), 2 if the file was an orphan (its last user died): its name is now unlinked."""
+    path = _SHM_DIR + n
+    while True:
+        try:
+            _fcntl.flock(fd, _fcntl.LOCK_EX | _fcntl.LOCK_NB)
+            alone = True
+            break
+        except BlockingIOError:
+            pass
+        try:
+            _fcntl.flock(fd, _fcntl.LOCK_SH | _fcntl.LOCK_NB)
+            alone = False
+            break
+        except BlockingIOError:
+            pass
+        if _time.monotonic() > deadline:          # only a hostile holder keeps LOCK_EX
+            raise TimeoutError(f"segment {n!r} stays locked (flock LOCK_EX) by another process")
+        _time.sleep(0.0005)
+    try:
+        if not _names_file(path, fd):
+            _fcntl.flock(fd, _fcntl.LOCK_UN)
+            return 1
+        if alone:
+            if _is_orphan(fd):
+                try:
+                    _os.unlink(path)
+                except PermissionError:       # another user's, in sticky /dev/shm: it
+                    pass                      # stays, but counts as gone all the same
+                _fcntl.flock(fd, _fcntl.LOCK_UN)
+                return 2
+            _fcntl.flock(fd, _fcntl.LOCK_SH | _fcntl.LOCK_NB)   # nobody can conflict now
+    except BlockingIOError:
+        return 1
+    return 0
+
+
+def _reap_orphan(n):
+    """create found the name taken: if it names an orphan, unlink it (True)."""
+    try:
+        fd = _open_segment(n)
+    except (FileNotFoundError, CorruptRegionError):
+        return False
+    try:
+        return _hold_name(fd, n, _time.monotonic() + OPEN_READY_TIMEOUT) == 2
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        _os.close(fd)
+
+
+def _new_file(n, mode):
+    """A new file for segment n with LOCK_SH taken: (fd, named). Unnamed (O_TMPFILE, to be
+    linked once built) where the kernel supports it, else created under the name."""
+    cdef int fd
+    flags = _os.O_RDWR | _os.O_CLOEXEC
+    try:
+        fd = _os.open(_SHM_DIR, flags | _os.O_TMPFILE, mode)
+        named = False
+    except OSError as e:
+        if e.errno not in (_errno.EOPNOTSUPP, _errno.EISDIR, _errno.EINVAL):
+            raise
+        for attempt in range(3):
+            try:
+                fd = _os.open(_SHM_DIR + n, flags | _os.O_CREAT | _os.O_EXCL | _os.O_NOFOLLOW,
+                              mode)
+                break
+            except FileExistsError:
+                if attempt == 2 or not _reap_orphan(n):
+                    raise FileExistsError(f"shared-memory segment {n!r} already exists") from None
+        named = True
+    _fcntl.flock(fd, _fcntl.LOCK_SH)           # nobody else can have it yet: never waits
+    return fd, named
+
+
+def _link_file(int fd, n):
+    """Give the built, unnamed segment its name; FileExistsError if the name is taken
+    (by a live segment: an orphan's name is reclaimed)."""
+    cdef bytes src = f"/proc/self/fd/{fd}".encode()
+    cdef bytes dst = (_SHM_DIR + n).encode()
+    for attempt in range(3):
+        try:
+            # linkat, following the magic link to the file (os.link would not follow it)
+            if linkat(AT_FDCWD, src, AT_FDCWD, dst, AT_SYMLINK_FOLLOW) != 0:
+                _os_error(errno, dst)
+            return
+        except FileExistsError:
+            if attempt == 2 or not _reap_orphan(n):
+                raise FileExistsError(f"shared-memory segment {n!r} already exists") from None
 
 
 cdef class Region:
     """A named POSIX shared-memory segment holding a participant table and lock slots.
 
-    Create with ``Region.create()``, attach from any process with ``Region.open(name)``.
-    The object that created a segment owns its name and unlinks it when closed (or
-    garbage-collected, or at normal interpreter exit) unless ``persist=True``.
+    Create with ``Region.create()``, attach from any process with ``Region.open(name)``
+    (or either with ``Region.open_or_create(name)``). The name lives while some process
+    has the region open, and is unlinked when the last one closes it (or exits, or dies),
+    unless it was created with ``persist=True``.
     """
     cdef rmap_t* rm
     cdef readonly str name
-    cdef bint _owner
-    cdef bint _persist
-    cdef int _creator_pid
-    cdef bytes _cname                 # "/name", for shm_unlink from __dealloc__
     cdef object __weakref__
 
     def __cinit__(self):
         self.rm = NULL
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("use Region.create(...) or Region.open(name)")
+        raise TypeError("use Region.create(...), Region.open(name) or Region.open_or_create(name)")
 
     # -- construction -------------------------------------------------------------
 
@@ -120,22 +332,51 @@ cdef class Region:
     def create(cls, name=None, *, max_locks=64, max_participants=64, mode=0o600,
                persist=False):
         """Create a new region. ``FileExistsError`` if the name is taken."""
+        return Region._create(name, max_locks, max_participants, mode, persist, 0)
+
+    @classmethod
+    def open(cls, name):
+        """Attach to an existing region from any process. ``FileNotFoundError`` if there is
+        none (a segment whose last user died counts as none, and its name is removed)."""
+        return Region._open(_check_name(name))
+
+    @classmethod
+    def open_or_create(cls, name, *, max_locks=64, max_participants=64, mode=0o600,
+                       persist=False):
+        """Open region ``name``, or create it (with these arguments) if there is none:
+        atomic, so that of any number of processes racing on one name, all end up with the
+        same segment. The arguments do not apply to a region that exists already."""
+        n = _check_name(name)
+        _check_create_args(max_locks, max_participants, mode)
+        deadline = _time.monotonic() + 5.0
+        while True:
+            try:
+                return Region._create(n, max_locks, max_participants, mode, persist, 0)
+            except FileExistsError:
+                pass
+            try:
+                return Region._open(n)
+            except FileNotFoundError:              # its last user left meanwhile: again
+                if _time.monotonic() > deadline:
+                    raise
+
+    @staticmethod
+    def _create(name, max_locks, max_participants, mode, persist, uint32_t first_kind):
+        """create(); with first_kind, the region of a lock class: its one lock ("lock") is
+        made before the name exists, so nobody can open the region without it."""
         cdef Region self = Region.__new__(Region)
         cdef uint64_t dir_off, part_off, locks_off, stride, total
         cdef uint32_t L, P, i
-        cdef char* base
+        cdef char* base = <char*>MAP_FAILED
         cdef shm_header* h
         cdef int fd
         n = _gen_name() if name is None else _check_name(name)
-        L = _check_count(max_locks, "max_locks", SHM_MAX_LOCKS)
-        P = _check_count(max_participants, "max_participants", SHM_MAX_PARTICIPANTS)
-        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
-            raise ValueError("mode must be an int permission mask like 0o600")
+        _check_create_args(max_locks, max_participants, mode)
+        L = max_locks
+        P = max_participants
         total = _geometry(L, P, &dir_off, &part_off, &locks_off, &stride)
-        path = _SHM_DIR + n
-        fd = _os.open(path, _os.O_RDWR | _os.O_CREAT | _os.O_EXCL | _os.O_NOFOLLOW
-                      | _os.O_CLOEXEC, mode)           # FileExistsError, PermissionError
-        base = <char*>MAP_FAILED
+        _hook_multiprocessing()
+        fd, named = _new_file(n, mode)            # FileExistsError, PermissionError
         try:
             _os.ftruncate(fd, total)
             _reserve(fd, 0, locks_off, f"region {n!r}")   # the lock bodies: create_lock
@@ -157,35 +398,54 @@ cdef class Region:
             h.nlocks = 0
             h.glibc_mutex_size = sizeof(pthread_mutex_t)
             h.creator_pidns = my_pidns()
+            h.flags = SHM_HDR_PERSIST if persist else 0
             _init_pshared_mutex(&h.dir_mutex.m, False)
             for i in range(P):
                 _init_pshared_mutex(&(<shm_participant*>(base + part_off))[i].token.m, False)
-            st32_rel(&h.state, SHM_STATE_READY)      # publish: everything above is visible
         except BaseException:
             if base != <char*>MAP_FAILED:
                 munmap(base, total)
             _os.close(fd)
-            try:
-                _os.unlink(path)
-            except OSError:
-                pass
+            if named:
+                _unlink_quietly(n)
             raise
-        self._attach(n, base, total, fd)
-        self._owner = True
-        self._persist = bool(persist)
-        self._creator_pid = _os.getpid()
-        if not self._persist:
-            _owned_regions.add(self)
+        self._attach(n, base, total, fd)           # the view owns fd and the mapping now
+        try:
+            if first_kind:
+                self._create_entry("lock", first_kind)
+            st32_rel(&h.state, SHM_STATE_READY)    # publish: everything above is visible
+            if not named:
+                _link_file(fd, n)
+            self.rm.named = 1
+        except BaseException:
+            self._discard(named)
+            raise
         return self
 
-    @classmethod
-    def open(cls, name):
-        """Attach to an existing region from any process."""
+    @staticmethod
+    def _open(n):
         cdef Region self = Region.__new__(Region)
         cdef char* base
         cdef size_t size
-        n = _check_name(name)
-        fd = _open_segment(n)
+        cdef int fd
+        deadline = _time.monotonic() + OPEN_READY_TIMEOUT
+        _hook_multiprocessing()
+        while True:
+            fd = _open_segment(n)                  # FileNotFoundError
+            try:
+                held = _hold_name(fd, n, deadline)
+            except BaseException:
+                _os.close(fd)
+                raise
+            if held == 0:
+                break
+            _os.close(fd)
+            if held == 2:
+                raise FileNotFoundError(f"no shared-memory segment named {n!r} (its last "
+                                        "user died; the name was removed)")
+            if _time.monotonic() > deadline:
+                raise FileNotFoundError(f"no shared-memory segment named {n!r} "
+                                        "(it was closed by its last user)")
         try:
             size = _wait_ready(fd, n)
             base = <char*>mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
@@ -197,18 +457,18 @@ cdef class Region:
                 munmap(base, size)
                 raise
         except BaseException:
-            _os.close(fd)
+            _os.close(fd)                          # drops our LOCK_SH; the name stays
             raise
         self._attach(n, base, size, fd)
-        self._owner = False
-        self._persist = True
-        self._creator_pid = 0
+        self.rm.named = 1
         return self
 
     cdef _attach(self, str n, char* base, size_t size, int fd):
         cdef shm_header* h = <shm_header*>base
         cdef rmap_t* rm = <rmap_t*>calloc(1, sizeof(rmap_t))
-        if rm == NULL:
+        cdef bytes path = (_SHM_DIR + n).encode()
+        if rm == NULL or len(path) >= sizeof(rm.path):
+            free(rm)
             munmap(base, size)
             close(fd)
             raise MemoryError()
@@ -223,10 +483,24 @@ cdef class Region:
         rm.stride = h.lock_stride
         rm.pyalive = 1
         rm.fd = fd
+        rm.fork_fd = -1
+        rm.named = 0
+        rm.persist = (h.flags & SHM_HDR_PERSIST) != 0
+        memcpy(rm.path, <const char*>path, len(path) + 1)
         rmap_link(rm)
         self.rm = rm
         self.name = n
-        self._cname = ("/" + n).encode("utf-8", "surrogateescape")
+
+    cdef _discard(self, bint named):
+        """Undo a create that failed after _attach: the name is not ours to leave (it was
+        never linked, or names a half-built file we remove)."""
+        self.rm.named = 0
+        pthread_mutex_lock(&g_mutex)
+        self.rm.closed = 1
+        rmap_maybe_unmap(self.rm)
+        pthread_mutex_unlock(&g_mutex)
+        if named:
+            _unlink_quietly(self.name)
 
     # -- lifetime --------------------------------------------------------------------
 
@@ -240,8 +514,9 @@ cdef class Region:
         return self.rm == NULL or bool(self.rm.closed)
 
     def close(self):
-        """Unmap this process's view (deferred while other threads still hold tokens in
-        it). Releases what the calling thread holds here first. The owner unlinks the name."""
+        """Unmap this process's view (deferred while other threads still use it). Releases
+        what the calling thread holds here first. The last view of the segment anywhere to
+        go unlinks its name, unless it was created with persist=True."""
         if self.rm == NULL:
             return
         if not self.rm.closed:
@@ -251,7 +526,6 @@ cdef class Region:
             self.rm.closed = 1
             rmap_maybe_unmap(self.rm)
             pthread_mutex_unlock(&g_mutex)
-        self._unlink_if_owner(_os.getpid())
 
     cdef _release_mine(self):
         cdef reg_t* r = reg_lookup(self.rm)
@@ -271,21 +545,14 @@ cdef class Region:
                 except Exception:
                     pass
 
-    def _unlink_if_owner(self, pid):
-        if self._owner and not self._persist and pid == self._creator_pid:
-            self._owner = False
-            _owned_regions.discard(self)
-            try:
-                _os.unlink(_SHM_DIR + self.name)
-            except FileNotFoundError:
-                pass
-
     def unlink(self):
-        """Remove the segment's name now. Processes that have it mapped go on working."""
-        self._owner = False
-        _owned_regions.discard(self)
+        """Remove the segment's name now (a persist one's too). Processes that have it
+        mapped go on working; the name can be created afresh at once."""
+        path = _SHM_DIR + self.name
+        if self.rm != NULL and self.rm.fd >= 0 and not _names_file(path, self.rm.fd):
+            raise FileNotFoundError(f"the name {self.name!r} no longer names this segment")
         try:
-            _os.unlink(_SHM_DIR + self.name)
+            _os.unlink(path)
         except FileNotFoundError:
             raise FileNotFoundError(f"no shared-memory segment named {self.name!r}") from None
 
@@ -306,8 +573,6 @@ cdef class Region:
         rmap_maybe_free(rm)
         pthread_mutex_unlock(&g_mutex)
         self.rm = NULL
-        if self._owner and not self._persist and self._creator_pid == getpid():
-            shm_unlink(self._cname)
 
     def __enter__(self):
         self._check_open()

@@ -34,13 +34,15 @@
 
 #define SHM_LINE        128u              /* padding unit: two 64-byte lines (adjacent-line prefetch) */
 #define SHM_MAGIC       0x314b434f4c4d4853ULL   /* "SHMLOCK1", little endian */
-#define SHM_VERSION     6u
+#define SHM_VERSION     7u
 #define SHM_NAME_MAX    56u               /* bytes of a lock name, NUL included */
 #define SHM_MAX_PARTICIPANTS 4096u
 #define SHM_MAX_LOCKS   4096u
 
 #define SHM_STATE_BUILDING 0u
 #define SHM_STATE_READY    1u
+
+#define SHM_HDR_PERSIST    1u             /* header.flags: the last user out keeps the name */
 
 #define SHM_LINE_ALIGNED __attribute__((aligned(SHM_LINE)))
 
@@ -60,7 +62,9 @@ typedef struct shm_header {
     uint32_t nlocks;           /* directory entries in use (informational) */
     uint32_t glibc_mutex_size; /* sizeof(pthread_mutex_t) of the creator: must match ours */
     uint64_t creator_pidns;    /* the creator's PID namespace (inode of /proc/self/ns/pid), 0 unknown */
-    char     _pad0[SHM_LINE - 88];
+    uint32_t flags;            /* SHM_HDR_*, set by the creator before the name exists */
+    uint32_t _res0;
+    char     _pad0[SHM_LINE - 96];
     /* line 1: serialises directory changes (create_lock) across processes; robust */
     union { pthread_mutex_t m; char _pad[SHM_LINE]; } dir_mutex;
 } SHM_LINE_ALIGNED shm_header;
@@ -219,7 +223,7 @@ _Static_assert(offsetof(shm_qnode, parked) == 12 && offsetof(shm_tslot, parked) 
                && offsetof(shm_qnode, left_gen) == 16 && offsetof(shm_tslot, abandoned) == 16,
                "the views agree where _raw() reads a node as a queue node");
 _Static_assert(sizeof(shm_prec) == SHM_LINE, "prec is one line");
-_Static_assert(offsetof(shm_header, _pad0) == 88, "header fields fill 88 bytes");
+_Static_assert(offsetof(shm_header, _pad0) == 96, "header fields fill 96 bytes");
 _Static_assert(offsetof(shm_participant, wait_since) == SHM_LINE + 48
                && offsetof(shm_participant, tstart) == SHM_LINE + 56,
                "the wait record: line 1, bytes 48..63 (shmlocks/waitgraph.py reads them)");

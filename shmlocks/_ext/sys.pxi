@@ -5,7 +5,7 @@
 from libc.stdint cimport uint32_t, uint64_t, int64_t, int32_t
 from libc.string cimport memset, memcpy, strncmp
 from libc.stdlib cimport malloc, free, calloc
-from posix.stat cimport struct_stat, stat
+from posix.stat cimport struct_stat, stat, fstat, lstat
 from libc.errno cimport errno, EBUSY, EAGAIN, EINTR, ETIMEDOUT, EPERM, EINVAL
 
 cdef extern from "<string.h>" nogil:
@@ -25,6 +25,39 @@ cdef extern from "<errno.h>" nogil:
 cdef extern from "<unistd.h>" nogil:
     int getpid()
     int close(int fd)
+    int unlink(const char* path)
+    int linkat(int olddirfd, const char* oldpath, int newdirfd, const char* newpath, int flags)
+
+cdef extern from "<fcntl.h>" nogil:
+    int c_open "open"(const char* path, int flags)
+    enum: O_RDWR
+    enum: O_CLOEXEC
+    enum: AT_FDCWD
+    enum: AT_SYMLINK_FOLLOW
+
+cdef extern from "<sys/file.h>" nogil:
+    int flock(int fd, int op)
+    enum: LOCK_SH
+    enum: LOCK_EX
+    enum: LOCK_NB
+    enum: LOCK_UN
+
+cdef extern from "<signal.h>" nogil:
+    ctypedef struct sigset_t:
+        pass
+    ctypedef void (*shm_sighandler "__sighandler_t")(int) noexcept nogil
+    cdef struct c_sigaction "sigaction":
+        shm_sighandler sa_handler
+        sigset_t sa_mask
+        int sa_flags
+    int c_sigaction_call "sigaction"(int sig, const c_sigaction* act, c_sigaction* old)
+    int sigemptyset(sigset_t* s)
+    int c_raise "raise"(int sig)
+    enum: SIGTERM
+    shm_sighandler SIG_DFL
+
+cdef extern from "<stdio.h>" nogil:
+    int snprintf(char* buf, size_t size, const char* fmt, ...)
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
@@ -77,6 +110,7 @@ cdef extern from "shm_layout.h" nogil:
     enum: SHM_MAX_LOCKS
     enum: SHM_STATE_BUILDING
     enum: SHM_STATE_READY
+    enum: SHM_HDR_PERSIST
     enum: SHM_DIRENT_FREE
     enum: SHM_DIRENT_READY
     enum: SHM_KIND_TICKET
@@ -117,6 +151,7 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t nlocks
         uint32_t glibc_mutex_size
         uint64_t creator_pidns
+        uint32_t flags
         shm_mutex_line dir_mutex
 
     ctypedef struct shm_dirent:
