@@ -55,7 +55,7 @@ def main() -> int:
         print("exact: no update was lost" if ok else "WRONG: updates were lost")
         return 0 if ok else 1
     finally:
-        lock.close()  # the creator's close() removes the segment's name
+        lock.close()  # the last close() removes the segment's name
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ class _Demo:
         for lock in self.locks:
             name = str(lock.name).lstrip("/")
             with contextlib.suppress(Exception):
-                lock.close()  # the creator's close() unlinks the name
+                lock.close()  # the last user's close() unlinks the name
             path = Path("/dev/shm") / name
             if path.exists():
                 try:

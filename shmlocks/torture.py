@@ -357,8 +357,13 @@ class _Run:
     def cleanup(self) -> None:
         for w in list(self.pids):
             self.kill(w)
+        # The run's own name goes now: a worker forked as Ctrl-C came in (its pid never
+        # recorded, so not killed above) still has the segment open until it dies with us,
+        # and the last user out is the one that would unlink it.
         with contextlib.suppress(Exception):
-            self.lock.close()  # the creator's close() unlinks the name
+            self.lock.unlink()
+        with contextlib.suppress(Exception):
+            self.lock.close()
 
     # -- the run
 
