@@ -32,6 +32,11 @@ def _run_on_copy(data: bytes, code: str, timeout: float = 60.0):
     """Write ``data`` as a new segment and run ``code`` on it in a child interpreter
     (``sys.argv[1]`` is the segment's name). The segment is removed afterwards."""
     name = uniq("glibc-copy")
+    # A copy of a segment's bytes is a segment nobody holds: unless it is persistent,
+    # open() takes it for one whose last user died, and removes it (README "Lifecycle").
+    # Mark the copy persist (header.flags, byte 88: SHM_HDR_PERSIST), as a kept image is.
+    data = bytearray(data)
+    data[88] |= 1
     try:
         with open(shm_path(name), "wb") as f:
             f.write(data)
