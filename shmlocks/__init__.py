@@ -73,15 +73,17 @@ try:
         LAYOUT_VERSION,
         CLHLock,
         FutexMutex,
+        Lock,
         MCSLock,
         PIMutex,
         Region,
         RobustMutex,
         TicketLock,
-        _crashpoints,
+        _crashpoints,  # noqa: F401 - importable (tests, README), not in __all__
         get_deadlock_timeout,
         set_deadlock_timeout,
     )
+    from shmlocks._core import SHM_DIR as _SHM_DIR
     from shmlocks._core import _user_crashpoint as crashpoint
 except ModuleNotFoundError as _e:  # pragma: no cover - depends on the install
     if _e.name == "shmlocks._core":
@@ -118,8 +120,6 @@ if _os.environ.get("SHMLOCKS_LOCKDEP"):  # lock-order validation: 1 (error) or w
 
     _lockdep.enable(_lockdep.mode_from_env(_os.environ["SHMLOCKS_LOCKDEP"]))
 
-_SHM_DIR = "/dev/shm"
-
 
 def is_region_file(path: str) -> bool:
     """True if the file at ``path`` starts with the shmlocks region magic. Read the safe
@@ -146,6 +146,7 @@ __all__ = [
     "CACHE_LINE",
     "KINDS",
     "LAYOUT_VERSION",
+    "Lock",
     "CLHLock",
     "CapacityError",
     "CorruptRegionError",
@@ -164,7 +165,6 @@ __all__ = [
     "RobustMutex",
     "ShmLockError",
     "TicketLock",
-    "_crashpoints",
     "crashpoint",
     "get_deadlock_timeout",
     "is_region_file",

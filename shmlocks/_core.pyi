@@ -6,6 +6,8 @@ CACHE_LINE: int
 DEBUG: bool  # an assertion build (SHMLOCKS_DEBUG=1 at build time)
 LAYOUT_VERSION: int
 MAGIC: int
+SHM_DIR: str
+LAYOUT: dict[str, int]
 OPEN_READY_TIMEOUT: float
 
 _KindName = Literal["ticket", "mcs", "clh", "futex", "robust", "pi"]
@@ -120,6 +122,8 @@ class _Lock:
     def unlink(self) -> None: ...
     def _describe(self) -> dict[str, Any]: ...
     def _raw(self) -> dict[str, Any]: ...
+
+Lock = _Lock
 
 class TicketLock(_Lock): ...
 class MCSLock(_Lock): ...

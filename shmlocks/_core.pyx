@@ -41,9 +41,35 @@ DEBUG = bool(SHM_DEBUG_BUILT)
 LAYOUT_VERSION = SHM_VERSION
 MAGIC = SHM_MAGIC
 
+# The on-disk layout (shm_layout.h) for the Python readers that copy a segment with pread
+# (shmlocks/_segment.py, shmlocks/_shmread.py, shmlocks/pytest_plugin.py): the sizes,
+# offsets and codes come from the C declarations here, so no reader re-spells them.
+cdef shm_header _lay_h
+cdef shm_participant _lay_p
+LAYOUT = {
+    "line": SHM_LINE,
+    "header_size": sizeof(shm_header),
+    "creator_pid_off": <char*>&_lay_h.creator_pid - <char*>&_lay_h,
+    "creator_pidns_off": <char*>&_lay_h.creator_pidns - <char*>&_lay_h,
+    "header_fields": <char*>&_lay_h.creator_pidns - <char*>&_lay_h + sizeof(uint64_t),
+    "participant_size": sizeof(shm_participant),
+    "body_lines_read": SHM_BODY_NODES,  # ctl, word A, word B: the lines before the nodes
+    "name_max": SHM_NAME_MAX,
+    "state_ready": SHM_STATE_READY,
+    "dirent_ready": SHM_DIRENT_READY,
+    "body_magic": SHM_BODY_MAGIC,
+    "op_waiting": SHM_OP_WAITING,
+    "op_quarantined": SHM_OP_QUARANTINED,
+    "holder_slot_bits": HOLDER_SLOT_BITS,
+    "futex_owner_died": FUTEX_OWNER_DIED_,
+    "futex_tid_mask": FUTEX_TID_MASK_,
+}
+
 # The kind registry: each kind's file registers its class and its ops (_register_kind, in
 # participants.pxi) as it is included; every other list of kinds is built from this one.
 KINDS = {cls.kind_name: cls for cls in _KIND_CLASSES}
+#: the public name of every kind's base class, for annotations and isinstance (shmlocks.Lock)
+Lock = _Lock
 _KIND_BY_CODE = {cls.kind_code: cls for cls in KINDS.values()}
 
 # Crash points (docs/design.md §8): a named point between every two protocol steps.

@@ -23,29 +23,31 @@ from shmlocks import _core, _shmread
 from shmlocks._shmread import SHM_DIR, pread_exact
 from shmlocks.errors import CorruptRegionError
 
-# shm_layout.h (its _Static_asserts pin these offsets; tests/test_layout.py checks them)
-LINE = 128
-HEADER_SIZE = 2 * LINE
+# shm_layout.h, through the compiled core (its _Static_asserts pin the offsets; the struct
+# formats below spell only the field types, and tests/test_layout.py checks their sizes)
+_L = _core.LAYOUT
+LINE = _L["line"]
+HEADER_SIZE = _L["header_size"]
 _HEADER = struct.Struct("<QIIQIIQQQQIIIIQ")  # magic .. creator_pidns (bytes 0..87)
-PART_SIZE = 2 * LINE
+PART_SIZE = _L["participant_size"]
 # a participant: its token's futex word (line 0), then line 1: pid .. tstart
 _PART = struct.Struct("<I124xIIIIQQIIQQQ64x")
 _DIRENT = struct.Struct("<II8x56s")
 _CTL = struct.Struct("<IIII5QI")  # kind, flags, holder, magic, 5 counters, last_pid
 _CTL_RARE = struct.Struct("<QQ")  # owner_deaths, timeouts (bytes 112..127)
-STATE_READY = 1
-DIRENT_READY = 2
-BODY_MAGIC = 0x4B4F4C42
-OP_WAITING = 2
-OP_QUARANTINED = 0xDEAD
-HOLDER_SLOT_BITS = 13
-FUTEX_OWNER_DIED = 0x40000000
-FUTEX_TID_MASK = 0x3FFFFFFF
+STATE_READY = _L["state_ready"]
+DIRENT_READY = _L["dirent_ready"]
+BODY_MAGIC = _L["body_magic"]
+OP_WAITING = _L["op_waiting"]
+OP_QUARANTINED = _L["op_quarantined"]
+HOLDER_SLOT_BITS = _L["holder_slot_bits"]
+FUTEX_OWNER_DIED = _L["futex_owner_died"]
+FUTEX_TID_MASK = _L["futex_tid_mask"]
 _TOKEN_TAKEN = FUTEX_OWNER_DIED | FUTEX_TID_MASK
-NAME_MAX = 56
-KIND_NAMES = {1: "ticket", 2: "mcs", 3: "clh", 4: "futex", 5: "robust", 6: "pi"}
-_CLH = 3
-_BODY_READ = 3 * LINE  # ctl, word A, word B
+NAME_MAX = _L["name_max"]
+KIND_NAMES = {cls.kind_code: name for name, cls in _core.KINDS.items()}
+_CLH = _core.CLHLock.kind_code
+_BODY_READ = _L["body_lines_read"] * LINE  # ctl, word A, word B
 
 
 class NotReady(CorruptRegionError):
@@ -179,7 +181,7 @@ def _read(fd: int, size: int, name: str) -> Segment:
         _m,
         cns,
     ) = _HEADER.unpack_from(head, 0)
-    if magic == int.from_bytes(_shmread.MAGIC, "little") and state != STATE_READY:
+    if magic == _core.MAGIC and state != STATE_READY:
         if cpid and _core._pid_alive(cpid):
             raise NotReady(f"segment {name!r} is still being created (by pid {cpid})")
         raise NotReady(

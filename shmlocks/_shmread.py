@@ -24,9 +24,11 @@ import os
 import pwd
 import stat
 
-SHM_DIR = "/dev/shm"
+from shmlocks._core import MAGIC as _MAGIC_WORD
+from shmlocks._core import SHM_DIR
+
 TRUST_ENV = "SHMLOCKS_TRUST_UIDS"
-MAGIC = b"SHMLOCK1"  # shm_layout.h SHM_MAGIC, little endian
+MAGIC = _MAGIC_WORD.to_bytes(8, "little")  # shm_layout.h SHM_MAGIC, as it sits on disk
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 

@@ -36,7 +36,7 @@ from shmlocks.lockdep import register as register_lockdep
 from shmlocks.stats_cli import register as register_stat
 from shmlocks.top import register as register_top
 
-SHM_DIR = Path("/dev/shm")
+SHM_DIR = Path(shmlocks._core.SHM_DIR)
 
 EXIT_OK = 0
 EXIT_ERROR = 1

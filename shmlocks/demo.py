@@ -168,7 +168,7 @@ class _Demo:
             name = str(lock.name).lstrip("/")
             with contextlib.suppress(Exception):
                 lock.close()  # the last user's close() unlinks the name
-            path = Path("/dev/shm") / name
+            path = Path(shmlocks._core.SHM_DIR) / name
             if path.exists():
                 try:
                     import posix_ipc  # type: ignore[import-not-found, unused-ignore]

@@ -28,6 +28,7 @@ import threading
 import warnings
 from typing import Any
 
+from shmlocks import _core
 from shmlocks.errors import LockOrderError, LockOrderWarning
 
 MAX_ORDERS = 4096  # recorded orders; past this, validation turns itself off (one warning)
@@ -53,7 +54,10 @@ _ino = 0
 
 
 def graph_path() -> str:
-    return os.environ.get("SHMLOCKS_LOCKDEP_GRAPH") or f"/dev/shm/shmlocks-lockdep-{os.getuid()}"
+    return (
+        os.environ.get("SHMLOCKS_LOCKDEP_GRAPH")
+        or f"{_core.SHM_DIR}/shmlocks-lockdep-{os.getuid()}"
+    )
 
 
 def mode_from_env(value: str | None) -> str | None:

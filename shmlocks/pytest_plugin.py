@@ -21,11 +21,6 @@ from typing import Any
 
 import pytest
 
-_SHM = "/dev/shm"
-_CREATOR_OFF = 68  # shm_header.creator_pid (shmlocks/_ext/shm_layout.h)
-_CREATOR_NS_OFF = 80  # shm_header.creator_pidns
-_HEAD_LEN = 88
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("shmlocks")
@@ -48,14 +43,16 @@ def _shmlocks_segments() -> dict[str, tuple[int, int, int]]:
     (shmlocks/_shmread.py): opened without following links or blocking (a FIFO), skipped
     unless a regular file, its header read with pread (never a mapping a truncation could
     turn into SIGBUS)."""
-    from shmlocks import _shmread
+    from shmlocks import _core, _shmread
 
+    lay = _core.LAYOUT  # shm_header's offsets (shmlocks/_ext/shm_layout.h)
+    n = lay["header_fields"]
     uid = os.getuid()
     found: dict[str, tuple[int, int, int]] = {}
-    for name, (head, st) in _shmread.entries(_SHM, _HEAD_LEN)[0].items():
-        if st.st_uid == uid and len(head) == _HEAD_LEN:
-            pid = struct.unpack_from("<I", head, _CREATOR_OFF)[0]
-            ns = struct.unpack_from("<Q", head, _CREATOR_NS_OFF)[0]
+    for name, (head, st) in _shmread.entries(_core.SHM_DIR, n)[0].items():
+        if st.st_uid == uid and len(head) == n:
+            pid = struct.unpack_from("<I", head, lay["creator_pid_off"])[0]
+            ns = struct.unpack_from("<Q", head, lay["creator_pidns_off"])[0]
             found[name] = (st.st_ino, pid, ns)
     return found
 
@@ -150,9 +147,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         print(_leak_text(left))
 
 
+def _shm_dir() -> str:
+    from shmlocks import _core
+
+    return _core.SHM_DIR
+
+
 def _leak_text(left: list[tuple[str, str]]) -> str:
     names = ", ".join(n for n, _ in left)
-    lines = [f"shmlocks: the tests left {len(left)} segment(s) in {_SHM}: {names}"]
+    lines = [f"shmlocks: the tests left {len(left)} segment(s) in {_shm_dir()}: {names}"]
     lines += [f"  {n}: {why}" for n, why in left]
     lines.append("(--shmlocks-check-leaks: close every lock and region a test creates)")
     return "\n".join(lines)
@@ -181,7 +184,12 @@ def shmlock():
 
     yield make
     for lock in reversed(made):
+        name = lock.name
         try:
-            lock.close()
+            lock.close()  # the creator's close unlinks its segment
         except Exception:  # noqa: BLE001 - teardown goes on
+            pass
+        try:  # and a persist=True lock's, or one whose close failed
+            os.unlink(os.path.join(shmlocks._core.SHM_DIR, name))
+        except OSError:
             pass

@@ -35,7 +35,7 @@ def _child(spec: str, target: Callable[..., Any], args: tuple[Any, ...]) -> None
 
 
 def kill_while_holding(
-    lock: Any,
+    lock: shmlocks.Lock,
     target: Callable[..., Any],
     *args: Any,
     at: str | None = None,

@@ -80,7 +80,7 @@ def _checker(a: memoryview, nw: int) -> Exclusion:
     return Exclusion(a, CHECK, participants=nw)
 
 
-def _section(lock: Any, a: memoryview, w: int, nw: int, rng: random.Random) -> None:
+def _section(lock: shmlocks.Lock, a: memoryview, w: int, nw: int, rng: random.Random) -> None:
     """One critical section (the lock is held); releases the lock."""
     t = time.monotonic_ns()
     a[HOLDER] = w + 1
@@ -122,7 +122,7 @@ def _section(lock: Any, a: memoryview, w: int, nw: int, rng: random.Random) -> N
     lock.release()
 
 
-def _worker(lock: Any, a: memoryview, w: int, nw: int, seed: int, parent: int) -> None:
+def _worker(lock: shmlocks.Lock, a: memoryview, w: int, nw: int, seed: int, parent: int) -> None:
     rng = random.Random(seed)
     while not a[STOP] and os.getppid() == parent:
         r = rng.random()
@@ -203,7 +203,9 @@ def stop_hogs(pids: list[int]) -> None:
         _kill_and_reap(pid)
 
 
-def _start_worker(lock: Any, a: memoryview, w: int, nw: int, seed: int, load: bool = False) -> int:
+def _start_worker(
+    lock: shmlocks.Lock, a: memoryview, w: int, nw: int, seed: int, load: bool = False
+) -> int:
     """Fork one worker; its PID. Ctrl-C is the controller's: SIGINT is blocked across the
     fork (a Ctrl-C then is delivered to the parent once it unblocks, never lost), and
     the child ignores it before unblocking."""
@@ -311,7 +313,7 @@ class _Run:
         self.rng = random.Random(seed)
         self.mm = mmap.mmap(-1, 8 * WORDS)  # anonymous and shared: inherited by fork
         self.a = memoryview(self.mm).cast("q")
-        self.lock: Any = shmlocks.KINDS[kind].create(max_participants=2 * workers + 4)
+        self.lock: shmlocks.Lock = shmlocks.KINDS[kind].create(max_participants=2 * workers + 4)
         self.pids: dict[int, int] = {}  # worker slot -> pid
         self.res = Result(kind, workers=workers)
         self.raw_noted = False

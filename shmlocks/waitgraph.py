@@ -18,8 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from shmlocks import _segment, _shmread
-
-SHM_DIR = _shmread.SHM_DIR
+from shmlocks._core import SHM_DIR
 
 #: a thread's identity across segments: (pidns, pid, tid, thread start time)
 ThreadKey = tuple[int, int, int, int]

@@ -74,15 +74,16 @@ def _closing_factory(create):
 
 
 @pytest.fixture
-def new_lock():
-    """Factory: ``new_lock(kind, **create_kwargs)`` makes a lock with a unique name and
-    closes it (unlinking the name) at teardown."""
+def new_lock(shmlock):
+    """Factory: ``new_lock(kind, **create_kwargs)`` makes a lock with a unique name (this
+    test's), through the plugin's ``shmlock`` fixture (shmlocks/pytest_plugin.py), which
+    closes it and unlinks its name at teardown."""
 
     def create(kind_name: str, **kwargs):
         kwargs.setdefault("name", uniq(kind_name))
-        return shmlocks.KINDS[kind_name].create(**kwargs)
+        return shmlock(kind_name, **kwargs)
 
-    yield from _closing_factory(create)
+    return create
 
 
 @pytest.fixture

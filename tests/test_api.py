@@ -38,6 +38,22 @@ def test_kinds_order_and_classes():
         assert isinstance(cls, type)
 
 
+def test_public_lock_base_type():
+    """Every kind's class, and every lock a region makes, is a shmlocks.Lock: the one type
+    annotations name (create_lock's result, testing.kill_while_holding's argument)."""
+    assert "Lock" in shmlocks.__all__
+    for cls in shmlocks.KINDS.values():
+        assert issubclass(cls, shmlocks.Lock)
+    with shmlocks.Region.create(uniq("api-lock"), max_locks=len(shmlocks.KINDS)) as region:
+        for kind in shmlocks.KINDS:
+            assert isinstance(region.create_lock(kind, kind), shmlocks.Lock)
+
+
+def test_private_names_stay_out_of_all():
+    assert [n for n in shmlocks.__all__ if n.startswith("_")] == []
+    assert callable(shmlocks._crashpoints)  # importable for the tests and README
+
+
 def test_cache_line():
     line = shmlocks.CACHE_LINE
     assert type(line) is int

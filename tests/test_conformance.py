@@ -22,33 +22,26 @@ from support import (
     abort_stress,
     assert_timed_out,
     check_mutual_exclusion,
-    close_quietly,
     is_locked,
     timed,
     uniq,
     wait_blocked,
 )
 
-import shmlocks
-
 LOCK_IDS = (*KINDS, "mp")
 
 
 @pytest.fixture
-def make_any_lock():
-    """``make_any_lock(lock_id, method)``: a shmlocks lock of that kind, or ctx.Lock()."""
-    made = []
+def make_any_lock(shmlock):
+    """``make_any_lock(lock_id, method)``: a shmlocks lock of that kind (the plugin's
+    ``shmlock`` fixture, which closes it at teardown), or ctx.Lock()."""
 
     def make(lock_id, method="fork"):
         if lock_id == "mp":
             return mp.get_context(method).Lock()
-        lock = shmlocks.KINDS[lock_id].create(name=uniq(f"conf-{lock_id}"))
-        made.append(lock)
-        return lock
+        return shmlock(lock_id, name=uniq(f"conf-{lock_id}"))
 
-    yield make
-    for lock in made:
-        close_quietly(lock)
+    return make
 
 
 # --------------------------------------------------------------------------- exclusion

@@ -153,3 +153,21 @@ def test_statistics_sit_where_shm_layout_h_says(procs):
         assert (wtot, wmax) == (0, 0) and last_pid == os.getpid()
     finally:
         lock.close()
+
+
+def test_python_readers_take_the_layout_from_the_core():
+    """The pread readers (shmlocks/_segment.py, the pytest plugin) take sizes, offsets and
+    codes from the compiled core's LAYOUT (C's sizeof/offsetof), and their struct formats
+    cover exactly what shm_layout.h declares; the one spelling of /dev/shm is the core's."""
+    from shmlocks import _core, _segment, _shmread
+
+    lay = _core.LAYOUT
+    assert _segment._HEADER.size == lay["header_fields"] == 88
+    assert (lay["creator_pid_off"], lay["creator_pidns_off"]) == (68, 80)
+    assert _segment._PART.size == lay["participant_size"] == _segment.PART_SIZE == 2 * LINE
+    assert _segment.HEADER_SIZE == lay["header_size"] == 2 * LINE
+    assert _segment._DIRENT.size <= LINE and lay["name_max"] == 56
+    assert _shmread.MAGIC == b"SHMLOCK1"
+    assert _core.SHM_DIR == _shmread.SHM_DIR == SHM_DIR.rstrip("/")
+    codes = {"ticket": 1, "mcs": 2, "clh": 3, "futex": 4, "robust": 5, "pi": 6}
+    assert _segment.KIND_NAMES == {c: k for k, c in codes.items()}

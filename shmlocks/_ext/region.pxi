@@ -48,7 +48,8 @@ def _check_name(name):
     return n
 
 
-_SHM_DIR = "/dev/shm/"             # where glibc's shm_open() puts POSIX shared memory
+SHM_DIR = "/dev/shm"  # where glibc's shm_open() puts POSIX shared memory: its one spelling
+_SHM_DIR = SHM_DIR + "/"
 
 
 cdef _reserve(int fd, uint64_t off, uint64_t length, what):

@@ -124,6 +124,7 @@ cdef extern from "shm_layout.h" nogil:
     enum: SHM_F_NOTRECOVERABLE
     enum: SHM_F_HANDON
     enum: SHM_BODY_MAGIC
+    enum: SHM_BODY_NODES
     uint64_t SHM_MAGIC
 
     ctypedef union shm_mutex_line "union { pthread_mutex_t m; char _pad[SHM_LINE]; }":
