@@ -89,7 +89,6 @@ cdef class FutexMutex(_Lock):
                 return R_TIMEOUT
             if r == W_SIGNAL:
                 return R_SIGNAL
-            wait_tick(w)                             # the per-wait hook (wait.pxi)
             self._check_owner(ld32_acq(word))
             if shm_recover_sig:                      # a handler raised in that recovery
                 shm_recover_sig = 0

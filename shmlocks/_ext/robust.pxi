@@ -92,7 +92,6 @@ cdef class _PthreadMutexLock(_Lock):
                 return R_TIMEOUT
             if r == W_SIGNAL:
                 return R_SIGNAL
-            wait_tick(w)                             # the per-wait hook (wait.pxi)
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         return 0 if pm_unlock(&self.b.wa.m, self._code == SHM_KIND_PI) == 0 else R_CORRUPT

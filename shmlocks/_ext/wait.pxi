@@ -1,7 +1,7 @@
 # wait.pxi -- the one waiting policy every kind uses (docs/design.md §5).
 #
-#   spin   poll the condition with one cpu_relax between polls (a pause is ~26 ns on Zen,
-#          so batching them delays every hand-off). The budget adapts per participant and
+#   spin   poll the condition with one cpu_relax between polls (a batch of pauses would
+#          delay every hand-off by its length). The budget adapts per participant and
 #          lock: doubled (to SPIN_MAX_NS) when a wait ended while spinning, or while
 #          yielding with the CPU to itself (the holder ran elsewhere: a longer spin would
 #          have caught it), or parked but was over within PARKED_SHORT_NS (the wake-up cost
@@ -11,18 +11,17 @@
 #          The barging kinds (futex, robust, pi) back off: the pauses between two polls
 #          double, up to BACKOFF_MAX. Each poll of the lock word takes its cache line from
 #          the holder, who re-takes the lock at once after releasing it; polled less, it
-#          runs more sections per line transfer. P=2 throughput +60-85%, at a cost to
-#          hand-offs (round trip with 1 us sections 3.6 -> 5.6 us). FIFO kinds hand the
-#          lock to the waiter, which must see it at once: one pause per poll.
+#          runs more sections per line transfer: more throughput, at a cost to hand-offs
+#          (commit 1acfa2b has the measurements). FIFO kinds hand the lock to the
+#          waiter, which must see it at once: one pause per poll.
 #   far    a waiter that knows others are ahead of it (ticket: two or more tickets to be
 #          served first; MCS, CLH: its predecessor waits too) yields instead of spinning, for up
 #          to FAR_YIELD_NS: on an oversubscribed machine the next holder may need this CPU;
 #   yield  sched_yield a few times (lets a descheduled holder run on an oversubscribed box);
 #          while no yield lets another task run (this CPU has nothing else to do), go on
 #          yielding for up to YIELD_IDLE_NS before parking: the holder may itself be waking
-#          from a park (tens of microseconds on a VM), and parking then too makes a convoy in
-#          which every hand-off of a FIFO lock costs a wake-up (commit d11b846 has the
-#          figures: P=2 throughput halved, 10 us sections handed off 4-5x slower);
+#          from a park, and parking then too makes a convoy in which every hand-off of a
+#          FIFO lock costs a wake-up (commit d11b846 has the measurements);
 #   park   announce (parked += 1), re-check, FUTEX_WAIT on the word for at most PARK_SLICE_NS,
 #          then check the deadline (CLOCK_MONOTONIC) and, with the GIL re-taken briefly,
 #          Python's signal handlers (Ctrl-C -> W_SIGNAL within one slice); with ticks on,
@@ -64,11 +63,11 @@ cdef int64_t SPIN_MIN_NS = 200
 cdef int64_t SPIN_MAX_NS = 16000
 cdef int64_t PARKED_SHORT_NS = 32000  # a wait this short, park and wake-up included, came within a spin
 cdef int YIELD_ROUNDS = 6
-cdef uint32_t BACKOFF_MAX = 64       # pauses (~10-40 ns each, by CPU model) between two polls
+cdef uint32_t BACKOFF_MAX = 64       # pauses between two polls, at most
 cdef int64_t YIELD_IDLE_NS = 50000   # yielding with nothing else to run, then park
 cdef int64_t FAR_YIELD_NS = 2000000  # 2 ms of yielding behind other waiters, then park
-cdef int64_t YIELD_SWITCHED_NS = 1500  # a sched_yield this long ran another task (bare: 0.5 us)
-cdef uint32_t SPIN_CLOCK_EVERY = 8   # polls per clock read while spinning (~25 ns each)
+cdef int64_t YIELD_SWITCHED_NS = 1500  # a sched_yield this long ran another task
+cdef uint32_t SPIN_CLOCK_EVERY = 8   # polls per clock read while spinning
 cdef int64_t PARK_SLICE_NS = 5000000  # 5 ms: bounds the time to notice a dead holder
 
 
@@ -151,8 +150,8 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
 
 cdef inline void wait_nogil(wait_t* w) noexcept nogil:
     """Release the GIL if the caller still holds it: before the first yield, far yield,
-    park or blocking call. The spin phase keeps it (a release and re-take would add
-    ~0.1 us to every contended hand-off); the caller re-takes it with wait_regil."""
+    park or blocking call. The spin phase keeps it (a release and re-take would add two
+    GIL transfers to every contended hand-off); the caller re-takes it with wait_regil."""
     if w.gil:
         w.gil = 0
         w.saved = PyEval_SaveThread()
@@ -208,9 +207,8 @@ cdef int wait_pause(wait_t* w) noexcept nogil:
     cdef int64_t now, t
     cdef uint32_t i
     if w.phase == 0:
-        # one pause per poll: a pause costs tens of ns on recent CPUs (more on AMD Zen
-        # than on most Intel cores), so a batch of them between two polls adds its length
-        # to every hand-off
+        # one pause per poll: a batch of them between two polls adds its length to every
+        # hand-off
         cpu_relax()
         if w.backoff != 0:
             for i in range(w.backoff):
@@ -325,10 +323,9 @@ cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
 # says what it waits for and whom it depends on; park runs the policy above and returns:
 #     R_ACQ      ready(ctx) said READY (for an acquire: granted; else: the wait is over)
 #     R_TIMEOUT  the deadline passed first     R_SIGNAL  a Python signal handler raised
-# Each park slice ends with a tick: wait_tick(w) (the per-wait hook), then the kind's
-# tick(rm, b, arg), which checks the participant it depends on and recovers it if dead
-# (docs/design.md §6), then waiting goes on. The barging kinds (futex.pxi, robust.pxi),
-# whose park is the lock word itself, call wait_tick at their own slice ends.
+# Each park slice ends with wait_check (deadline, signals, the deadlock look), then a
+# tick: the kind's tick(rm, b, arg), which checks the participant it depends on and
+# recovers it if dead (docs/design.md §6), then waiting goes on.
 ctypedef void (*tick_fn)(rmap_t* rm, shm_body* b, uint32_t arg) noexcept nogil
 
 cdef struct park_t:
@@ -342,13 +339,6 @@ cdef struct park_t:
     uint32_t arg
 
 
-cdef inline void wait_tick(wait_t* w) noexcept nogil:
-    """The per-wait hook: runs at the end of every park slice of every wait (park(), and
-    the futex and pthread kinds' own park loops), on the slow path only, without the GIL.
-    The place for what watches a wait as it goes (nothing yet)."""
-    pass
-
-
 cdef int park(park_t* pk, wait_t* w) noexcept nogil:
     """Wait under the policy w until pk.ready says READY: R_ACQ, R_TIMEOUT or R_SIGNAL."""
     global shm_recover_sig
@@ -360,7 +350,6 @@ cdef int park(park_t* pk, wait_t* w) noexcept nogil:
         res = wait_for(pk.ready, pk.ctx, pk.word, pk.parked, w)
         if res != W_TICK:
             break
-        wait_tick(w)                            # the per-wait hook, once a slice
         pk.tick(pk.rm, pk.b, pk.arg)            # the one we depend on: alive?
         if shm_recover_sig:                     # a handler raised inside that recovery
             shm_recover_sig = 0
@@ -376,8 +365,9 @@ cdef inline void wait_adapt(wait_t* w, uint32_t* budget) noexcept nogil:
     else less. It would have when the wait ended while spinning; or when no yield of it let
     another task run here (so the holder ran on another CPU) and either it ended while
     yielding, or the whole wait, park and wake-up included, took less than PARKED_SHORT_NS.
-    A wake-up costs about 10 us on a VM, so a critical section of ~10 us made every wait
-    park once the budget was halved for it, and kept it parking: 2x the hand-off time."""
+    A wake-up can cost more than a short critical section: without that last test, a
+    section about as long as a wake-up made every wait park once the budget was halved for
+    it, and kept it parking, doubling the hand-off time."""
     cdef int64_t s = w.spin_ns
     cdef int64_t took = 0
     cdef bint longer
