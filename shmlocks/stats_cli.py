@@ -1,5 +1,5 @@
 """``shmlocks stat NAME [--json]``: the statistics of every lock of one segment (a region
-or a standalone lock), from the counters in the segment (SPEC.md "Lock statistics").
+or a standalone lock), from the counters in the segment (docs/design.md §10).
 
 Read-only: the segment is read as ``inspect`` reads it (a validated private copy read with
 pread: shmlocks/_segment.py) and its counters are shown as the numbers they hold,

@@ -1,4 +1,4 @@
-"""Lock statistics (SPEC.md "Lock statistics"): exact counts after known workloads across
+"""Lock statistics (docs/design.md §10): exact counts after known workloads across
 processes, for every kind; counters survive a SIGKILLed holder; reset; scribbled counters
 are shown as the numbers they are."""
 
