@@ -478,14 +478,8 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="shmlocks",
-        description="Interprocess locks in POSIX shared memory: inspect, clean up, demonstrate.",
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {shmlocks.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
+def _add_demo(sub: Any) -> None:
+    """The demo command's arguments."""
     p = sub.add_parser(
         "demo", help="workers under each lock kind, a SIGKILLed holder recovered, a hand-off table"
     )
@@ -518,6 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_demo)
 
+
+def _add_bench(sub: Any) -> None:
+    """The bench command's arguments."""
     p = sub.add_parser("bench", help="the cross-process benchmark suite (bench/run.py)")
     p.add_argument("--full", action="store_true", help="the full suite rather than the quick one")
     p.add_argument("--smoke", action="store_true", help="a few seconds, every code path (CI)")
@@ -525,6 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_bench)
 
+
+def _add_torture(sub: Any) -> None:
+    """The torture command's arguments."""
     p = sub.add_parser(
         "torture",
         help="SIGKILL random holders and waiters of each lock kind; check exact recovery",
@@ -561,6 +561,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_torture)
 
+
+def _add_ls_inspect(sub: Any) -> None:
+    """The ls and inspect commands' arguments."""
     p = sub.add_parser("ls", help="the shmlocks segments on this machine")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_ls)
@@ -572,11 +575,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_inspect)
 
-    register_deadlocks(sub)
-    register_lockdep(sub)
-    register_stat(sub)
-    register_top(sub)
 
+def _add_prune(sub: Any) -> None:
+    """The prune command's arguments."""
     p = sub.add_parser(
         "prune",
         help="remove stale segments: creator gone, no live participant, not open anywhere",
@@ -591,6 +592,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_prune)
 
+
+def _add_unlink(sub: Any) -> None:
+    """The unlink command's arguments."""
     p = sub.add_parser("unlink", help="remove a segment's name")
     p.add_argument("name", metavar="NAME", help="segment name (a leading / is optional)")
     p.add_argument(
@@ -598,6 +602,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_unlink)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shmlocks",
+        description="Interprocess locks in POSIX shared memory: inspect, clean up, demonstrate.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {shmlocks.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_demo(sub)
+    _add_bench(sub)
+    _add_torture(sub)
+    _add_ls_inspect(sub)
+    register_deadlocks(sub)
+    register_lockdep(sub)
+    register_stat(sub)
+    register_top(sub)
+    _add_prune(sub)
+    _add_unlink(sub)
     return parser
 
 
