@@ -787,11 +787,15 @@ def plots(s: dict, mode: Mode, out: Path) -> list[str]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.lines import Line2D
-        from matplotlib.patches import Patch
     except ImportError:
         return ["plots skipped: matplotlib is not importable (pip install 'shmlocks[bench]')"]
 
+    _plot_throughput(plt, s, mode, out)
+    return _plot_handoff(plt, s, mode, out)
+
+
+def _plot_throughput(plt: Any, s: dict, mode: Mode, out: Path) -> None:
+    """throughput.png: contended throughput per worker count, one line per lock."""
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, c in _measured(s["contended"]):
         ps = sorted(int(p) for p in c)
@@ -828,6 +832,12 @@ def plots(s: dict, mode: Mode, out: Path) -> list[str]:
     fig.tight_layout()
     fig.savefig(out / "throughput.png", dpi=120)
     plt.close(fig)
+
+
+def _plot_handoff(plt: Any, s: dict, mode: Mode, out: Path) -> list[str]:
+    """handoff.png: the hand-off round trip per lock and critical section; notes."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     names = [n for n in adapters.NAMES if n in s["handoff"]]
     if not any(e["median_ns"] for n in names for e in s["handoff"][n].values()):
