@@ -43,6 +43,9 @@ def test_fuzz_segment_bytes_no_crash_no_hang(tmp_path):
     s = _run("--seconds", str(seconds), "--seed", seed, "--save", str(tmp_path), budget=seconds)
     assert s["crashes"] == 0 and s["hangs"] == 0 and s["other"] == 0, s
     assert s["trials"] >= 12, s  # every kind targeted at least twice
+    # A fuzzer whose images never get past open() tests nothing: most must open.
+    refused = sum(v for k, v in s["errors"].items() if k.startswith("open:"))
+    assert refused < s["trials"] / 2, s
 
 
 @pytest.mark.timeout(600)
@@ -52,4 +55,6 @@ def test_saved_crash_inputs_replay_clean():
     assert SAVED
     s = _run("--replay", *SAVED, budget=60)
     assert s["trials"] == len(SAVED)
+    # each input must reach the calls that once aborted, not stop at open()
+    assert not [k for k in s["errors"] if k.startswith("open:")], s
     assert s["crashes"] == 0 and s["hangs"] == 0 and s["other"] == 0, s

@@ -47,6 +47,14 @@ P = 6  # participant slots of the template
 KIND_NAMES = list(shmlocks.KINDS)
 CHILD_LIMIT = 40.0  # s: a child past this is a hang (each op's own timeout is <= 0.05 s)
 OP_TIMEOUT = 0.05
+# header.flags follows creator_pidns (shmlocks/_ext/shm_layout.h); SHM_HDR_PERSIST is bit 0.
+# An image is written as a file that no process holds open: without persist, the first open
+# takes it for a segment whose last user died and removes it (docs/design.md §2), and the
+# trial would test nothing past open().
+HDR_FLAGS_OFF = shmlocks._core.LAYOUT["creator_pidns_off"] + 8
+HDR_PERSIST = 1
+# Saved inputs of layout 6 differ from 7 only in header.flags (zero padding in 6).
+UPGRADABLE_VERSIONS = (6,)
 
 _seq = 0
 
@@ -292,6 +300,9 @@ def _call(lk, what: str) -> object:
 def run_child(img: bytes | bytearray, limit: float = CHILD_LIMIT) -> tuple[str, str, float]:
     """Write `img` as a new segment, exercise it in a forked child: (outcome, detail, s)."""
     name = _name()
+    img = bytearray(img)
+    flags = struct.unpack_from("<I", img, HDR_FLAGS_OFF)[0]
+    struct.pack_into("<I", img, HDR_FLAGS_OFF, flags | HDR_PERSIST)
     with open(_path(name), "wb") as f:
         f.write(img)
     r, w = os.pipe()
@@ -377,7 +388,9 @@ def replay(files: list[str], log=print) -> dict:
     bad = []
     for path in files:
         with open(path, "rb") as f:
-            img = f.read()
+            img = bytearray(f.read())
+        if struct.unpack_from("<I", img, 8)[0] in UPGRADABLE_VERSIONS:
+            struct.pack_into("<I", img, 8, shmlocks._core.LAYOUT_VERSION)
         outcome, detail, dt = run_child(img)
         outcomes[outcome] += 1
         errors.update(detail.split())
