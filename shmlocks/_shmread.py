@@ -24,11 +24,12 @@ import os
 import pwd
 import stat
 
-from shmlocks._core import MAGIC as _MAGIC_WORD
-from shmlocks._core import SHM_DIR
-
 TRUST_ENV = "SHMLOCKS_TRUST_UIDS"
-MAGIC = _MAGIC_WORD.to_bytes(8, "little")  # shm_layout.h SHM_MAGIC, as it sits on disk
+# The two facts a reader needs before the compiled core exists (.ci/run loads this file by
+# path before the build): shm_layout.h's SHM_MAGIC as it sits on disk, and the directory
+# (region.pxi's SHM_DIR). tests/test_layout.py holds both equal to the core's.
+MAGIC = b"SHMLOCK1"
+SHM_DIR = "/dev/shm"
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 

@@ -167,7 +167,35 @@ def test_python_readers_take_the_layout_from_the_core():
     assert _segment._PART.size == lay["participant_size"] == _segment.PART_SIZE == 2 * LINE
     assert _segment.HEADER_SIZE == lay["header_size"] == 2 * LINE
     assert _segment._DIRENT.size <= LINE and lay["name_max"] == 56
-    assert _shmread.MAGIC == b"SHMLOCK1"
+    assert _shmread.MAGIC == b"SHMLOCK1" == _core.MAGIC.to_bytes(8, "little")
     assert _core.SHM_DIR == _shmread.SHM_DIR == SHM_DIR.rstrip("/")
     codes = {"ticket": 1, "mcs": 2, "clh": 3, "futex": 4, "robust": 5, "pi": 6}
     assert _segment.KIND_NAMES == {c: k for k, c in codes.items()}
+
+
+def test_the_shm_reader_loads_by_path_without_shmlocks():
+    """.ci/run lists /dev/shm through shmlocks/_shmread.py before shmlocks is built: the
+    file must load by path with the standard library alone (-I -S: no site-packages, so
+    no installed shmlocks to lean on)."""
+    import subprocess
+    import sys
+
+    import shmlocks
+
+    path = os.path.join(os.path.dirname(shmlocks.__file__), "_shmread.py")
+    code = (
+        "import importlib.util, sys\n"
+        "spec = importlib.util.spec_from_file_location('_shmread', sys.argv[1])\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "assert 'shmlocks' not in sys.modules\n"
+        "print(m.MAGIC, m.SHM_DIR)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code, path],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["b'SHMLOCK1'", "/dev/shm"]
