@@ -203,7 +203,17 @@ cdef class _Lock:
 
     # -- acquire ------------------------------------------------------------------------
 
-    cdef inline object _got(self, reg_t* r, int rc, bint armed):
+    cdef inline reg_t* _me_fast(self) noexcept nogil:
+        """The calling thread's registration on an open lock, or NULL (closed, or not yet
+        registered: _me() raises or registers). The fast path's lookup: a TLS list scan."""
+        if self._closed or self.rm.closed:
+            return NULL
+        return reg_lookup(self.rm)
+
+    cdef inline bint _got_fast(self, reg_t* r, int rc, bint armed) noexcept nogil:
+        """The hold begins: publish the holder, end the acquire step, count it. Returns 1
+        when the flags (owner_died, not-recoverable, hand-on) or rc ask for _got_flags,
+        which the caller runs with the GIL; 0 when the hold is complete."""
         crashpoint_at(armed, "lock.acquire.got")
         trace("got", r.slot, rc, ld32_rlx(&self.b.ctl.holder))
         if SHM_DEBUG_BUILT:              # a constant: nothing at all in a normal build
@@ -216,8 +226,32 @@ cdef class _Lock:
         crashpoint_at(armed, "lock.acquire.done")    # in the critical section
         if rc == R_ACQ and ld32_rlx(&self.b.ctl.flags) == 0:
             stats_hold(self.b.ctl, r.pid)
-            return True
-        return self._got_flags(r, rc)
+            return 0
+        return 1
+
+    cdef object _got(self, reg_t* r, int rc, bint armed):
+        """_got_fast, then the flags: True, or raises (off the fast path)."""
+        if self._got_fast(r, rc, armed):
+            return self._got_flags(r, rc)
+        return True
+
+    cdef inline int _take_fast(self, reg_t* r, bint armed) noexcept nogil:
+        """Publish the acquire step and make the kind's uncontended attempt; on R_ACQ the
+        hold begins (_got_fast). Returns 0 when the lock is held and counted, else the
+        kind's code for _acquire_rest (R_ACQ: the flags remain to be handled)."""
+        cdef int rc
+        shm_op_set(r.op, self._lock1, SHM_OP_TAKING)
+        crashpoint_at(armed, "lock.acquire.taking")
+        rc = self._fast(r.slot, armed)
+        if rc == R_ACQ and not self._got_fast(r, rc, armed):
+            return 0
+        return rc
+
+    cdef object _acquire_rest(self, reg_t* r, int rc):
+        """A blocking acquire after _take_fast returned rc != 0 (not on the fast path)."""
+        if rc == R_ACQ:                              # held: only the flags are left
+            return self._got_flags(r, rc)
+        return self._acquire_slow(r, rc, -1)
 
     cdef object _got_flags(self, reg_t* r, int rc):
         cdef uint32_t f
@@ -248,10 +282,19 @@ cdef class _Lock:
         wait for a lock the calling thread holds, LockNotRecoverableError if the lock was
         released inconsistent after an owner death. Blocking releases the GIL and runs signal
         handlers (Ctrl-C raises KeyboardInterrupt out of it)."""
+        cdef reg_t* r
+        cdef int rc
+        if g_lockdep is None and blocking is True and (timeout is _NEG1 or timeout is None):
+            # the fast path: a few atomics inline, everything else out of line
+            r = self._me_fast()
+            if r == NULL:
+                r = self._me()
+            rc = self._take_fast(r, shm_crash_armed)
+            if rc == 0:
+                return True
+            return self._acquire_rest(r, rc)
         if g_lockdep is not None:
             return self._acquire_lockdep(blocking, timeout)
-        if blocking is True and (timeout is _NEG1 or timeout is None):
-            return self._acquire_forever(self._me())
         return self._acquire_args(blocking, timeout)
 
     cdef str _lockdep_class(self):
@@ -279,15 +322,11 @@ cdef class _Lock:
             held.append(cls)
         return got
 
-    cdef inline object _acquire_forever(self, reg_t* r):
-        cdef bint armed = shm_crash_armed            # one load of the global per call
-        cdef int rc
-        shm_op_set(r.op, self._lock1, SHM_OP_TAKING)
-        crashpoint_at(armed, "lock.acquire.taking")
-        rc = self._fast(r.slot, armed)
-        if rc == R_ACQ:
-            return self._got(r, rc, armed)
-        return self._acquire_slow(r, rc, -1)
+    cdef object _acquire_forever(self, reg_t* r):
+        cdef int rc = self._take_fast(r, shm_crash_armed)
+        if rc == 0:
+            return True
+        return self._acquire_rest(r, rc)
 
     cdef object _acquire_args(self, blocking, timeout):
         cdef double t
@@ -454,15 +493,20 @@ cdef class _Lock:
 
     # -- release ------------------------------------------------------------------------
 
-    cdef inline int _release(self) except -1:
-        cdef bint armed = shm_crash_armed            # one load of the global per call
+    cdef inline reg_t* _holding_me(self) noexcept nogil:
+        """The calling thread's registration if the lock is open and it holds it, else
+        NULL (then _release() sorts out the closed, not-owner and re-entry cases)."""
         cdef reg_t* r
-        cdef int rc
         if self._closed or self.rm.closed:
-            self._check_held_across_close()
+            return NULL
         r = reg_lookup(self.rm)
         if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.hid:
-            self._not_owner(r)
+            return NULL
+        return r
+
+    cdef inline int _unhold(self, reg_t* r, bint armed) noexcept nogil:
+        """Release by the holder `r`: the kind's code (< 0: _raise_code)."""
+        cdef int rc
         shm_op_set(r.op, self._lock1, SHM_OP_RELEASING)
         trace("release", r.slot, 0, 0)
         crashpoint_at(armed, "lock.release.releasing")
@@ -479,8 +523,33 @@ cdef class _Lock:
         rc = self._unlock(r.slot, armed)
         crashpoint_at(armed, "lock.release.unlocked")
         shm_op_set(r.op, 0, 0)
+        return rc
+
+    cdef int _release(self) except -1:
+        """release() off the fast path: a closed object, a thread that does not hold the
+        lock, a kind's error code."""
+        cdef reg_t* r
+        cdef int rc
+        if self._closed or self.rm.closed:
+            self._check_held_across_close()
+        r = reg_lookup(self.rm)
+        if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.hid:
+            self._not_owner(r)
+        rc = self._unhold(r, shm_crash_armed)
         if rc < 0:
             _raise_code(self, rc)
+        return 0
+
+    cdef int _release_rest(self, reg_t* r, int rc) except -1:
+        """release() and __exit__ after the inline attempt, off the fast path: r NULL (not
+        the plain holder: _release() checks and releases or raises), or r released with
+        the kind's error code rc < 0, or lockdep on (the class leaves the held stack)."""
+        if r == NULL:
+            self._release()
+        elif rc < 0:
+            _raise_code(self, rc)
+        if g_lockdep is not None:
+            ld_released(self._lockdep_class())
         return 0
 
     cdef int _check_held_across_close(self) except -1:
@@ -503,9 +572,13 @@ cdef class _Lock:
 
     def release(self):
         """Release the lock. NotOwnerError if the calling thread does not hold it."""
-        self._release()
-        if g_lockdep is not None:
-            ld_released(self._lockdep_class())
+        cdef reg_t* r = self._holding_me()
+        cdef int rc = 0
+        if r != NULL:
+            rc = self._unhold(r, shm_crash_armed)
+            if rc >= 0 and g_lockdep is None:
+                return
+        self._release_rest(r, rc)
 
     def _is_owned(self):
         """True if the calling thread holds the lock: what threading.Condition asks."""
@@ -516,11 +589,15 @@ cdef class _Lock:
 
     def __enter__(self):
         cdef reg_t* r
+        cdef int rc
         if g_lockdep is not None:
             self._acquire_lockdep(True, -1)
             return self
-        r = self._me()
-        if not self._acquire_forever(r):
+        r = self._me_fast()
+        if r == NULL:
+            r = self._me()
+        rc = self._take_fast(r, shm_crash_armed)
+        if rc != 0 and not self._acquire_rest(r, rc):
             raise ShmLockError(f"{self.kind_name} lock {self._name!r}: a wait without "
                                "timeout returned without the lock")
         return self
@@ -556,12 +633,19 @@ cdef class _Lock:
         return 0
 
     def __exit__(self, t, v, tb):
+        cdef reg_t* r
+        cdef int rc = 0
         if t is not None and self._handing_on():
             self._release_handing_on()
-        else:
-            self._release()
-        if g_lockdep is not None:
-            ld_released(self._lockdep_class())
+            if g_lockdep is not None:
+                ld_released(self._lockdep_class())
+            return False
+        r = self._holding_me()
+        if r != NULL:
+            rc = self._unhold(r, shm_crash_armed)
+            if rc >= 0 and g_lockdep is None:
+                return False
+        self._release_rest(r, rc)
         return False
 
     # -- state ----------------------------------------------------------------------------
