@@ -68,9 +68,9 @@ cdef class FutexMutex(_Lock):
             if ld32_rlx(word) == 0 and cas32(word, 0, me + 1):
                 return R_ACQ
             r = wait_pause(w)
-            if r == W_PARK:
+            if r == R_PARK:
                 break
-            if r != W_CONT:
+            if r != R_CONT:
                 return R_TIMEOUT
         while True:                                  # park: announce with W, sleep on it
             v = ld32_seq(word)
@@ -85,9 +85,9 @@ cdef class FutexMutex(_Lock):
                 v = v | FX_W
             crashpoint("futex.wait.announced")
             r = wait_park(w, word, v)
-            if r == W_TIMEOUT:
+            if r == R_TIMEOUT:
                 return R_TIMEOUT
-            if r == W_SIGNAL:
+            if r == R_SIGNAL:
                 return R_SIGNAL
             self._check_owner(ld32_acq(word))
             if shm_recover_sig:                      # a handler raised in that recovery

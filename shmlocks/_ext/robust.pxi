@@ -74,9 +74,9 @@ cdef class _PthreadMutexLock(_Lock):
                 if rc != R_BUSY:
                     return rc
             r = wait_pause(w)
-            if r == W_PARK:
+            if r == R_PARK:
                 break
-            if r != W_CONT:
+            if r != R_CONT:
                 return R_TIMEOUT
         wait_nogil(w)
         while True:
@@ -88,9 +88,9 @@ cdef class _PthreadMutexLock(_Lock):
             if rc != R_TIMEOUT:
                 return rc
             r = wait_check(w)
-            if r == W_TIMEOUT:
+            if r == R_TIMEOUT:
                 return R_TIMEOUT
-            if r == W_SIGNAL:
+            if r == R_SIGNAL:
                 return R_SIGNAL
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:

@@ -24,8 +24,8 @@
 #          FIFO lock costs a wake-up (commit d11b846 has the measurements);
 #   park   announce (parked += 1), re-check, FUTEX_WAIT on the word for at most PARK_SLICE_NS,
 #          then check the deadline (CLOCK_MONOTONIC) and, with the GIL re-taken briefly,
-#          Python's signal handlers (Ctrl-C -> W_SIGNAL within one slice); with ticks on,
-#          return W_TICK after each slice so the kind can check that the participant it
+#          Python's signal handlers (Ctrl-C -> R_SIGNAL within one slice); with ticks on,
+#          return R_TICK after each slice so the kind can check that the participant it
 #          depends on is still alive (and recover it if not), then wait again.
 #
 # The waker's side of the protocol, which makes a lost wake-up impossible:
@@ -39,24 +39,20 @@
 # it is released (wait_nogil) before the first yield, park or blocking call, and re-taken
 # by the caller (wait_regil) after _wait returns. Otherwise _wait runs without it.
 
-# What an acquire step returns (the kinds' internal interface, lockbase.pxi), and park().
+# The one set of result codes: what a kind's step returns (the kinds' internal interface,
+# lockbase.pxi), what park() returns, and what the wait layer's steps below return.
 cdef enum:
-    R_TIMEOUT = 0
-    R_ACQ = 1
-    R_ACQ_DIED = 2
-    R_PENDING = 3
-    R_BUSY = 4
-    R_SIGNAL = -1
-    R_NOTREC = -2
-    R_CORRUPT = -3
-
-cdef enum:
-    W_READY = 1
-    W_TIMEOUT = -2
-    W_SIGNAL = -1
-    W_CONT = 2
-    W_PARK = 3
-    W_TICK = 4
+    R_TIMEOUT = 0      # the deadline passed (or a deadlock's victim gives up)
+    R_ACQ = 1          # acquired; for a wait: what it waited for holds (ready said READY)
+    R_ACQ_DIED = 2     # acquired, after the holder died
+    R_PENDING = 3      # _fast: enqueued, _wait goes on
+    R_BUSY = 4         # _fast, _try: held by another, nothing changed
+    R_CONT = 5         # the wait layer: go on (poll again; a check found nothing)
+    R_PARK = 6         # the wait layer: spinning and yielding are over, park
+    R_TICK = 7         # the wait layer: a park slice ended, tick and wait again
+    R_SIGNAL = -1      # a Python signal handler raised
+    R_NOTREC = -2      # the lock is not recoverable
+    R_CORRUPT = -3     # its shared state is corrupt
 
 cdef int64_t SPIN_NS = 4000          # first budget: about one cross-core hand-off
 cdef int64_t SPIN_MIN_NS = 200
@@ -171,22 +167,21 @@ cdef look_fn wait_look = NULL
 
 cdef int wait_check(wait_t* w) noexcept nogil:
     """Deadline, signals, and (once its time has come) a look for a deadlock this waiter
-    must break (wait_look). 0 to go on, else W_TIMEOUT or W_SIGNAL."""
+    must break (wait_look). R_CONT to go on, else R_TIMEOUT or R_SIGNAL."""
     cdef int64_t now = shm_now_ns()
-    cdef int r = 0
+    cdef int r = R_CONT
     cdef int entered
     if w.deadline >= 0 and now >= w.deadline:
-        return W_TIMEOUT
+        return R_TIMEOUT
     # Python code runs from here (handlers; the look's own code, and any finalizer): the
     # waiting participant is hidden, so a lock call on its region is refused (re-entry)
     entered = window_enter(w.rm)
     with gil:
         if PyErr_CheckSignals() < 0:
-            r = W_SIGNAL
-    if r == 0 and 0 <= w.dl_next <= now and wait_look != NULL:
-        r = wait_look(w, now)
-        if r != 0:
-            r = W_TIMEOUT if r > 0 else W_SIGNAL
+            r = R_SIGNAL
+    if r == R_CONT and 0 <= w.dl_next <= now and wait_look != NULL:
+        r = wait_look(w, now)           # (the look's own 1 / 0 / -1, mapped here)
+        r = R_CONT if r == 0 else (R_TIMEOUT if r > 0 else R_SIGNAL)
     window_exit(entered)
     return r
 
@@ -203,7 +198,7 @@ cdef int64_t wait_slice(wait_t* w) noexcept nogil:
 
 
 cdef int wait_pause(wait_t* w) noexcept nogil:
-    """One step of the spin and yield phases: W_CONT (poll again), W_PARK or W_TIMEOUT."""
+    """One step of the spin and yield phases: R_CONT (poll again), R_PARK or R_TIMEOUT."""
     cdef int64_t now, t
     cdef uint32_t i
     if w.phase == 0:
@@ -217,16 +212,16 @@ cdef int wait_pause(wait_t* w) noexcept nogil:
                 w.backoff <<= 1
         w.polls += 1
         if w.polls % SPIN_CLOCK_EVERY != 0 and w.backoff < 16:
-            return W_CONT
+            return R_CONT
         now = shm_now_ns()
         if w.spin_until == 0:
             w.t0 = now
             w.spin_until = now + w.spin_ns
         if w.deadline >= 0 and now >= w.deadline:
-            return W_TIMEOUT
+            return R_TIMEOUT
         if now >= w.spin_until:
             w.phase = 1
-        return W_CONT
+        return R_CONT
     if w.phase == 1:
         wait_nogil(w)
         t = shm_now_ns()
@@ -236,11 +231,11 @@ cdef int wait_pause(wait_t* w) noexcept nogil:
         if now - t > YIELD_SWITCHED_NS:
             w.switched = 1                  # something else ran on this CPU meanwhile
         if w.deadline >= 0 and now >= w.deadline:
-            return W_TIMEOUT
+            return R_TIMEOUT
         if w.yields >= YIELD_ROUNDS and (w.switched or now - w.spin_until > YIELD_IDLE_NS):
             w.phase = 2
-        return W_CONT
-    return W_PARK
+        return R_CONT
+    return R_PARK
 
 
 cdef int wait_park(wait_t* w, uint32_t* word, uint32_t expected) noexcept nogil:
@@ -255,7 +250,7 @@ cdef int wait_park(wait_t* w, uint32_t* word, uint32_t expected) noexcept nogil:
 cdef int wait_far(wait_t* w) noexcept nogil:
     """One step for a waiter with others ahead of it: yield the CPU to them (on an
     oversubscribed machine the next holder may be waiting for this very CPU) rather than
-    spin; park after FAR_YIELD_NS of that. W_CONT, W_PARK or W_TIMEOUT."""
+    spin; park after FAR_YIELD_NS of that. R_CONT, R_PARK or R_TIMEOUT."""
     cdef int64_t now
     wait_nogil(w)
     w.far = 1
@@ -266,33 +261,33 @@ cdef int wait_far(wait_t* w) noexcept nogil:
             w.t0 = now
         w.far_until = now + FAR_YIELD_NS
     if w.deadline >= 0 and now >= w.deadline:
-        return W_TIMEOUT
-    return W_PARK if now >= w.far_until else W_CONT
+        return R_TIMEOUT
+    return R_PARK if now >= w.far_until else R_CONT
 
 
 cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
                   wait_t* w) noexcept nogil:
     """Wait until ready(ctx). The waker changes *word and wakes it when *parked != 0.
-    Returns W_TICK after each park slice (park() calls it again to go on waiting)."""
+    Returns R_TICK after each park slice (park() calls it again to go on waiting)."""
     cdef int r
     cdef int q
     cdef uint32_t v
     q = ready(ctx)
     if q == Q_READY:
-        return W_READY
+        return R_ACQ
     if w.deadline == 0:
-        return W_TIMEOUT
+        return R_TIMEOUT
     while True:
         if q == Q_FAR and w.phase < 2:
             r = wait_far(w)
         else:
             r = wait_pause(w)
-        if r == W_CONT:
+        if r == R_CONT:
             q = ready(ctx)
             if q == Q_READY:
-                return W_READY
+                return R_ACQ
             continue
-        if r != W_PARK:
+        if r != R_PARK:
             return r
         w.phase = 2
         wait_nogil(w)
@@ -300,23 +295,23 @@ cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
         v = ld32_seq(word)
         if ready(ctx) == Q_READY:
             fsub32(parked, 1)
-            return W_READY
+            return R_ACQ
         r = wait_park(w, word, v)
         fsub32(parked, 1)
-        if r == W_SIGNAL:
+        if r == R_SIGNAL:
             # A handler raised: the wait ends with it even if ready(ctx) now says READY.
             # For a kind's inner wait (CLH behind an abandoned node, MCS for a pass through
             # its node, ticket for an inherited ticket) READY only means "go on waiting":
             # going on with the exception set would end in a return value with an
             # exception set (SystemError). The kind leaves its place on R_SIGNAL; a lock
             # granted meanwhile is handed back by _acquire_slow.
-            return W_SIGNAL
+            return R_SIGNAL
         q = ready(ctx)
         if q == Q_READY:
-            return W_READY
-        if r != 0:
+            return R_ACQ
+        if r != R_CONT:
             return r
-        return W_TICK
+        return R_TICK
 
 
 # park(): the one wait of the queue kinds (parking_lot's park(), with callbacks). The kind
@@ -348,16 +343,14 @@ cdef int park(park_t* pk, wait_t* w) noexcept nogil:
                 and pk.parked != NULL, "park: every callback and word given")
     while True:
         res = wait_for(pk.ready, pk.ctx, pk.word, pk.parked, w)
-        if res != W_TICK:
+        if res != R_TICK:
             break
         pk.tick(pk.rm, pk.b, pk.arg)            # the one we depend on: alive?
         if shm_recover_sig:                     # a handler raised inside that recovery
             shm_recover_sig = 0
-            res = W_SIGNAL
+            res = R_SIGNAL
             break
-    if res == W_READY:
-        return R_ACQ
-    return R_SIGNAL if res == W_SIGNAL else R_TIMEOUT
+    return res                                  # R_ACQ, R_TIMEOUT or R_SIGNAL
 
 
 cdef inline void wait_adapt(wait_t* w, uint32_t* budget) noexcept nogil:
