@@ -79,11 +79,7 @@ cdef void _clh_init(shm_body* b) noexcept nogil:
     for i in range(b.P):
         b.precs[i].mine = i + 1
         b.precs[i].pred = i + 1                      # idle: mine == pred, as after a release
-    b.wa.u64[0] = (b.P + 1) | (<uint64_t>C_UNKNOWN << 32)  # the lock's own node, FREE
-
-
-cdef inline uint64_t _clh_tail(uint32_t last, uint32_t prev) noexcept nogil:
-    return last | (<uint64_t>prev << 32)
+    b.wa.u64[0] = tail_encode(b.P + 1, C_UNKNOWN)  # the lock's own node, FREE
 
 
 cdef void _clh_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint32_t pn) noexcept nogil:
@@ -93,7 +89,7 @@ cdef void _clh_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint32_t pn) noexcep
     cdef uint32_t pp
     if ld32_seq(&n.state) == C_ABANDONED:
         # a recoverer finishes it, for this passage of pn only (_clh_redo_reclaim)
-        st64_rel(&rm.part[q].op_value, pn | (<uint64_t>ld32_acq(&n.round) << 32))
+        st64_rel(&rm.part[q].op_value, pass_encode(pn, ld32_acq(&n.round)))
         if not cas32(&n.state, C_ABANDONED, C_RECLAIMING):
             st64_rel(&rm.part[q].op_value, 0)
             return                                   # its thread rejoined: wait on it again
@@ -120,7 +116,7 @@ cdef int _clh_abort_as(rmap_t* rm, shm_body* b, uint32_t q, bint dead) noexcept 
     cdef uint64_t t
     st32_rel(&x.pred, p)
     t = ld64_seq(&b.wa.u64[0])
-    if <uint32_t>(t & 0xffffffffU) == X and cas64(&b.wa.u64[0], t, _clh_tail(p, C_UNKNOWN)):
+    if tail_last(t) == X and cas64(&b.wa.u64[0], t, tail_encode(p, C_UNKNOWN)):
         trace("clh.abort.out", q | (<uint64_t>dead << 32), X, p)
         crashpoint("clh.abort.stepped_out")
         st32_rel(&x.state, C_RECLAIMED)              # nobody behind us: our node is ours
@@ -169,7 +165,7 @@ cdef bint _clh_in_queue(shm_body* b, uint32_t X) noexcept nogil:
         if look:
             sched_yield()
         t = ld64_seq(&b.wa.u64[0])
-        if <uint32_t>(t & 0xffffffffU) == X or <uint32_t>(t >> 32) == X:
+        if tail_last(t) == X or tail_prev(t) == X:
             return 1
         if _clh_succ_of(b, X) != QUEUE_NONE:
             return 1
@@ -197,10 +193,10 @@ cdef bint _clh_still_queued_as(shm_body* b, uint32_t X, uint32_t rnd) noexcept n
 cdef void _clh_redo_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint64_t v) noexcept nogil:
     """q died reclaiming an abandoned node (op_value v = node id | round << 32): finish it
     if that node is still in the same passage; a later passage is someone else's."""
-    cdef uint32_t pn = <uint32_t>(v & 0xffffffffU)
+    cdef uint32_t pn = pass_node(v)
     if not _clh_ok(pn, b.P):
         return
-    if ld32_acq(&b.qnodes[pn - 1].round) == <uint32_t>(v >> 32):
+    if ld32_acq(&b.qnodes[pn - 1].round) == pass_round(v):
         _clh_reclaim(rm, b, q, pn)
 
 
@@ -247,8 +243,8 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     p = ld32_acq(&xn.pred)
     if p == C_UNKNOWN:  # [C5]
         t = ld64_seq(&b.wa.u64[0])
-        if <uint32_t>(t & 0xffffffffU) == X:
-            p = <uint32_t>(t >> 32)
+        if tail_last(t) == X:
+            p = tail_prev(t)
         else:
             # Did it join? If so, whoever joined after it publishes its pred: let the live
             # joiners finish their two steps, then decide.
@@ -256,8 +252,8 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
                 return
             p = ld32_acq(&xn.pred)
             if p == C_UNKNOWN:
-                if <uint32_t>(ld64_seq(&b.wa.u64[0]) & 0xffffffffU) == X:
-                    p = <uint32_t>(ld64_seq(&b.wa.u64[0]) >> 32)
+                if tail_last(ld64_seq(&b.wa.u64[0])) == X:
+                    p = tail_prev(ld64_seq(&b.wa.u64[0]))
                 elif _clh_in_queue(b, X):
                     p = ld32_acq(&xn.guess)          # it joined: its guess was right
                 else:
@@ -318,9 +314,9 @@ cdef void _clh_tend_abandoned(rmap_t* rm, shm_body* b, uint32_t X) noexcept nogi
     _clh_check_owner(rm, b, ld32_acq(&x.pred))
     t = ld64_seq(&b.wa.u64[0])
     p = ld32_acq(&x.pred)
-    if <uint32_t>(t & 0xffffffffU) == X:
+    if tail_last(t) == X:
         if (_clh_ok(p, b.P) and ld32_seq(&x.state) == C_ABANDONED
-                and cas64(&b.wa.u64[0], t, _clh_tail(p, C_UNKNOWN))):
+                and cas64(&b.wa.u64[0], t, tail_encode(p, C_UNKNOWN))):
             trace("clh.tend.out", X, p, t)
             st32_seq(&x.state, C_RECLAIMED)          # out of the queue: ours again
         return
@@ -359,17 +355,17 @@ cdef class CLHLock(_Lock):
         st32_rel(&self.b.qnodes[X - 1].state, C_BUSY)         # after the round (see above)
         while True:                                  # join: tail := (X, old last)
             old = ld64_seq(self._tail())
-            st32_rel(&self.b.qnodes[X - 1].guess, <uint32_t>(old & 0xffffffffU))  # pred if won
-            if cas64(self._tail(), old, _clh_tail(X, <uint32_t>(old & 0xffffffffU))):
+            st32_rel(&self.b.qnodes[X - 1].guess, tail_last(old))  # pred if won
+            if cas64(self._tail(), old, tail_encode(X, tail_last(old))):
                 break
         crashpoint_at(armed, "clh.acquire.joined")
         trace("clh.joined", me, X, old)
-        p = <uint32_t>(old & 0xffffffffU)
+        p = tail_last(old)
         if not _clh_ok(p, self.b.P) or p == X:
             return R_CORRUPT
         if (ld32_acq(&self.b.qnodes[p - 1].pred) == C_UNKNOWN     # p has not published its pred
                 and ld32_acq(&self.b.qnodes[p - 1].state) != C_FREE):  # and its round goes on:
-            cas32(&self.b.qnodes[p - 1].pred, C_UNKNOWN, <uint32_t>(old >> 32))  # do it for p
+            cas32(&self.b.qnodes[p - 1].pred, C_UNKNOWN, tail_prev(old))  # do it for p
         st32_rlx(&r.pred, p)
         st32_rel(&self.b.qnodes[X - 1].pred, p)           # then our own
         crashpoint_at(armed, "clh.acquire.pred")
@@ -468,13 +464,13 @@ cdef class CLHLock(_Lock):
         dassert(r.mine != r.pred, "clh: the holder waited on another node than its own")
         dassert(ld32_acq(&self.b.qnodes[r.mine - 1].state) == C_BUSY, "clh: the holder's node is BUSY")
         dassert(ld32_acq(&self.b.qnodes[r.pred - 1].state) == C_FREE, "clh: the holder's pred is FREE")
-        dassert(_clh_ok(<uint32_t>(ld64_acq(self._tail()) & 0xffffffffU), self.b.P),
+        dassert(_clh_ok(tail_last(ld64_acq(self._tail())), self.b.P),
                 "clh: tail index in range")
         _clh_release_as(&self.b, me, armed)
         return 0
 
     cdef bint _is_locked(self) noexcept nogil:
-        cdef uint32_t t = <uint32_t>(ld64_acq(self._tail()) & 0xffffffffU)
+        cdef uint32_t t = tail_last(ld64_acq(self._tail()))
         if not _clh_ok(t, self.b.P):
             return 1
         return ld32_acq(&self.b.qnodes[t - 1].state) != C_FREE

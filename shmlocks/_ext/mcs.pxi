@@ -45,14 +45,6 @@ cdef enum:
     M_UNKNOWN = SHM_ID_UNKNOWN
 
 
-cdef inline uint32_t _t_last(uint64_t t) noexcept nogil:
-    return <uint32_t>(t & 0xffffffffU)
-
-
-cdef inline uint32_t _t_prev(uint64_t t) noexcept nogil:
-    return <uint32_t>(t >> 32)
-
-
 cdef int _mcs_not_waiting(void* c) noexcept nogil:
     """READY once granted (or abandoned under us); FAR while the predecessor waits too."""
     cdef node_wait_t* x = <node_wait_t*>c        # x.n: the waiter's own node
@@ -98,8 +90,8 @@ cdef uint32_t _mcs_scan_succ(shm_body* b, uint32_t q) noexcept nogil:
     if _mcs_is_succ(b, v, q):
         return v
     t = ld64_seq(&b.wa.u64[0])
-    if _t_prev(t) == q + 1 and _t_last(t) != 0 and _t_last(t) != q + 1:
-        return _t_last(t)
+    if tail_prev(t) == q + 1 and tail_last(t) != 0 and tail_last(t) != q + 1:
+        return tail_last(t)
     v = queue_named_succ(b.qnodes, b.P, q + 1, M_QUEUED)
     if v != QUEUE_NONE:
         return v
@@ -157,8 +149,8 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
         if s == 0 or s > b.P:
             return R_CORRUPT
         m = &b.qnodes[s - 1]
-        dassert(_t_last(ld64_acq(&b.wa.u64[0])) <= b.P, "mcs: tail index in range")
-        st64_rel(&rm.part[q].op_value, s | (<uint64_t>ld32_acq(&m.round) << 32))
+        dassert(tail_last(ld64_acq(&b.wa.u64[0])) <= b.P, "mcs: tail index in range")
+        st64_rel(&rm.part[q].op_value, pass_encode(s, ld32_acq(&m.round)))
         st = ld32_seq(&m.state)
         if st == M_GRANT:
             return 0                                 # already passed (a redo)
@@ -175,7 +167,7 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
         nx = ld32_acq(&m.next)                       # m is ours to pass through
         if not _mcs_is_succ(b, nx, s - 1):
             t = ld64_seq(&b.wa.u64[0])
-            if _t_last(t) == s:
+            if tail_last(t) == s:
                 if cas64(&b.wa.u64[0], t, 0):        # the abandoned node was last: now free
                     st32_seq(&m.state, M_IDLE)
                     wake_if_parked(&m.state, &m.parked)
@@ -188,7 +180,7 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
         if nx == 0 or nx > b.P:
             return R_CORRUPT
         st64_rel(&rm.part[q].op_value,
-                 nx | (<uint64_t>ld32_acq(&b.qnodes[nx - 1].round) << 32))
+                 pass_encode(nx, ld32_acq(&b.qnodes[nx - 1].round)))
         crashpoint("mcs.release.passing")
         st32_seq(&m.state, M_IDLE)                   # its owner may reuse it now
         wake_if_parked(&m.state, &m.parked)
@@ -212,7 +204,7 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
         if _mcs_is_succ(b, succ, q):
             break
         t = ld64_seq(&b.wa.u64[0])
-        if _t_last(t) == q + 1:
+        if tail_last(t) == q + 1:
             if cas64(&b.wa.u64[0], t, 0):            # no one behind: free
                 crashpoint_at(armed, "mcs.release.emptied")
                 st32_rel(&n.state, M_IDLE)
@@ -233,7 +225,7 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
     if succ == 0 or succ > b.P:
         return R_CORRUPT
     st64_rel(&rm.part[q].op_value,
-             succ | (<uint64_t>ld32_acq(&b.qnodes[succ - 1].round) << 32))
+             pass_encode(succ, ld32_acq(&b.qnodes[succ - 1].round)))
     st32_rel(&n.state, M_IDLE)
     wake_if_parked(&n.state, &n.parked)
     crashpoint_at(armed, "mcs.release.idled")
@@ -249,13 +241,13 @@ cdef void _mcs_finish_pass(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     the node it was at. Nodes it had already passed through and not yet freed are still
     PASSING (it was the only releaser): free them, then go on from where it was."""
     cdef uint64_t v = ld64_acq(&rm.part[q].op_value)
-    cdef uint32_t s = <uint32_t>(v & 0xffffffffU)
+    cdef uint32_t s = pass_node(v)
     cdef uint32_t x
     for x in range(b.P):
         if x + 1 != s and ld32_acq(&b.qnodes[x].state) == M_PASSING:
             st32_seq(&b.qnodes[x].state, M_IDLE)
             wake_if_parked(&b.qnodes[x].state, &b.qnodes[x].parked)
-    if s != 0 and s <= b.P and ld32_acq(&b.qnodes[s - 1].round) == <uint32_t>(v >> 32):
+    if s != 0 and s <= b.P and ld32_acq(&b.qnodes[s - 1].round) == pass_round(v):
         _mcs_pass(rm, b, s, q)
 
 
@@ -288,8 +280,8 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     pred = ld32_acq(&n.pred)
     if st == M_WAIT and pred == M_UNKNOWN:  # [M3]
         t = ld64_seq(&b.wa.u64[0])
-        if _t_last(t) == q + 1:
-            pred = _t_prev(t)
+        if tail_last(t) == q + 1:
+            pred = tail_prev(t)
             cas32(&n.pred, M_UNKNOWN, pred)
         else:
             # Did it join? If so, whoever joined after it publishes its pred: let the live
@@ -297,14 +289,14 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             if not _mcs_settle_joiners(rm, b, q):
                 return
             pred = ld32_acq(&n.pred)
-            if pred == M_UNKNOWN and _t_last(ld64_seq(&b.wa.u64[0])) != q + 1:
+            if pred == M_UNKNOWN and tail_last(ld64_seq(&b.wa.u64[0])) != q + 1:
                 if _mcs_walk_succ(b, q + 1) == QUEUE_NONE:
                     st32_rel(&n.state, M_IDLE)       # it never joined the queue
                     return
                 pred = ld32_acq(&n.guess)            # it joined: its guess was right
                 cas32(&n.pred, M_UNKNOWN, pred)
             if pred == M_UNKNOWN:
-                pred = _t_prev(ld64_seq(&b.wa.u64[0]))
+                pred = tail_prev(ld64_seq(&b.wa.u64[0]))
     if st == M_GRANT or pred == 0:                   # [M4] it holds the lock
         recover_verdict(rm, b, q, op)                # [V] (op is not RELEASING here)
         crashpoint("mcs.recover.flagged")
@@ -354,18 +346,18 @@ cdef class MCSLock(_Lock):
         st32_rlx(&n.round, n.round + 1)
         st32_rlx(&n.state, M_WAIT)
         while True:                                  # join: tail := (me, old last)
-            st32_rel(&n.guess, _t_last(old))         # our pred, if this CAS wins
-            seen = cmpxchg64(self._tail(), old, (me + 1) | (<uint64_t>_t_last(old) << 32))
+            st32_rel(&n.guess, tail_last(old))         # our pred, if this CAS wins
+            seen = cmpxchg64(self._tail(), old, tail_encode(me + 1, tail_last(old)))
             if seen == old:                          # (first guess: an empty queue)
                 break
             old = seen
         crashpoint_at(armed, "mcs.acquire.joined")
-        p = _t_last(old)
+        p = tail_last(old)
         if p > self.b.P or p == me + 1:
             return R_CORRUPT
         if (p != 0 and ld32_acq(&self.b.qnodes[p - 1].pred) == M_UNKNOWN
                 and ld32_acq(&n.state) == M_WAIT):
-            cas32(&self.b.qnodes[p - 1].pred, M_UNKNOWN, _t_prev(old))  # publish it for p
+            cas32(&self.b.qnodes[p - 1].pred, M_UNKNOWN, tail_prev(old))  # publish it for p
         st32_rel(&n.pred, p)                         # then our own
         crashpoint_at(armed, "mcs.acquire.pred")
         if p == 0:
@@ -446,9 +438,9 @@ cdef class MCSLock(_Lock):
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_qnode* n = &self.b.qnodes[me]
-        cdef uint64_t t = (me + 1) | (<uint64_t>ld32_rlx(&n.pred) << 32)
+        cdef uint64_t t = tail_encode(me + 1, ld32_rlx(&n.pred))
         dassert(ld32_acq(&n.state) == M_GRANT, "mcs: the holder's node is GRANT")
-        dassert(_t_last(ld64_acq(self._tail())) != 0, "mcs: a held lock's queue is not empty")
+        dassert(tail_last(ld64_acq(self._tail())) != 0, "mcs: a held lock's queue is not empty")
         if ld32_acq(&n.next) == 0 and ld64_seq(self._tail()) == t:
             # No successor linked and we are still last (the tail word is (us, our pred)):
             # one CAS empties the queue (the first step of _mcs_release_as, inline). A

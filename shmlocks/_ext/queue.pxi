@@ -34,6 +34,34 @@ cdef uint32_t queue_named_succ(shm_qnode* nodes, uint32_t count,
     return QUEUE_NONE
 
 
+# The queue tail (word A of MCS and CLH): last | prev << 32, the last node to join and ITS
+# predecessor (node ids: index + 1). One encoder, one decoder per part.
+cdef inline uint64_t tail_encode(uint32_t last, uint32_t prev) noexcept nogil:
+    return last | (<uint64_t>prev << 32)
+
+
+cdef inline uint32_t tail_last(uint64_t t) noexcept nogil:
+    return <uint32_t>(t & 0xffffffffU)
+
+
+cdef inline uint32_t tail_prev(uint64_t t) noexcept nogil:
+    return <uint32_t>(t >> 32)
+
+
+# The pass record a participant publishes in op_value while it passes the lock on or
+# reclaims a node (MCS, CLH): node id | the node's round << 32.
+cdef inline uint64_t pass_encode(uint32_t node, uint32_t round) noexcept nogil:
+    return node | (<uint64_t>round << 32)
+
+
+cdef inline uint32_t pass_node(uint64_t v) noexcept nogil:
+    return <uint32_t>(v & 0xffffffffU)
+
+
+cdef inline uint32_t pass_round(uint64_t v) noexcept nogil:
+    return <uint32_t>(v >> 32)
+
+
 cdef uint32_t queue_succ_of(uint64_t* tail, shm_qnode* nodes, uint32_t count,
                             uint32_t target, uint32_t queued) noexcept nogil:
     """The node that joined right after `target` (node ids: index + 1, as the tail's
@@ -43,7 +71,7 @@ cdef uint32_t queue_succ_of(uint64_t* tail, shm_qnode* nodes, uint32_t count,
     while we walked) starts over, a few times; every id read is bounds-checked."""
     cdef uint32_t id, link, st, steps, attempt
     for attempt in range(4):
-        id = <uint32_t>(ld64_seq(tail) & 0xffffffffU)
+        id = tail_last(ld64_seq(tail))
         steps = 0
         while steps <= count:
             if id == target or id - 1 >= count:     # (unsigned: id 0, none, fails too)
