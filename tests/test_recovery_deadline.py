@@ -191,7 +191,9 @@ def test_deadline_holds_while_live_joiners_settle(kind, point):
 CTRL_C_SLACK = 0.5
 
 BLOCKED = (
-    "import shmlocks, sys, time\n"
+    "import shmlocks, signal, sys, time\n"
+    # a SIGINT ignored by whoever started the suite is inherited: Ctrl-C must raise here
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
     "l = shmlocks.KINDS[sys.argv[1]].open(sys.argv[2])\n"
     "print('waiting', flush=True)\n"
     "try:\n"

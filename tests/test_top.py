@@ -82,6 +82,9 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 def _take_tty():
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # the pty becomes our controlling terminal
+    # Ctrl-C as a person's shell delivers it: a SIGINT that whoever started the suite
+    # ignored (a background job's) is inherited through exec, and Python keeps it ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("key", [b"q", b"\x03", b"TERM"], ids=["q", "ctrl-c", "sigterm"])
