@@ -1,4 +1,4 @@
-"""``python -m shmlocks``: the command line (see shmlocks/cli.py)."""
+"""``python -m shmlocks``: the command line (see shmlocks/cli/__init__.py)."""
 
 import sys
 

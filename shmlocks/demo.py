@@ -3,7 +3,7 @@ hand-off table beside ``multiprocessing.Lock``.
 
 The worker functions live at module level so that ``spawn`` and ``forkserver`` children can
 import them; the locks reach the children by pickling (by name). :func:`run` is the whole
-demo; the command line (shmlocks/cli.py) only parses its arguments.
+demo; the command line (shmlocks/cli/demo.py) only parses its arguments.
 """
 
 from __future__ import annotations

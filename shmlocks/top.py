@@ -14,7 +14,6 @@ with a note.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -29,7 +28,7 @@ from typing import Any, TextIO
 
 import shmlocks
 from shmlocks._table import table
-from shmlocks.stats_cli import duration, holder_text, segment_stats
+from shmlocks.stats import duration, holder_text, segment_stats
 
 NO_SEGMENTS = "no shmlocks segments"
 
@@ -211,51 +210,3 @@ def live(names: list[str] | None, interval: float, out: TextIO) -> int:
             out.flush()
         if tty_fd is not None and saved is not None:
             termios.tcsetattr(tty_fd, termios.TCSADRAIN, saved)
-
-
-def cmd_top(args: argparse.Namespace) -> int:
-    from shmlocks.cli import _require_region, segment_name
-
-    names: list[str] | None = None
-    if args.names:
-        names = []
-        for raw in args.names:
-            n = segment_name(raw)
-            _require_region(n)
-            names.append(n)
-    if args.json or not sys.stdout.isatty():
-        return snapshot_once(names, args.interval, args.json, sys.stdout)
-    return live(names, args.interval, sys.stdout)
-
-
-def _interval(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0.05 <= v <= 3600:
-        raise argparse.ArgumentTypeError("the interval is 0.05 to 3600 seconds")
-    return v
-
-
-def register(sub: Any) -> None:
-    """Add the ``top`` command to the CLI's subparsers."""
-    p = sub.add_parser(
-        "top",
-        help="a live view of the busiest locks on the machine (q or Ctrl-C quits)",
-        description="Refreshed every interval: for each lock of every shmlocks segment "
-        "(or of the NAMEs given), busiest first, acquires/s, hand-offs/s, %% of acquires "
-        "that waited and their mean wait, the max wait, timeouts/s, the holder (pid, alive "
-        "or dead) and the waiters. q or Ctrl-C quits. With stdout not a terminal, or with "
-        "--json, prints one snapshot (rates over one interval) and exits.",
-    )
-    p.add_argument("names", nargs="*", metavar="NAME", help="segments to watch (default: all)")
-    p.add_argument(
-        "--interval",
-        type=_interval,
-        default=1.0,
-        metavar="SECONDS",
-        help="refresh period, and the span of the rates (default 1)",
-    )
-    p.add_argument("--json", action="store_true", help="one snapshot, machine-readable")
-    p.set_defaults(func=cmd_top)

@@ -1,0 +1,97 @@
+"""``shmlocks inspect NAME``: each lock of a segment, its holder and waiters."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from shmlocks._table import emit, human_size, table
+from shmlocks.cli._common import (
+    EXIT_OK,
+    creator,
+    describe,
+    flags,
+    require_region,
+    segment_name,
+    who,
+)
+from shmlocks.deadlocks import annotate
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    name = segment_name(args.name)
+    require_region(name)
+    d = annotate(describe(name))
+    state, alive = creator(d)
+    emit(dict(d, creator_alive=alive, creator_state=state), args.json, _render_inspect)
+    return EXIT_OK
+
+
+def _render_inspect(d: dict[str, Any]) -> str:
+    out = [
+        f"segment {d['name']}: {human_size(d['size'])} ({d['size']} bytes), "
+        f"layout version {d['version']}, created by pid {d['creator_pid']} ({d['creator_state']})"
+    ]
+    locks = d.get("locks", [])
+    out.append(f"locks: {len(locks)} of {d['max_locks']}")
+    if locks:
+        rows = [
+            [
+                lk["name"],
+                lk["kind"],
+                "held" if lk["locked"] else "free",
+                who(lk.get("holder")) if lk["locked"] else "-",
+                lk["waiters"],
+                flags(lk),
+            ]
+            for lk in locks
+        ]
+        out.append(table(["NAME", "KIND", "STATE", "HOLDER", "WAITERS", "FLAGS"], rows, "  "))
+    parts = d.get("participants", [])
+    alive = sum(1 for p in parts if p["alive"])
+    out.append(
+        f"participants: {len(parts)} of {d['max_participants']} slots in use "
+        f"({alive} alive, {len(parts) - alive} dead)"
+    )
+    if parts:
+        rows = [
+            [
+                p["slot"],
+                p["pid"],
+                p["tid"],
+                ("alive" if p["alive"] else "DEAD")
+                + (", other namespace" if p.get("other_namespace") else ""),
+                ",".join(p["holds"]) or "-",
+                p["waits_for"] or "-",
+                "-" if p["waiting_s"] is None else f"{p['waiting_s']:.3f} s",
+            ]
+            for p in parts
+        ]
+        out.append(
+            table(["SLOT", "PID", "TID", "STATE", "HOLDS", "WAITS FOR", "WAITING"], rows, "  ")
+        )
+    dead_holders = [
+        lk["name"]
+        for lk in locks
+        if lk["locked"] and lk.get("holder") and not lk["holder"]["alive"]
+    ]
+    if dead_holders:
+        out.append(
+            "note: held by a dead thread: "
+            + ", ".join(dead_holders)
+            + " (the next acquire recovers it and sees owner_died=True)"
+        )
+    stale = [lk["name"] for lk in locks if lk.get("stale_step")]
+    if stale:
+        out.append(
+            "note: free, with a dead thread's unfinished acquire or release step: "
+            + ", ".join(stale)
+            + " (the next acquire completes it and gets the lock, owner_died=False)"
+        )
+    return "\n".join(out)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", help="segment name (a leading / is optional)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_inspect)
