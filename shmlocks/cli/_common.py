@@ -55,6 +55,18 @@ def require_region(name: str) -> Path:
     return path
 
 
+def required_regions(raws: list[str]) -> list[str]:
+    """The segment names given on a command line, each normalised and checked to be a
+    readable shmlocks region (segment_name, then require_region): the first bad one is a
+    CliError."""
+    names = []
+    for raw in raws:
+        name = segment_name(raw)
+        require_region(name)
+        names.append(name)
+    return names
+
+
 def describe(name: str) -> dict[str, Any]:
     """``Region._describe()``'s snapshot, from a validated private copy of the segment
     read with pread (shmlocks/_segment.py), never a mapping: a segment that shrinks

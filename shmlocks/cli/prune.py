@@ -16,8 +16,7 @@ from shmlocks.cli._common import (
     creator,
     describe,
     error_text,
-    require_region,
-    segment_name,
+    required_regions,
 )
 
 
@@ -83,14 +82,7 @@ def _prune_one(name: str, dry_run: bool) -> dict[str, Any]:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    if args.names:
-        names = []
-        for raw in args.names:
-            n = segment_name(raw)
-            require_region(n)
-            names.append(n)
-    else:
-        names = shmlocks.list_regions()
+    names = required_regions(args.names) if args.names else shmlocks.list_regions()
     records = [_prune_one(n, args.dry_run) for n in names]
     emit(records, args.json, _render_prune)
     return EXIT_OK

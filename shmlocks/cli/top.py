@@ -7,18 +7,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shmlocks.cli._common import require_region, segment_name
+from shmlocks.cli._common import required_regions
 from shmlocks.top import live, snapshot_once
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    names: list[str] | None = None
-    if args.names:
-        names = []
-        for raw in args.names:
-            n = segment_name(raw)
-            require_region(n)
-            names.append(n)
+    names = required_regions(args.names) if args.names else None
     if args.json or not sys.stdout.isatty():
         return snapshot_once(names, args.interval, args.json, sys.stdout)
     return live(names, args.interval, sys.stdout)
