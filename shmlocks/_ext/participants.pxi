@@ -99,6 +99,37 @@ cdef int _robust_mutex_init(pthread_mutex_t* m, bint pi) noexcept nogil:
 
 cdef pthread_mutex_t g_mutex          # guards every rmap_t's counters and the global list
 
+# A fatal SIGTERM leaves the names as a normal end does (region.pxi: _sigterm_leave). Its
+# handler can interrupt any thread anywhere, so it must never act on bookkeeping caught
+# half-changed: every section that changes what this process's views keep alive (g_mutex
+# held, through gm_lock/gm_unlock; a view made between its file's flock and its entry in
+# g_rmaps, region.pxi) counts itself in g_lc_busy. A handler that finds a section running
+# only records its signal in g_lc_pending and returns; the last thread out of a section
+# then leaves the names and ends the process with it (lc_end). docs/design.md §2.
+cdef uint32_t g_lc_busy = 0
+cdef uint32_t g_lc_pending = 0
+
+
+cdef inline void lc_enter() noexcept nogil:
+    fadd32(&g_lc_busy, 1)
+
+
+cdef inline void lc_exit() noexcept nogil:
+    # seq_cst both sides: the handler stores g_lc_pending then loads g_lc_busy, we store
+    # g_lc_busy then load g_lc_pending, so at least one of the two sees the other
+    if fsub32(&g_lc_busy, 1) == 1 and ld32_seq(&g_lc_pending) != 0:
+        lc_end()
+
+
+cdef inline void gm_lock() noexcept nogil:
+    lc_enter()
+    pthread_mutex_lock(&g_mutex)
+
+
+cdef inline void gm_unlock() noexcept nogil:
+    pthread_mutex_unlock(&g_mutex)
+    lc_exit()
+
 # How many regions a thread may take part in at once. Each keeps one liveness token locked
 # on the thread's glibc robust list, and so does each robust or pi lock the thread holds;
 # at the thread's death the kernel walks at most ROBUST_LIST_LIMIT (2,048) entries of that
@@ -287,10 +318,10 @@ cdef object reentry_error(str what):
 
 cdef void rmap_link(rmap_t* rm) noexcept nogil:
     global g_rmaps
-    pthread_mutex_lock(&g_mutex)
+    gm_lock()
     rm.gnext = g_rmaps
     g_rmaps = rm
-    pthread_mutex_unlock(&g_mutex)
+    gm_unlock()
 
 
 cdef void rmap_maybe_unmap(rmap_t* rm) noexcept nogil:
@@ -327,32 +358,32 @@ cdef void rmap_leave_all_names() noexcept nogil:
     """The process is ending (atexit, or multiprocessing's exit path before os._exit):
     every view leaves its name, as if unmapped; the mappings stay for daemon threads."""
     cdef rmap_t* rm
-    pthread_mutex_lock(&g_mutex)
+    gm_lock()
     rm = g_rmaps
     while rm != NULL:
         rmap_leave_name(rm)
         rm = rm.gnext
-    pthread_mutex_unlock(&g_mutex)
+    gm_unlock()
 
 
 cdef int rmap_pin(rmap_t* rm) except -1:
     """Keep the mapping for the calling thread, which is about to touch it without holding a
     token in it (registration, create_lock, a sweep), possibly releasing the GIL: a close()
     by another thread meanwhile defers the unmap to rmap_unpin. ValueError if closed."""
-    pthread_mutex_lock(&g_mutex)
+    gm_lock()
     if rm.closed or rm.base == NULL:
-        pthread_mutex_unlock(&g_mutex)
+        gm_unlock()
         raise ValueError("region is closed")
     rm.pins += 1
-    pthread_mutex_unlock(&g_mutex)
+    gm_unlock()
     return 0
 
 
 cdef void rmap_unpin(rmap_t* rm) noexcept nogil:
-    pthread_mutex_lock(&g_mutex)
+    gm_lock()
     rm.pins -= 1
     rmap_maybe_unmap(rm)
-    pthread_mutex_unlock(&g_mutex)
+    gm_unlock()
 
 
 cdef void rmap_maybe_free(rmap_t* rm) noexcept nogil:
@@ -380,7 +411,7 @@ cdef void thread_exit(void* head) noexcept nogil:
     cdef reg_t* r = <reg_t*>head
     cdef reg_t* nx
     shm_tls_set(NULL)
-    pthread_mutex_lock(&g_mutex)
+    gm_lock()
     while r != NULL:
         nx = r.next
         if r.held == 0 and r.rm.base != NULL:
@@ -393,7 +424,7 @@ cdef void thread_exit(void* head) noexcept nogil:
         # stays mapped for the life of the process.
         free(r)
         r = nx
-    pthread_mutex_unlock(&g_mutex)
+    gm_unlock()
 
 
 cdef void atfork_prepare() noexcept nogil:
@@ -403,7 +434,7 @@ cdef void atfork_prepare() noexcept nogil:
     cdef rmap_t* rm
     cdef char buf[48]
     cdef int fd
-    pthread_mutex_lock(&g_mutex)
+    gm_lock()
     rm = g_rmaps
     while rm != NULL:
         rm.fork_fd = -1
@@ -426,7 +457,7 @@ cdef void atfork_parent() noexcept nogil:
             close(rm.fork_fd)             # the child's copy keeps its description and lock
             rm.fork_fd = -1
         rm = rm.gnext
-    pthread_mutex_unlock(&g_mutex)
+    gm_unlock()
 
 
 cdef void atfork_child() noexcept nogil:
@@ -444,6 +475,10 @@ cdef void atfork_child() noexcept nogil:
     shm_win_n = 0                       # a fork inside a window: the child has no wait
     shm_recovering = 0
     shm_recover_sig = 0
+    # a signal the parent was deferring is not ours, nor are its other threads' sections:
+    # the one running is prepare's, which the unlock below ends
+    st32_seq(&g_lc_pending, 0)
+    st32_seq(&g_lc_busy, 1)
     while rm != NULL:
         rm.nthreads = 0
         rm.pins = 0
@@ -455,7 +490,7 @@ cdef void atfork_child() noexcept nogil:
         else:                             # the inherited fd shares the parent's lock:
             rm.named = 0                  # never flock it here
         rm = rm.gnext
-    pthread_mutex_unlock(&g_mutex)
+    gm_unlock()
 
 
 cdef int participants_init() except -1:
@@ -481,7 +516,7 @@ cdef int reg_leave_closed() noexcept nogil:
     cdef reg_t* r
     cdef rmap_t* rm
     cdef int n = 0
-    pthread_mutex_lock(&g_mutex)
+    gm_lock()
     while pp[0] != NULL:
         r = pp[0]
         rm = r.rm
@@ -495,7 +530,7 @@ cdef int reg_leave_closed() noexcept nogil:
         else:
             n += 1
             pp = &r.next
-    pthread_mutex_unlock(&g_mutex)
+    gm_unlock()
     pthread_setspecific(g_key, head)
     shm_tls_set(head)
     return n
@@ -522,9 +557,9 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
         rmap_unpin(rm)
     if rm.closed:                            # closed while we registered: leave again
         reg_unregister(rm)
-        pthread_mutex_lock(&g_mutex)
+        gm_lock()
         rmap_maybe_unmap(rm)
-        pthread_mutex_unlock(&g_mutex)
+        gm_unlock()
         raise ValueError("region is closed")
     return r
 
@@ -578,9 +613,9 @@ cdef reg_t* reg_claim(rmap_t* rm) except NULL:
             r.next = <reg_t*>shm_tls_get()
             pthread_setspecific(g_key, r)
             shm_tls_set(r)
-            pthread_mutex_lock(&g_mutex)
+            gm_lock()
             rm.nthreads += 1
-            pthread_mutex_unlock(&g_mutex)
+            gm_unlock()
             return r
     if ncorrupt:
         raise CorruptRegionError(
@@ -605,11 +640,11 @@ cdef int reg_unregister(rmap_t* rm) noexcept nogil:
             pp[0] = r.next
             pthread_setspecific(g_key, head)
             shm_tls_set(head)
-            pthread_mutex_lock(&g_mutex)
+            gm_lock()
             if rm.base != NULL:
                 token_unlock(rm, r.slot)
             rm.nthreads -= 1
-            pthread_mutex_unlock(&g_mutex)
+            gm_unlock()
             free(r)
             return 1
         pp = &r.next

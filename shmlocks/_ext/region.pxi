@@ -144,37 +144,60 @@ def _hook_multiprocessing():
     util.Finalize(None, _leave_names_at_exit, exitpriority=-100)
     # a child's registry of finalizers is emptied at its start: register there again
     util.register_after_fork(_MP_ANCHOR, _mp_after_fork)
-    process = _sys.modules.get("multiprocessing.process")
-    if process is not None and process.parent_process() is not None:
+
+
+def _hook_exit():
+    """Before this process makes a view: its ends that skip atexit leave the names too."""
+    _hook_multiprocessing()
+    with nogil:
         _sigterm_leaves_names()
 
 
 cdef void _sigterm_leave(int sig) noexcept nogil:
-    """SIGTERM in a multiprocessing child (Pool.terminate() ends every worker so): leave
-    the names as at a normal end, then die of the signal as before. Async-signal-safe
-    calls only (flock, fstat, lstat, unlink), and the list only if nobody is changing it."""
+    """SIGTERM with its default action otherwise (Pool.terminate() ends every worker so, a
+    service manager its services): leave the names as at a normal end, then die of the
+    signal as before. If a section of the views' bookkeeping runs (participants.pxi,
+    g_lc_busy), in this thread or another, the last thread out of it does so instead."""
+    st32_seq(&g_lc_pending, <uint32_t>sig)
+    if ld32_seq(&g_lc_busy) == 0:
+        lc_end()
+
+
+cdef void lc_end() noexcept nogil:
+    """The process ends of the signal in g_lc_pending, no section of the views' bookkeeping
+    running: every view leaves its name, then the signal is re-raised with its default
+    action. Async-signal-safe calls only (flock, fstat, lstat, unlink, sigaction, kill).
+    Returns if a section began meanwhile: its end comes back here."""
+    cdef int sig = <int>ld32_seq(&g_lc_pending)
     cdef rmap_t* rm
     cdef c_sigaction dfl
-    if pthread_mutex_trylock(&g_mutex) == 0:
-        rm = g_rmaps
-        while rm != NULL:
-            rmap_leave_name(rm)
-            rm = rm.gnext
+    if sig == 0 or pthread_mutex_trylock(&g_mutex) != 0:
+        return
+    if ld32_seq(&g_lc_busy) != 0:         # a view being made (no g_mutex): after it
         pthread_mutex_unlock(&g_mutex)
+        return
+    rm = g_rmaps
+    while rm != NULL:
+        rmap_leave_name(rm)
+        rm = rm.gnext
     memset(&dfl, 0, sizeof(dfl))
     dfl.sa_handler = SIG_DFL
     c_sigaction_call(sig, &dfl, NULL)
-    c_raise(sig)                      # delivered, now fatal, once this handler returns
+    # to the process: a thread that does not block it dies of it at once; in a handler,
+    # this thread blocks it until the handler returns
+    c_kill(getpid(), sig)
 
 
 cdef void _sigterm_leaves_names() noexcept nogil:
-    """Install _sigterm_leave in a multiprocessing child where SIGTERM still has its
-    default action (a handler of the program's, Python's included, is left alone)."""
+    """Install _sigterm_leave where SIGTERM still has its default action (a handler of the
+    program's, Python's included, is left alone). SA_RESTART: a deferred signal (see
+    lc_end) does not fail the interrupted call with EINTR."""
     cdef c_sigaction old, act
     if c_sigaction_call(SIGTERM, NULL, &old) != 0 or old.sa_handler != SIG_DFL:
         return
     memset(&act, 0, sizeof(act))
     act.sa_handler = _sigterm_leave
+    act.sa_flags = SA_RESTART
     sigemptyset(&act.sa_mask)
     c_sigaction_call(SIGTERM, &act, NULL)
 
@@ -365,18 +388,26 @@ cdef class Region:
     def _create(name, max_locks, max_participants, mode, persist, uint32_t first_kind):
         """create(); with first_kind, the region of a lock class: its one lock ("lock") is
         made before the name exists, so nobody can open the region without it."""
+        n = _gen_name() if name is None else _check_name(name)
+        _check_create_args(max_locks, max_participants, mode)
+        _hook_exit()
+        # from the file's flock to the view's name in g_rmaps, a SIGTERM waits for us
+        # (participants.pxi, g_lc_busy): it would otherwise end the process between the two
+        lc_enter()
+        try:
+            return Region._build(n, max_locks, max_participants, mode, persist, first_kind)
+        finally:
+            lc_exit()
+
+    @staticmethod
+    def _build(n, uint32_t L, uint32_t P, mode, persist, uint32_t first_kind):
         cdef Region self = Region.__new__(Region)
         cdef uint64_t dir_off, part_off, locks_off, stride, total
-        cdef uint32_t L, P, i
+        cdef uint32_t i
         cdef char* base = <char*>MAP_FAILED
         cdef shm_header* h
         cdef int fd
-        n = _gen_name() if name is None else _check_name(name)
-        _check_create_args(max_locks, max_participants, mode)
-        L = max_locks
-        P = max_participants
         total = _geometry(L, P, &dir_off, &part_off, &locks_off, &stride)
-        _hook_multiprocessing()
         fd, named = _new_file(n, mode)            # FileExistsError, PermissionError
         try:
             _os.ftruncate(fd, total)
@@ -425,12 +456,20 @@ cdef class Region:
 
     @staticmethod
     def _open(n):
+        _hook_exit()
+        lc_enter()                                 # as in _create
+        try:
+            return Region._attach_named(n)
+        finally:
+            lc_exit()
+
+    @staticmethod
+    def _attach_named(n):
         cdef Region self = Region.__new__(Region)
         cdef char* base
         cdef size_t size
         cdef int fd
         deadline = _time.monotonic() + OPEN_READY_TIMEOUT
-        _hook_multiprocessing()
         while True:
             fd = _open_segment(n)                  # FileNotFoundError
             try:
@@ -496,10 +535,10 @@ cdef class Region:
         """Undo a create that failed after _attach: the name is not ours to leave (it was
         never linked, or names a half-built file we remove)."""
         self.rm.named = 0
-        pthread_mutex_lock(&g_mutex)
+        gm_lock()
         self.rm.closed = 1
         rmap_maybe_unmap(self.rm)
-        pthread_mutex_unlock(&g_mutex)
+        gm_unlock()
         if named:
             _unlink_quietly(self.name)
 
@@ -523,10 +562,10 @@ cdef class Region:
         if not self.rm.closed:
             self._release_mine()
             reg_unregister(self.rm)
-            pthread_mutex_lock(&g_mutex)
+            gm_lock()
             self.rm.closed = 1
             rmap_maybe_unmap(self.rm)
-            pthread_mutex_unlock(&g_mutex)
+            gm_unlock()
 
     cdef _release_mine(self):
         cdef reg_t* r = reg_lookup(self.rm)
@@ -567,12 +606,12 @@ cdef class Region:
             # still holding a lock here keeps its slot (and the mapping stays): its robust
             # list may run through this mapping until it exits.
             reg_unregister(rm)
-        pthread_mutex_lock(&g_mutex)
+        gm_lock()
         rm.closed = 1
         rm.pyalive = 0
         rmap_maybe_unmap(rm)
         rmap_maybe_free(rm)
-        pthread_mutex_unlock(&g_mutex)
+        gm_unlock()
         self.rm = NULL
 
     def __enter__(self):

@@ -53,7 +53,9 @@ cdef extern from "<signal.h>" nogil:
     int c_sigaction_call "sigaction"(int sig, const c_sigaction* act, c_sigaction* old)
     int sigemptyset(sigset_t* s)
     int c_raise "raise"(int sig)
+    int c_kill "kill"(int pid, int sig)
     enum: SIGTERM
+    enum: SA_RESTART
     shm_sighandler SIG_DFL
 
 cdef extern from "<stdio.h>" nogil:
