@@ -36,6 +36,8 @@ class Mode:
     settle_s: float  # time the waiter is left blocked before the kill
     wedge_s: float  # bounded acquire past the kill for locks that may wedge
     pyperf_timeout_s: float
+    idle_s: float = 1.0  # idle cost: seconds per wake-up count and per counting run
+    idle_runs: int = 1  # idle cost: counting runs with a waiter (and as many without)
 
 
 class BenchError(Exception):

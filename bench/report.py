@@ -19,7 +19,7 @@ from typing import Any
 
 import adapters
 import uncontended
-from common import Mode, spread
+from common import Mode, percentile, spread
 
 import shmlocks
 
@@ -37,7 +37,13 @@ KERNEL_RECOVERED = tuple(
 
 
 def summarize(raw: dict[str, Any], mode: Mode) -> dict[str, Any]:
-    s: dict[str, Any] = {"uncontended": {}, "contended": {}, "handoff": {}, "owner_death": {}}
+    s: dict[str, Any] = {
+        "uncontended": {},
+        "contended": {},
+        "handoff": {},
+        "owner_death": {},
+        "idle_cost": {},
+    }
     fl = [r for r in raw.get("handoff_floor", []) if r["round_trips"] and r["had_two_cpus"]]
     s["handoff_floor_ns"] = spread([r["median_ns"] for r in fl]) if fl else None
     un = raw["uncontended"]
@@ -101,9 +107,12 @@ def summarize(raw: dict[str, Any], mode: Mode) -> dict[str, Any]:
         s["owner_death"][name] = {
             "outcome": runs[-1]["outcome"],
             "recovery_ms": spread(rec) if rec else None,
+            "recovery_p90_ms": percentile(sorted(rec), 90) if rec else None,
             "owner_died": any(r.get("owner_died") for r in runs),
             "timed_out_after_s": runs[-1].get("timed_out_after_s"),
         }
+    for name, out in raw.get("idle_cost", {}).items():
+        s["idle_cost"][name] = {k: v for k, v in out.items() if k != "runs"}
     return s
 
 
@@ -254,6 +263,47 @@ def check_targets(s: dict[str, Any], mode: Mode) -> list[dict[str, Any]]:
                 "≤ 5 ms",
                 rec["median"] <= 5.0,
             )
+
+    # issue 27: waiting costs nothing (SPEC "Waiting costs nothing")
+    for k in adapters.KINDS:
+        d = s["owner_death"].get(k)
+        rec = d["recovery_ms"] if d else None
+        add(
+            "owner death (issue 27): SIGKILL to the waiter's acquisition, median / max",
+            k,
+            f"{rec['median']:.2f} / {rec['max']:.2f} ms" if rec else "not measured",
+            "≤ 0.3 / 2 ms",
+            None if rec is None else rec["median"] <= 0.3 and rec["max"] <= 2.0,
+        )
+    for k in adapters.KINDS:
+        e = s["idle_cost"].get(k)
+        add(
+            "a waiter blocked behind a live holder (issue 27): wake-ups, detection off",
+            k,
+            f"{e['wakeups']} in {e['seconds']:g} s" if e else "not measured",
+            "≤ 1",
+            None if e is None else e["wakeups"] <= 1,
+        )
+    for k in adapters.KINDS:
+        e = s["idle_cost"].get(k)
+        v = e and e.get("look_wakeups_per_s")
+        add(
+            "… after its deadlock timeout (issue 27): wake-ups/s",
+            k,
+            f"{v:.1f}/s" if v is not None else "not measured",
+            "≤ 2.5/s",
+            None if v is None else v <= 2.5,
+        )
+    for k in adapters.KINDS:
+        e = s["idle_cost"].get(k)
+        r = e and e.get("speed_ratio")
+        add(
+            "a CPU-bound thread beside a blocked waiter (issue 27): speed vs beside none",
+            k,
+            _x(r) if r else "not measured",
+            "≥ 0.95×",
+            None if not r else r >= 0.95,
+        )
     return out
 
 
@@ -379,6 +429,7 @@ def markdown(
     L += _contended(mode, s, self_check)
     L += _handoff(mode, s)
     L += _owner_death(mode, s)
+    L += _idle_cost(mode, s)
     L += _targets(mode, targets)
     L += _notes(notes, problems)
     return "\n".join(L)
@@ -708,22 +759,80 @@ def _owner_death(mode: Mode, s: dict) -> list[str]:
     L += ["## Owner death: holder SIGKILLed, waiter blocked", ""]
     L.append(
         f"Time from the SIGKILL to the blocked waiter's acquisition (CLOCK_MONOTONIC in "
-        f"both processes), {mode.death_repeats} death(s) per lock that recovers. A lock "
-        f"that cannot recover is shown by a bounded acquire that times out "
-        f"{mode.wedge_s} s after the kill."
+        f"both processes), {mode.death_repeats} death(s) per lock that recovers, the "
+        f"waiter left blocked {mode.settle_s} s before each. A lock that cannot recover "
+        f"is shown by a bounded acquire that times out {mode.wedge_s} s after the kill."
     )
     L.append("")
     rows = []
     for name, d in _measured(od):
-        if d["recovery_ms"]:
-            fig = _cell(d["recovery_ms"], 1, 3)
+        rec = d["recovery_ms"]
+        if rec:
+            figs = [_num(rec["median"], 3), _num(d["recovery_p90_ms"], 3), _num(rec["max"], 3)]
         elif d["timed_out_after_s"] is not None:
-            fig = f"timed out after {d['timed_out_after_s']:.2f} s"
+            figs = [
+                f"never (a bounded acquire timed out {d['timed_out_after_s']:.2f} s after "
+                "the kill)",
+                "",
+                "",
+            ]
         else:
-            fig = "–"
+            figs = ["–", "–", "–"]
         died = "yes" if d["owner_died"] else ("no" if d["outcome"] == "recovered" else "–")
-        rows.append([name, d["outcome"], fig, died])
-    L += _table(["lock", "outcome", "kill → acquisition (ms)", "owner_died seen"], rows)
+        n = str(rec["n"]) if rec else "–"
+        rows.append([name, d["outcome"], *figs, n, died])
+    L += _table(
+        ["lock", "outcome", "median (ms)", "p90 (ms)", "max (ms)", "deaths", "owner_died seen"],
+        rows,
+    )
+    L.append("")
+    return L
+
+
+def _idle_cost(mode: Mode, s: dict) -> list[str]:
+    """Idle cost: a waiter blocked behind a live holder (bench/idle_cost.py)."""
+    ic = s["idle_cost"]
+    if not ic:
+        return []
+    L: list[str] = ["## Idle cost: a waiter blocked behind a live holder", ""]
+    dl = next(iter(ic.values())).get("deadlock_timeout_s", 1.0)
+    L.append(
+        f"A holder process keeps the lock; a waiter thread blocks in a bounded acquire. "
+        f"Wake-ups/s: the waiter's voluntary context switches over {mode.idle_s} s, with "
+        f"deadlock detection off, and (shmlocks kinds) from its deadlock timeout "
+        f"({dl:g} s) on. Neighbour: a CPU-bound Python thread counting for {mode.idle_s} s "
+        f"beside a blocked waiter and beside none ({mode.idle_runs} run(s) each way, "
+        "alternated; best against best): its speed with a waiter over its speed without, "
+        "its voluntary context switches per second in both (a GIL it had to give up and "
+        "wait for costs one, unless the GIL was free again at once), and the waiter's "
+        "wake-ups per second during the runs (the most of any run). The speed is as "
+        "noisy as the machine: read it beside the switches."
+    )
+    L.append("")
+    rows = []
+    for name, e in _measured(ic):
+        look = e.get("look_wakeups_per_s")
+        rows.append(
+            [
+                name,
+                _num(e["wakeups_per_s"], 1),
+                _num(look, 1) if look is not None else "–",
+                _x(e["speed_ratio"]),
+                f"{_num(e['neighbour_switches_per_s'], 1)} / {_num(e['alone_switches_per_s'], 1)}",
+                _num(e["waiter_wakeups_per_s"], 1),
+            ]
+        )
+    L += _table(
+        [
+            "lock",
+            "waiter wake-ups/s, detection off",
+            "after the deadlock timeout",
+            "neighbour speed",
+            "neighbour switches/s, with / without a waiter",
+            "waiter wake-ups/s beside it",
+        ],
+        rows,
+    )
     L.append("")
     return L
 
@@ -731,7 +840,7 @@ def _owner_death(mode: Mode, s: dict) -> list[str]:
 def _targets(mode: Mode, targets: list[dict]) -> list[str]:
     """The issue's targets, met or not."""
     L: list[str] = []
-    L += ["## Targets (issue 4)", ""]
+    L += ["## Targets (issues 4 and 27)", ""]
     L.append("Each cell: the ratio (or time) measured in this run, the target, and the verdict.")
     L.append("")
     groups: dict[str, dict[str, dict]] = {}

@@ -12,7 +12,10 @@ fcntl.flock:
   1. uncontended acquire()+release() and ``with lock:`` (pyperf)      uncontended.py
   2. contended throughput, fairness and exclusion, P workers          contended.py
   3. hand-off latency through the lock, with 0, ~1 and ~10 us inside  handoff.py
-  4. owner death: SIGKILL of the holder to a waiter's acquisition      owner_death.py
+  4. owner death: SIGKILL of the holder to a waiter's acquisition,     owner_death.py
+     20 deaths per lock in quick and full runs (median, p90, max)
+  5. idle cost: a blocked waiter's wake-ups/s, and the speed of a       idle_cost.py
+     CPU-bound thread beside it
 
 (the locks come from adapters.py, one factory per name; report.py turns the raw figures
 into tables, targets, plots and JSON) and writes, to bench/results/<YYYYmmdd-HHMMSS>/ (or --out DIR): results.md (the machine,
@@ -46,6 +49,7 @@ from typing import Any
 import adapters
 import contended
 import handoff
+import idle_cost
 import owner_death
 import report
 import uncontended
@@ -55,6 +59,9 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 CORES = os.cpu_count() or 1
 REF = adapters.REFERENCE
+#: how long a waiter is left to block before its wake-ups are counted (past its spin and
+#: yield phases, with room for a loaded machine)
+IDLE_SETTLE_S = 0.2
 
 
 def _procs(*ps: int) -> tuple[int, ...]:
@@ -63,8 +70,12 @@ def _procs(*ps: int) -> tuple[int, ...]:
 
 CS = (0, 1000, 10000)
 MODES = {
-    "smoke": Mode("smoke", _procs(1, 2, 2 * CORES), 0.03, 0.03, CS, 1, 1, 1, 0.02, 0.05, 120),
-    "quick": Mode("quick", _procs(1, 2, 2 * CORES), 0.2, 0.1, CS, 3, 5, 3, 0.05, 0.25, 300),
+    "smoke": Mode(
+        "smoke", _procs(1, 2, 2 * CORES), 0.03, 0.03, CS, 1, 1, 2, 0.02, 0.05, 120, 0.1, 1
+    ),
+    "quick": Mode(
+        "quick", _procs(1, 2, 2 * CORES), 0.2, 0.1, CS, 3, 5, 20, 0.05, 0.25, 300, 1.0, 1
+    ),
     "full": Mode(
         "full",
         _procs(1, 2, CORES, CORES + 1, 2 * CORES, 4 * CORES),
@@ -73,10 +84,12 @@ MODES = {
         CS,
         5,
         9,
-        10,
+        20,
         0.1,
         1.0,
         3600,
+        2.0,
+        3,
     ),
 }
 
@@ -107,6 +120,7 @@ class Run:
             "contended": {},
             "handoff": {},
             "owner_death": {},
+            "idle_cost": {},
         }
 
     def problem(self, msg: str) -> None:
@@ -139,6 +153,7 @@ class Run:
         self.contended()
         self.handoff()
         self.owner_death()
+        self.idle_cost()
         self.raw["seconds"] = time.monotonic() - t0
 
     def self_check(self) -> None:
@@ -279,6 +294,27 @@ class Run:
                     self.problem(f"owner death {name}: recovered but owner_died was False")
                 if out["outcome"] != "recovered":
                     break  # a wedge (or n/a) is the same every time: once is enough
+
+    def idle_cost(self) -> None:
+        m = self.mode
+        log(
+            f"idle cost: a waiter blocked behind a live holder, {m.idle_s} s per count, "
+            f"{m.idle_runs} counting run(s) each way"
+        )
+        res = self.raw["idle_cost"]
+        smoke = m.name == "smoke"
+        # a smoke run: a short settle, and a deadlock timeout of 0.1 s (not the default)
+        args = (0.05 if smoke else IDLE_SETTLE_S, m.idle_s, m.idle_runs, 0.1 if smoke else 1.0)
+        for name in self.locks:
+            if name not in idle_cost.LOCKS:
+                continue
+            out = self.attempt(
+                f"idle cost {name}",
+                name,
+                lambda a: idle_cost.measure(a, *args),
+            )
+            if out is not None:
+                res[name] = out
 
     def check_leftovers(self) -> None:
         left = adapters.leftovers(self.tag)
