@@ -278,6 +278,22 @@ cdef int _hold_name(int fd, n, double deadline) except -1:
     return 0
 
 
+def _let_go(int fd, n):
+    """Close fd, a hold on segment n's file that never became a view (create's look at a
+    taken name, an open that failed), leaving as a view leaves: the last user may have
+    left while we held it, its LOCK_EX then failed on our LOCK_SH and it did not unlink.
+    If we are the last now and the file is an orphan (_is_orphan: a finished segment, not
+    persist; a corrupt or half-built one is left to open's checks), unlink the name."""
+    try:
+        _fcntl.flock(fd, _fcntl.LOCK_EX | _fcntl.LOCK_NB)
+        if _names_file(_SHM_DIR + n, fd) and _is_orphan(fd):
+            _os.unlink(_SHM_DIR + n)
+    except OSError:                   # held by others (BlockingIOError), or not ours
+        pass
+    finally:
+        _os.close(fd)
+
+
 def _reap_orphan(n):
     """create found the name taken: if it names an orphan, unlink it (True)."""
     try:
@@ -289,7 +305,7 @@ def _reap_orphan(n):
     except (OSError, TimeoutError):
         return False
     finally:
-        _os.close(fd)
+        _let_go(fd, n)
 
 
 def _new_file(n, mode):
@@ -475,7 +491,7 @@ cdef class Region:
             try:
                 held = _hold_name(fd, n, deadline)
             except BaseException:
-                _os.close(fd)
+                _let_go(fd, n)
                 raise
             if held == 0:
                 break
@@ -497,7 +513,7 @@ cdef class Region:
                 munmap(base, size)
                 raise
         except BaseException:
-            _os.close(fd)                          # drops our LOCK_SH; the name stays
+            _let_go(fd, n)
             raise
         self._attach(n, base, size, fd)
         self.rm.named = 1
