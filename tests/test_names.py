@@ -551,6 +551,67 @@ def test_sigterm_ends_a_plain_program_and_leaves_nothing(tmp_path):
         shm_remove(name + "-r")
 
 
+# A holds a name alone and closes it while C tries create() of it: C's create finds the name
+# taken and looks whether it is an orphan, holding LOCK_SH for a moment. A's LOCK_EX then
+# fails on it, so A does not unlink; C used to just close its descriptor, and the name was
+# left with nobody holding it (about 1 round in 800 on 2 CPUs).
+LAST_CLOSE_VS_CREATE = textwrap.dedent(
+    """
+    import multiprocessing as mp, os, sys, shmlocks
+    def a_side(prefix, rounds, b):
+        for k in range(rounds):
+            r = shmlocks.Region.create(f"{prefix}-{k}", max_locks=1, max_participants=2)
+            b.wait()
+            r.close()
+            b.wait()
+    def c_side(prefix, rounds, b, q):
+        left = []
+        for k in range(rounds):
+            name = f"{prefix}-{k}"
+            b.wait()
+            try:
+                shmlocks.Region.create(name, max_locks=1, max_participants=2).close()
+            except FileExistsError:
+                pass
+            b.wait()
+            if os.path.exists("/dev/shm/" + name):     # nobody holds it now
+                left.append(k)
+                os.unlink("/dev/shm/" + name)
+        q.put(left)
+    if __name__ == "__main__":
+        prefix, rounds = sys.argv[1], int(sys.argv[2])
+        ctx = mp.get_context("fork")
+        q, b = ctx.Queue(), ctx.Barrier(2)
+        a = ctx.Process(target=a_side, args=(prefix, rounds, b))
+        c = ctx.Process(target=c_side, args=(prefix, rounds, b, q))
+        a.start()
+        c.start()
+        print(q.get(timeout=100))
+        a.join(10)
+        c.join(10)
+    """
+)
+
+
+def test_a_create_that_meets_the_last_close_leaves_nothing(tmp_path):
+    script = tmp_path / "last_close.py"
+    script.write_text(LAST_CLOSE_VS_CREATE)
+    prefix = uniq("lastclose")
+    rounds = 8000
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(script), prefix, str(rounds)],
+            capture_output=True,
+            text=True,
+            timeout=110,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == "[]", f"names left in rounds {proc.stdout.strip()}"
+    finally:
+        for k in range(rounds):
+            shm_remove(f"{prefix}-{k}")
+
+
 def test_pickled_region_opens_the_same_segment(new_region):
     import pickle
 
