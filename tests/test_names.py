@@ -482,6 +482,10 @@ EXIT_SIGTERM = textwrap.dedent(
         else:
             p = mp.get_context("fork").Process(target=make_and_end, args=(prefix, go))
             p.start()
+            # not reaped before the test has sent its signal: its PID is never reused
+            deadline = time.monotonic() + 30
+            while not os.path.exists(go + ".sent") and time.monotonic() < deadline:
+                time.sleep(0.001)
             p.join(30)
             print("exit", p.exitcode, flush=True)
     """
@@ -509,7 +513,8 @@ def test_sigterm_while_the_exit_leaves_the_names_leaves_nothing(tmp_path, how):
             deadline = time.monotonic() + 20
             while os.path.exists(newest) and time.monotonic() < deadline:
                 pass
-            os.kill(int(pid), signal.SIGTERM)
+            os.kill(int(pid), signal.SIGTERM)  # a zombie if it ended first: never reaped yet
+            (tmp_path / f"go{attempt}.sent").touch()
             out = proc.communicate(timeout=30)[0]
             if how == "plain program":  # killed while leaving, or (rarely) just after
                 assert proc.returncode in (-signal.SIGTERM, 0)
