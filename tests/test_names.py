@@ -562,18 +562,24 @@ def test_sigterm_ends_a_plain_program_and_leaves_nothing(tmp_path):
 # left with nobody holding it (about 1 round in 800 on 2 CPUs).
 LAST_CLOSE_VS_CREATE = textwrap.dedent(
     """
-    import multiprocessing as mp, os, sys, shmlocks
-    def a_side(prefix, rounds, b):
+    import multiprocessing as mp, os, sys, time, shmlocks
+    def a_side(prefix, rounds, b, stop):
         for k in range(rounds):
             r = shmlocks.Region.create(f"{prefix}-{k}", max_locks=1, max_participants=2)
             b.wait()
             r.close()
+            if stop.value:
+                break
             b.wait()
-    def c_side(prefix, rounds, b, q):
+    def c_side(prefix, rounds, b, stop, q):
         left = []
+        end = time.monotonic() + 25      # fewer rounds on a slow machine, in bounded time
         for k in range(rounds):
             name = f"{prefix}-{k}"
+            stop.value = time.monotonic() > end
             b.wait()
+            if stop.value:
+                break
             try:
                 shmlocks.Region.create(name, max_locks=1, max_participants=2).close()
             except FileExistsError:
@@ -586,9 +592,9 @@ LAST_CLOSE_VS_CREATE = textwrap.dedent(
     if __name__ == "__main__":
         prefix, rounds = sys.argv[1], int(sys.argv[2])
         ctx = mp.get_context("fork")
-        q, b = ctx.Queue(), ctx.Barrier(2)
-        a = ctx.Process(target=a_side, args=(prefix, rounds, b))
-        c = ctx.Process(target=c_side, args=(prefix, rounds, b, q))
+        q, b, stop = ctx.Queue(), ctx.Barrier(2), ctx.Value("b", 0)
+        a = ctx.Process(target=a_side, args=(prefix, rounds, b, stop))
+        c = ctx.Process(target=c_side, args=(prefix, rounds, b, stop, q))
         a.start()
         c.start()
         print(q.get(timeout=100))
