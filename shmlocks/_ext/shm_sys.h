@@ -79,6 +79,62 @@ static inline int shm_futex_wake(uint32_t *word, int n) {
     return (int)syscall(SYS_futex, word, FUTEX_WAKE, n, NULL, NULL, 0);
 }
 
+/* futex_waitv(2) (Linux 5.16+): sleep until one of n (<= SHM_WAITV_MAX) shared 32-bit
+ * words is woken, none of them holding its expected value on entry (then EAGAIN at once),
+ * or the absolute CLOCK_MONOTONIC deadline (-1: none). Returns the index of the word woken,
+ * or -errno: -EAGAIN, -ETIMEDOUT, -EINTR (a signal handler ran), -ENOSYS (the kernel has no
+ * futex_waitv: the caller falls back to one word with FUTEX_WAIT). */
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449
+#endif
+#define SHM_WAITV_MAX 8
+struct shm_waitv {                  /* struct futex_waitv, spelled here for older headers */
+    uint64_t val;
+    uint64_t uaddr;
+    uint32_t flags;
+    uint32_t reserved;
+};
+#define SHM_FUTEX2_SIZE_U32 0x02
+static inline int shm_futex_waitv(uint32_t **words, const uint32_t *vals, int n,
+                                  int64_t deadline_ns) {
+    struct shm_waitv v[SHM_WAITV_MAX];
+    struct timespec ts, *tsp = NULL;
+    int i;
+    if (n < 0 || n > SHM_WAITV_MAX)
+        return -EINVAL;
+    for (i = 0; i < n; i++) {
+        v[i].val = vals[i];
+        v[i].uaddr = (uint64_t)(uintptr_t)words[i];
+        v[i].flags = SHM_FUTEX2_SIZE_U32;         /* shared: no FUTEX2_PRIVATE */
+        v[i].reserved = 0;
+    }
+    if (deadline_ns >= 0) {
+        ts.tv_sec = (time_t)(deadline_ns / 1000000000LL);
+        ts.tv_nsec = (long)(deadline_ns % 1000000000LL);
+        tsp = &ts;
+    }
+    long r = syscall(SYS_futex_waitv, v, (unsigned)n, 0, tsp, CLOCK_MONOTONIC);
+    return r >= 0 ? (int)r : -errno;
+}
+
+/* The calling thread's robust list (glibc registers its head at thread start): name a
+ * futex word the list's pending operation while we sleep on it, so that at our death the
+ * kernel treats it as a lock we were taking (a woken waiter that dies passes the wake-up
+ * on, if the word's owner is gone). Only when glibc is not itself mid-operation. Returns
+ * the head to clear, or NULL. */
+static inline void *shm_robust_pending_set(uint32_t *word) {
+    struct robust_list_head *h = NULL;
+    size_t len = 0;
+    if (syscall(SYS_get_robust_list, 0, &h, &len) != 0 || h == NULL
+            || len != sizeof(*h) || h->list_op_pending != NULL)
+        return NULL;
+    h->list_op_pending = (struct robust_list *)(void *)((char *)word - h->futex_offset);
+    return h;
+}
+static inline void shm_robust_pending_clear(void *h) {
+    ((struct robust_list_head *)h)->list_op_pending = NULL;
+}
+
 /* ---- clocks ---- */
 static inline int64_t shm_now_ns(void) {
     struct timespec ts;
