@@ -3,6 +3,7 @@
 from typing import Any, ClassVar, Literal, Self, TypedDict
 
 CACHE_LINE: int
+WAIT_MODE: str  # "futex_waitv" or "sliced" (docs/design.md §5)
 DEBUG: bool  # an assertion build (SHMLOCKS_DEBUG=1 at build time)
 LAYOUT_VERSION: int
 MAGIC: int

@@ -36,6 +36,11 @@ include "_ext/robust.pxi"
 include "_ext/pi.pxi"
 
 CACHE_LINE = SHM_LINE
+#: how a blocked waiter sleeps (docs/design.md §5): "futex_waitv" (on the lock and on the
+#: lives it depends on) or "sliced" (the fallback: no futex_waitv in this kernel, or
+#: SHMLOCKS_WAIT=sliced at import; it wakes every 5 ms to look)
+WAIT_MODE = wait_mode_init(_os.environ.get("SHMLOCKS_WAIT", ""))
+_os.register_at_fork(after_in_child=_wait_after_fork)
 #: True in an assertion build (SHMLOCKS_DEBUG=1 at build time: docs/design.md §8)
 DEBUG = bool(SHM_DEBUG_BUILT)
 LAYOUT_VERSION = SHM_VERSION

@@ -35,9 +35,9 @@
 # sees ABANDONED takes it (ABANDONED -> RECLAIMING, so its owner cannot rejoin with a stale
 # pred), reads pred, hands the node back (RECLAIMED) and waits on pred. A thread waiting
 # for its node to come back checks on the successor that owes it, or steps the node out of
-# the tail itself if nothing is queued behind it. Death: a waiter
-# checks the owner of the node it waits on each park slice; a dead holder is released on
-# its behalf (owner_died if it had returned from acquire), a dead waiter abandoned on its
+# the tail itself if nothing is queued behind it. Death: a parked waiter sleeps on the
+# node it waits on and on its owner's liveness token (_clh_dep), and is woken by that
+# death; a dead holder is released on its behalf (owner_died if it had returned from acquire), a dead waiter abandoned on its
 # behalf, a dead releaser's adoption or a dead reclaimer's hand-back finished.
 
 cdef enum:
@@ -291,27 +291,41 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     _clh_release_as(b, q, shm_crash_armed)
 
 
-cdef void _clh_check_owner(rmap_t* rm, shm_body* b, uint32_t pn) noexcept nogil:
-    """park()'s tick: is the owner of node pn, which we wait on, alive? Recover it if not."""
+cdef int _clh_check_owner(rmap_t* rm, shm_body* b, uint32_t pn, watch_t* ws) noexcept nogil:
+    """The owner of node pn, which we wait on: recovered if dead (DEP_CHANGED), else its
+    token armed (ws not NULL: DEP_ARMED). DEP_UNKNOWN if no participant owns pn now."""
     cdef uint32_t y
     for y in range(b.P):
         if ld32_acq(&b.precs[y].mine) == pn:
             if participant_dead(rm, y):
                 participant_try_recover(rm, y)
-            return
+                return DEP_CHANGED
+            return DEP_UNKNOWN if ws == NULL else watch_participant(rm, y, ws)
+    return DEP_UNKNOWN
 
 
-cdef void _clh_tend_abandoned(rmap_t* rm, shm_body* b, uint32_t X) noexcept nogil:
-    """park()'s tick while our node X, abandoned by the thread that had our slot before
-    us, waits to be handed back: check the owner of the node it waited on; if nothing is
+cdef int _clh_dep(park_t* pk, watch_t* ws) noexcept nogil:
+    """park()'s dependency: the owner of the node we wait on (pk.arg), whose state is the
+    word we sleep on (its owner leaving changes it and wakes us: _clh_abort_as)."""
+    return _clh_check_owner(pk.rm, pk.b, pk.arg, ws)
+
+
+cdef int _clh_tend_abandoned(park_t* pk, watch_t* ws) noexcept nogil:
+    """park()'s dependency while our node X (pk.arg), abandoned by the thread that had our
+    slot before us, waits to be handed back (rare: looked at each slice, DEP_UNKNOWN):
+    check the owner of the node it waited on; if nothing is
     queued behind X, step it out of the tail ourselves (as its abort would have); else
     recover the one who owes us the hand-back if it is dead: the first waiter behind us,
     past the nodes behind us that were abandoned too (that waiter reclaims them first)."""
+    cdef rmap_t* rm = pk.rm
+    cdef shm_body* b = pk.b
+    cdef uint32_t X = pk.arg
     cdef shm_qnode* x = &b.qnodes[X - 1]
     cdef uint64_t t
     cdef uint32_t p
     cdef uint32_t s = X, st, guard
-    _clh_check_owner(rm, b, ld32_acq(&x.pred))
+    if _clh_check_owner(rm, b, ld32_acq(&x.pred), NULL) == DEP_CHANGED:
+        return DEP_CHANGED
     t = ld64_seq(&b.wa.u64[0])
     p = ld32_acq(&x.pred)
     if tail_last(t) == X:
@@ -319,15 +333,18 @@ cdef void _clh_tend_abandoned(rmap_t* rm, shm_body* b, uint32_t X) noexcept nogi
                 and cas64(&b.wa.u64[0], t, tail_encode(p, C_UNKNOWN))):
             trace("clh.tend.out", X, p, t)
             st32_seq(&x.state, C_RECLAIMED)          # out of the queue: ours again
-        return
+            return DEP_CHANGED
+        return DEP_UNKNOWN
     for guard in range(b.P + 1):
         s = _clh_succ_of(b, s)
         if s == QUEUE_NONE or not _clh_ok(s, b.P):
-            return
-        _clh_check_owner(rm, b, s)                   # its owner: recovered if dead
+            return DEP_UNKNOWN
+        if _clh_check_owner(rm, b, s, NULL) == DEP_CHANGED:    # its owner: recovered if dead
+            return DEP_CHANGED
         st = ld32_acq(&b.qnodes[s - 1].state)
         if st != C_ABANDONED and st != C_RECLAIMING:
-            return
+            return DEP_UNKNOWN
+    return DEP_UNKNOWN
 
 
 cdef class CLHLock(_Lock):
@@ -421,7 +438,7 @@ cdef class CLHLock(_Lock):
                     pk.ctx = x
                     pk.word = &x.state
                     pk.parked = &x.parked
-                    pk.tick = _clh_tend_abandoned
+                    pk.dep = _clh_tend_abandoned
                     pk.arg = X
                     res = park(&pk, w)
                     if res != R_ACQ:
@@ -431,7 +448,7 @@ cdef class CLHLock(_Lock):
                     return rc
         pk.ready = _clh_not_busy
         pk.ctx = &ctx
-        pk.tick = _clh_check_owner
+        pk.dep = _clh_dep
         while True:
             p = ld32_rlx(&r.pred)
             if not _clh_ok(p, self.b.P):

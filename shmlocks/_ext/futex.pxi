@@ -7,11 +7,17 @@
 # that takes the lock also names the taker, a dead holder is known exactly: a waiter that
 # finds the owner's token OWNER_DIED recovers it (participant_recover) and the lock is
 # released on its behalf, with owner_died set when the owner had returned from acquire.
+# A parked waiter sleeps on the word and on the holder's token (_fx_dep): that death
+# wakes it.
 # Barging, not FIFO: a running thread may take the lock before a woken one. A waiter that
 # times out just leaves: at worst the next unlock makes one spurious FUTEX_WAKE.
 
 cdef enum:
     FX_W = 0x80000000
+    # An unlock wakes two parked waiters: the one that may take the lock, and one that, if
+    # the first takes it, re-arms on the new holder's token (_fx_dep): the others still
+    # sleep on an earlier holder's, so without it the new holder's death would wake nobody.
+    FX_WAKE = 2
 
 
 cdef inline uint32_t _fx_owner1(uint32_t v) noexcept nogil:
@@ -31,7 +37,44 @@ cdef void _futex_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     crashpoint("futex.recover.flagged")
     if cas32(word, v, 0):
         if v & FX_W:
-            shm_futex_wake(word, 1)
+            shm_futex_wake(word, FX_WAKE)
+
+
+cdef struct _fx_ctx:
+    uint32_t* word
+    uint32_t me1          # our participant index + 1: what the word says once we hold it
+    uint32_t keep_w       # 1 once we announced ourselves with W: take the lock with W kept
+    uint32_t parked       # park()'s count, unused: W is the announcement
+
+
+cdef int _fx_take(void* p) noexcept nogil:
+    """park()'s ready: take the lock if it is free (0 -> me+1, with W kept once we parked:
+    other waiters may still be parked)."""
+    cdef _fx_ctx* c = <_fx_ctx*>p
+    if ld32_rlx(c.word) == 0 and cas32(c.word, 0, c.me1 | (FX_W if c.keep_w else 0)):
+        return Q_READY
+    return Q_NEAR
+
+
+cdef int _fx_dep(park_t* pk, watch_t* ws) noexcept nogil:
+    """park()'s dependency: announce ourselves (W in the word we sleep on, so the unlock
+    wakes), then watch the holder the word names: its death wakes us (recovered here)."""
+    cdef _fx_ctx* c = <_fx_ctx*>pk.ctx
+    cdef uint32_t v = ws.vals[0]
+    cdef uint32_t o
+    if v == 0:
+        return DEP_CHANGED                           # released since: try again
+    if not (v & FX_W):
+        if not cas32(c.word, v, v | FX_W):
+            return DEP_CHANGED
+        v = v | FX_W
+        ws.vals[0] = v
+    c.keep_w = 1
+    crashpoint("futex.wait.announced")
+    o = _fx_owner1(v)
+    if o == 0 or o > pk.b.P:
+        return DEP_UNKNOWN
+    return watch_participant(pk.rm, o - 1, ws)
 
 
 cdef class FutexMutex(_Lock):
@@ -51,48 +94,23 @@ cdef class FutexMutex(_Lock):
     cdef int _try(self, uint32_t me) noexcept nogil:
         return R_ACQ if cas32(self._word(), 0, me + 1) else R_BUSY
 
-    cdef void _check_owner(self, uint32_t v) noexcept nogil:
-        cdef uint32_t o = _fx_owner1(v)
-        if o != 0 and o <= self.b.P and participant_dead(self.rm, o - 1):
-            participant_try_recover(self.rm, o - 1)
-
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
-        global shm_recover_sig
-        cdef uint32_t* word = self._word()
-        cdef uint32_t v
-        cdef int r
-        if w.deadline == 0:
-            return R_TIMEOUT
+        cdef _fx_ctx c
+        cdef park_t pk
+        c.word = self._word()
+        c.me1 = me + 1
+        c.keep_w = 0
+        c.parked = 0
+        pk.ready = _fx_take
+        pk.ctx = &c
+        pk.word = c.word
+        pk.parked = &c.parked                        # (the W bit is this kind's announcement)
+        pk.dep = _fx_dep
+        pk.rm = self.rm
+        pk.b = &self.b
+        pk.arg = 0
         w.backoff = 1                                # barging: poll less often as we wait
-        while True:                                  # spin and yield: try 0 -> me+1
-            if ld32_rlx(word) == 0 and cas32(word, 0, me + 1):
-                return R_ACQ
-            r = wait_pause(w)
-            if r == R_PARK:
-                break
-            if r != R_CONT:
-                return R_TIMEOUT
-        while True:                                  # park: announce with W, sleep on it
-            v = ld32_seq(word)
-            if v == 0:
-                # take it with W kept: other waiters may still be parked
-                if cas32(word, 0, (me + 1) | FX_W):
-                    return R_ACQ
-                continue
-            if not (v & FX_W):
-                if not cas32(word, v, v | FX_W):
-                    continue
-                v = v | FX_W
-            crashpoint("futex.wait.announced")
-            r = wait_park(w, word, v)
-            if r == R_TIMEOUT:
-                return R_TIMEOUT
-            if r == R_SIGNAL:
-                return R_SIGNAL
-            self._check_owner(ld32_acq(word))
-            if shm_recover_sig:                      # a handler raised in that recovery
-                shm_recover_sig = 0
-                return R_SIGNAL
+        return park(&pk, w)
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef uint32_t* word = self._word()
@@ -101,7 +119,7 @@ cdef class FutexMutex(_Lock):
         v = xchg32(word, 0)
         crashpoint_at(armed, "futex.release.swapped")
         if v & FX_W:                                 # someone may be parked
-            shm_futex_wake(word, 1)
+            shm_futex_wake(word, FX_WAKE)
         return 0 if _fx_owner1(v) == me + 1 else R_CORRUPT
 
     cdef bint _is_locked(self) noexcept nogil:

@@ -31,7 +31,8 @@
 # leaving CASes WAIT -> ABANDONED. Exactly one wins. A releaser that finds ABANDONED takes
 # it (ABANDONED -> PASSING), finds its successor, frees it (IDLE) and moves on, recording
 # (node, round) in its participant slot first so that a recoverer can finish the pass.
-# Death: a waiter checks its predecessor each park slice; a dead holder is released on its
+# Death: a parked waiter sleeps on the liveness token of the first live node ahead of it
+# (_mcs_dep), and is woken by its death; a dead holder is released on its
 # behalf (owner_died if it had returned from acquire), a dead waiter abandoned on its
 # behalf, a dead releaser's pass finished. (Mellor-Crummey & Scott, TOCS 1991; timeouts
 # after Scott & Scherer, PPoPP 2001.)
@@ -307,23 +308,40 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     if not cas32(&n.state, M_WAIT, M_ABANDONED):     # [M5] it waits: abandon its place for it
         _mcs_release_as(rm, b, q, 0, shm_crash_armed)     # granted meanwhile: pass it on
     else:
-        wake_if_parked(&n.state, &n.parked)
+        _mcs_left(n)
 
 
-cdef void _mcs_check_ahead(rmap_t* rm, shm_body* b, uint32_t me) noexcept nogil:
-    """park()'s tick: is the live node we depend on alive? Walk back past abandoned nodes
-    (their threads left) to the first waiter or holder; recover it if dead."""
-    cdef uint32_t p = queue_link(&b.qnodes[me])      # a hint
+cdef int _mcs_dep(park_t* pk, watch_t* ws) noexcept nogil:
+    """park()'s dependency: the first live node ahead of ours (walking back past abandoned
+    nodes, whose threads left), watched through its owner's token and its state word, and
+    the state words of the abandoned nodes in between: a node ahead leaving (WAIT ->
+    ABANDONED) or coming back (ABANDONED -> WAIT) wakes us to look again (_mcs_left). A
+    dead owner on the way is recovered here."""
+    cdef shm_body* b = pk.b
+    cdef rmap_t* rm = pk.rm
+    cdef uint32_t p = queue_link(&b.qnodes[pk.arg])      # a hint
     cdef uint32_t st, guard = 0
     while p != 0 and p <= b.P and guard <= b.P:
+        st = ld32_seq(&b.qnodes[p - 1].state)            # before what it is read to mean
         if participant_dead(rm, p - 1):
             participant_try_recover(rm, p - 1)
-            return
-        st = ld32_acq(&b.qnodes[p - 1].state)
+            return DEP_CHANGED
+        if not watch_word(ws, &b.qnodes[p - 1].state, st):
+            return DEP_UNKNOWN
+        if st == M_WAIT or st == M_GRANT:
+            return watch_participant(rm, p - 1, ws)
         if st != M_ABANDONED and st != M_PASSING:
-            return
+            return DEP_UNKNOWN                           # a stale link: look again later
         p = queue_link(&b.qnodes[p - 1])
         guard += 1
+    return DEP_UNKNOWN
+
+
+cdef inline void _mcs_left(shm_qnode* n) noexcept nogil:
+    """Node n left the queue or came back to it: its successor depends on someone else now
+    (_mcs_dep watches n's state without counting in n.parked); wake it to look. Only on
+    leaving and rejoining, never on a release."""
+    shm_futex_wake(&n.state, 0x7fffffff)
 
 
 cdef class MCSLock(_Lock):
@@ -400,7 +418,7 @@ cdef class MCSLock(_Lock):
         cdef int res
         pk.word = &n.state                           # we park on our own node
         pk.parked = &n.parked
-        pk.tick = _mcs_check_ahead
+        pk.dep = _mcs_dep
         pk.rm = self.rm
         pk.b = &self.b
         pk.arg = me
@@ -408,7 +426,7 @@ cdef class MCSLock(_Lock):
             st = ld32_acq(&n.state)
             if (st == M_ABANDONED and n.left_gen == ld64_rlx(&self.rm.part[me].generation)
                     and cas32(&n.state, M_ABANDONED, M_WAIT)):
-                pass                                 # back in our old place in the queue
+                _mcs_left(n)                         # back in our old place in the queue
             elif st == M_WAIT or st == M_GRANT:
                 return R_CORRUPT
             else:
@@ -433,6 +451,7 @@ cdef class MCSLock(_Lock):
             return R_ACQ if ld32_acq(&n.state) == M_GRANT else R_CORRUPT
         st64_rel(&n.left_gen, ld64_rlx(&self.rm.part[me].generation))
         if cas32(&n.state, M_WAIT, M_ABANDONED):     # leave; a releaser will pass through
+            _mcs_left(n)
             return res                               # R_TIMEOUT or R_SIGNAL
         return R_ACQ                                 # granted as we were leaving
 

@@ -174,6 +174,7 @@ cdef inline uint32_t holder_slot(rmap_t* rm, uint32_t h) noexcept nogil:
 cdef enum:
     FUTEX_TID_MASK_ = 0x3fffffff
     FUTEX_OWNER_DIED_ = 0x40000000
+    FUTEX_WAITERS_ = 0x80000000
 
 
 cdef uint64_t g_pidns = 0
@@ -721,6 +722,7 @@ cdef void participant_leave_pending(rmap_t* rm, uint32_t slot) noexcept nogil:
     st32_rel(&rm.part[slot].pending, 1)
     pm_consistent(&rm.part[slot].token.m, 0)
     pm_unlock(&rm.part[slot].token.m, 0)
+    token_wake_all(rm, slot)
 
 
 cdef int participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
@@ -826,8 +828,16 @@ cdef void participant_try_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
     if rc == EOWNERDEAD or (rc == 0 and ld32_acq(&rm.part[slot].pending)):
         if participant_recover(rm, slot) == 1:
             pm_unlock(&rm.part[slot].token.m, 0)
+        token_wake_all(rm, slot)
     elif rc == 0:
         pm_unlock(&rm.part[slot].token.m, 0)             # already recovered and free
+        token_wake_all(rm, slot)
+
+
+cdef inline void token_wake_all(rmap_t* rm, uint32_t slot) noexcept nogil:
+    """Wake every waiter sleeping on slot's token (wait.pxi arms it): the kernel woke one
+    at the death; the rest look again now that it is recovered (or left pending)."""
+    shm_futex_wake(<uint32_t*>&rm.part[slot].token.m, 0x7fffffff)
 
 
 ctypedef bint (*midstep_fn)(shm_body* b, uint32_t x) noexcept nogil

@@ -6,14 +6,19 @@
 # owner_died; mark_consistent() is pthread_mutex_consistent(); a release without it leaves
 # the mutex ENOTRECOVERABLE for everyone (LockNotRecoverableError).
 #
-# Waiting is bounded: pthread_mutex_clocklock(CLOCK_MONOTONIC) in slices of the wait
-# policy, so timeouts and Ctrl-C work; a waiter spins on trylock briefly first.
+# Waiting: a waiter spins on trylock briefly first, then sleeps on the mutex's futex word
+# itself (_sleep) until the unlock or the kernel (at the holder's death) wakes it, its
+# deadline or its next deadlock look, or a signal; pi sleeps in FUTEX_LOCK_PI (_sleep_pi).
 #
 # The mutex is in the segment, so its fields are foreign bytes: every glibc call goes
 # through the pm_* guards (shm_sys.h), which refuse a mutex whose kind is not exactly the
 # one we initialised (R_CORRUPT: CorruptRegionError) and, for pi, mark a word naming a
 # thread that no longer exists FUTEX_OWNER_DIED before FUTEX_LOCK_PI would fail with ESRCH
 # (glibc aborts on that); the lock then comes back owner_died.
+
+cdef int64_t PI_MAIN_SLICE_NS = 50000000    # 50 ms: Ctrl-C within 100 ms (see _sleep_pi)
+cdef int64_t PI_FOREVER_NS = 86400 * <int64_t>1000000000
+
 
 cdef void _robust_init(shm_body* b) noexcept nogil:
     _robust_mutex_init(&b.wa.m, 0)
@@ -79,19 +84,86 @@ cdef class _PthreadMutexLock(_Lock):
             if r != R_CONT:
                 return R_TIMEOUT
         wait_nogil(w)
+        if self._code == SHM_KIND_PI:
+            return self._sleep_pi(w)
+        return self._sleep(w)
+
+    cdef int _sleep(self, wait_t* w) noexcept nogil:
+        """Sleep on the robust mutex's own futex word, as glibc's lock does, but woken by a
+        signal too (glibc's robust lock retries on EINTR, so Ctrl-C would never reach the
+        main thread): announce with FUTEX_WAITERS, sleep to the deadline or the next
+        deadlock look, take it with trylock. The holder's death wakes a waiter: the mutex
+        is on the holder's robust list, and the kernel wakes one at FUTEX_OWNER_DIED."""
+        cdef uint32_t* word = <uint32_t*>&self.b.wa.m
+        cdef watch_t ws
+        cdef uint32_t v
+        cdef int rc, r
+        cdef int64_t now
+        cdef bint slept = 0
         while True:
-            sl = wait_slice(w)
-            if sl <= 0:
+            v = ld32_seq(word)
+            if v & FUTEX_TID_MASK_ == 0:
+                rc = _pm_code(pm_trylock(&self.b.wa.m, 0))
+                if rc != R_BUSY:
+                    if slept and (rc == R_ACQ or rc == R_ACQ_DIED):
+                        # glibc's trylock took it without FUTEX_WAITERS: other waiters may
+                        # still sleep, so our unlock must wake (glibc's own lock after a
+                        # sleep does the same)
+                        for32(word, FUTEX_WAITERS_)
+                    return rc
+                continue
+            now = shm_now_ns()
+            if w.deadline >= 0 and now >= w.deadline:
                 return R_TIMEOUT
-            ts = shm_ts_of_ns(shm_now_ns() + sl)
-            rc = _pm_code(pm_clocklock(&self.b.wa.m, self._code == SHM_KIND_PI, &ts))
+            r = wait_look_due(w, now)
+            if r != R_CONT:
+                return r
+            if not (v & FUTEX_WAITERS_):
+                if not cas32(word, v, v | FUTEX_WAITERS_):
+                    continue
+                v = v | FUTEX_WAITERS_
+            ws.words[0] = word
+            ws.vals[0] = v
+            ws.n = 1
+            ws.token = 0                             # (see park_woken)
+            if wait_signals(w):
+                return R_SIGNAL
+            r = park_sleep(&ws, wait_until(w, not g_wait_waitv))
+            slept = 1
+            park_woken(&ws)
+            if r == -EINTR and wait_signals(w):
+                return R_SIGNAL
+
+    cdef int _sleep_pi(self, wait_t* w) noexcept nogil:
+        """FUTEX_LOCK_PI (through glibc) to the deadline or the next deadlock look: the
+        kernel queues us by priority and boosts the holder. FUTEX_LOCK_PI is restarted
+        after a signal handler, never interrupted, so the main thread sleeps in slices of
+        PI_MAIN_SLICE_NS, to run Python's handlers (Ctrl-C) in time; other threads never
+        wake before their time."""
+        cdef timespec ts
+        cdef int rc, r
+        cdef int64_t until, now, t
+        cdef bint main = PyThread_get_thread_ident() == g_main_ident
+        while True:
+            until = wait_until(w, not g_wait_waitv)
+            if main:
+                t = shm_now_ns() + PI_MAIN_SLICE_NS
+                if until < 0 or t < until:
+                    until = t
+            if until < 0:
+                until = shm_now_ns() + PI_FOREVER_NS
+            ts = shm_ts_of_ns(until)
+            rc = _pm_code(pm_clocklock(&self.b.wa.m, 1, &ts))
             if rc != R_TIMEOUT:
                 return rc
-            r = wait_check(w)
-            if r == R_TIMEOUT:
-                return R_TIMEOUT
-            if r == R_SIGNAL:
+            if wait_signals(w):
                 return R_SIGNAL
+            now = shm_now_ns()
+            if w.deadline >= 0 and now >= w.deadline:
+                return R_TIMEOUT
+            r = wait_look_due(w, now)
+            if r != R_CONT:
+                return r
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         return 0 if pm_unlock(&self.b.wa.m, self._code == SHM_KIND_PI) == 0 else R_CORRUPT

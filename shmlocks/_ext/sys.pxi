@@ -243,6 +243,7 @@ cdef extern from "shm_sys.h" nogil:
     void st32_seq(uint32_t*, uint32_t)
     uint32_t xchg32(uint32_t*, uint32_t)
     bint cas32(uint32_t*, uint32_t, uint32_t)
+    uint32_t cmpxchg32(uint32_t*, uint32_t, uint32_t)
     uint32_t fadd32(uint32_t*, uint32_t)
     uint32_t fsub32(uint32_t*, uint32_t)
     uint32_t for32(uint32_t*, uint32_t)
@@ -259,6 +260,10 @@ cdef extern from "shm_sys.h" nogil:
     void cpu_relax()
     int shm_futex_wait(uint32_t* word, uint32_t expected, int64_t timeout_ns)
     int shm_futex_wake(uint32_t* word, int n)
+    enum: SHM_WAITV_MAX
+    int shm_futex_waitv(uint32_t** words, const uint32_t* vals, int n, int64_t deadline_ns)
+    void* shm_robust_pending_set(uint32_t* word)
+    void shm_robust_pending_clear(void* head)
     int64_t shm_now_ns()
     timespec shm_ts_of_ns(int64_t ns)
     uint32_t shm_gettid()

@@ -28,10 +28,11 @@
 # Death. Every ticket in [serving, next) is attributable: published in prec[p].ticket, or an
 # abandon marker, or taken by a participant that died between fetch_add and publishing it
 # (op TAKING/WAITING, ticket 0): once the live participants in that window have published,
-# whatever is left over belongs to the dead. A waiter checks, each park slice, that the
-# owner of `serving` is alive; if not, it recovers it (_ticket_recover): a dead holder's
-# ticket is released on its behalf (owner_died if it had returned from acquire), a dead
-# waiter's ticket is abandoned on its behalf, so no one behind it waits for it.
+# whatever is left over belongs to the dead. A parked waiter sleeps on the liveness token
+# of the owner of the nearest live ticket ahead of its own (_ticket_dep); woken by that
+# death, it recovers it (_ticket_recover): a dead holder's ticket is released on its
+# behalf (owner_died if it had returned from acquire), a dead waiter's ticket is abandoned
+# on its behalf, so no one behind it waits for it.
 
 cdef struct _ticket_ctx:
     uint64_t* serving
@@ -110,6 +111,7 @@ cdef void _ticket_abandon_for(rmap_t* rm, shm_body* b, uint32_t q, uint64_t t) n
         return
     r.abandoned_gen = ld64_rlx(&rm.part[q].generation)   # the slot's next owner waits for it
     st64_rel(&r.abandoned, t + 1)
+    _marker_wake(nd)
 
 
 cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
@@ -170,8 +172,63 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         u += 1
 
 
-cdef void _ticket_check_serving(rmap_t* rm, shm_body* b, uint32_t unused) noexcept nogil:
-    """park()'s tick: is the owner of `serving` alive? Recover it if not."""
+cdef inline uint32_t* _marker_word(shm_tslot* nd) noexcept nogil:
+    """The abandon marker's low half, as the futex word its watchers sleep on (x86-64 and
+    arm64 are little-endian; a marker t + 1 whose low half is 0 changes unseen, once in 2**32
+    tickets, and only within the instant between a watcher's read and its sleep)."""
+    return <uint32_t*>&nd.abandoned
+
+
+cdef inline void _marker_wake(shm_tslot* nd) noexcept nogil:
+    """A marker was set or cleared: the waiter behind that ticket depends on someone else
+    now (_ticket_dep); wake it to look. Only on leaving and rejoining, never a release."""
+    shm_futex_wake(_marker_word(nd), 0x7fffffff)
+
+
+cdef int _ticket_dep(park_t* pk, watch_t* ws) noexcept nogil:
+    """park()'s dependency: the owner of the nearest ticket ahead of ours that is not
+    abandoned (the holder, for the next in line), watched with the abandon markers of the
+    tickets in between and of its own, so that a ticket ahead leaving or coming back wakes
+    us to look again. A dead owner is recovered here. An unpublished ticket ahead (a taker
+    between fetch_add and publishing) is not watchable: a taker that died there is recovered
+    (as _ticket_recover's [T4]), else DEP_UNKNOWN."""
+    cdef _ticket_ctx* c = <_ticket_ctx*>pk.ctx
+    cdef shm_body* b = pk.b
+    cdef rmap_t* rm = pk.rm
+    cdef uint64_t s = ld64_seq(c.serving)
+    cdef uint64_t u = c.t - 1
+    cdef uint32_t x, mark
+    cdef shm_tslot* nd
+    cdef bint dead_taker = 0
+    if c.t - s == 0 or c.t - s > b.P:
+        return DEP_CHANGED                           # served (or a corrupt distance)
+    while True:
+        nd = &b.tslots[u % b.P]
+        mark = ld32_seq(_marker_word(nd))            # before what it is read to mean
+        for x in range(b.P):
+            if ld64_acq(&b.precs[x].ticket) == u + 1:
+                if not watch_word(ws, _marker_word(nd), mark):
+                    return DEP_UNKNOWN
+                return watch_participant(rm, x, ws)
+        if ld64_seq(&nd.abandoned) != u + 1:
+            break                                    # unpublished
+        if not watch_word(ws, _marker_word(nd), mark) or u == s:
+            return DEP_UNKNOWN                       # (serving abandoned: a release skips it)
+        u -= 1
+    if ld64_seq(&b.wa.u64[0]) == s:
+        return DEP_CHANGED                           # nobody holds it
+    for x in range(b.P):                             # a taker died mid-step?
+        if participant_dead(rm, x) and _taking(participant_op(rm, x, b.index + 1)):
+            participant_try_recover(rm, x)
+            dead_taker = 1
+    return DEP_CHANGED if dead_taker else DEP_UNKNOWN
+
+
+cdef int _ticket_dep_serving(park_t* pk, watch_t* ws) noexcept nogil:
+    """park()'s dependency while an inherited abandoned ticket waits to be passed (rare):
+    the owner of `serving`, looked at each slice (DEP_UNKNOWN) and recovered if dead."""
+    cdef shm_body* b = pk.b
+    cdef rmap_t* rm = pk.rm
     cdef uint64_t s = ld64_seq(&b.wb.u64[0])
     cdef uint32_t x
     cdef uint32_t lock1 = b.index + 1
@@ -179,14 +236,16 @@ cdef void _ticket_check_serving(rmap_t* rm, shm_body* b, uint32_t unused) noexce
         if ld64_acq(&b.precs[x].ticket) == s + 1:
             if participant_dead(rm, x):
                 participant_try_recover(rm, x)
-            return
+                return DEP_CHANGED
+            return DEP_UNKNOWN
     if ld64_seq(&b.tslots[s % b.P].abandoned) == s + 1:
-        return                                       # abandoned: a release will skip it
+        return DEP_UNKNOWN                           # abandoned: a release will skip it
     if ld64_seq(&b.wa.u64[0]) == s:
-        return                                       # nobody holds it
+        return DEP_UNKNOWN                           # nobody holds it
     for x in range(b.P):                             # unpublished: a taker died mid-step?
         if participant_dead(rm, x) and _taking(participant_op(rm, x, lock1)):
             participant_try_recover(rm, x)
+    return DEP_UNKNOWN
 
 
 cdef class TicketLock(_Lock):
@@ -224,18 +283,19 @@ cdef class TicketLock(_Lock):
         r.abandoned = 0
         if cas64(&self.b.tslots[(a - 1) % self.b.P].abandoned, a, 0):
             st64_rlx(&r.ticket, a)
+            _marker_wake(&self.b.tslots[(a - 1) % self.b.P])
             return 1
         return 0
 
-    cdef int _park(self, ready_fn ready, _ticket_ctx* ctx, shm_tslot* nd,
+    cdef int _park(self, ready_fn ready, dep_fn dep, _ticket_ctx* ctx, shm_tslot* nd,
                    wait_t* w) noexcept nogil:
-        """park() on node nd's grant counter, checking the owner of `serving` each slice."""
+        """park() on node nd's grant counter."""
         cdef park_t pk
         pk.ready = ready
         pk.ctx = ctx
         pk.word = &nd.grants
         pk.parked = &nd.parked
-        pk.tick = _ticket_check_serving
+        pk.dep = dep
         pk.rm = self.rm
         pk.b = &self.b
         pk.arg = 0
@@ -250,7 +310,7 @@ cdef class TicketLock(_Lock):
         cdef int res
         ctx.serving = &nd.abandoned
         ctx.t = a
-        res = self._park(_ticket_marker_gone, &ctx, nd, w)
+        res = self._park(_ticket_marker_gone, _ticket_dep_serving, &ctx, nd, w)
         if res != R_ACQ:
             return res
         r.abandoned = 0
@@ -269,6 +329,7 @@ cdef class TicketLock(_Lock):
         st64_rlx(&r.ticket, 0)
         r.abandoned_gen = ld64_rlx(&self.rm.part[me].generation)
         r.abandoned = t + 1                          # may already be consumed: _take_back knows
+        _marker_wake(nd)
         return R_TIMEOUT
 
     cdef int _try(self, uint32_t me) noexcept nogil:
@@ -315,7 +376,7 @@ cdef class TicketLock(_Lock):
         nd = &self.b.tslots[t % self.b.P]
         ctx.serving = self._serving()
         ctx.t = t
-        res = self._park(_ticket_ready, &ctx, nd, w)
+        res = self._park(_ticket_ready, _ticket_dep, &ctx, nd, w)
         if res == R_ACQ:
             return R_ACQ
         rc = self._abandon(me, t)

@@ -64,7 +64,26 @@ cdef int64_t YIELD_IDLE_NS = 50000   # yielding with nothing else to run, then p
 cdef int64_t FAR_YIELD_NS = 2000000  # 2 ms of yielding behind other waiters, then park
 cdef int64_t YIELD_SWITCHED_NS = 1500  # a sched_yield this long ran another task
 cdef uint32_t SPIN_CLOCK_EVERY = 8   # polls per clock read while spinning
-cdef int64_t PARK_SLICE_NS = 5000000  # 5 ms: bounds the time to notice a dead holder
+cdef int64_t PARK_SLICE_NS = 5000000  # 5 ms: a sleep that cannot watch whom it depends on
+cdef int g_wait_waitv = 0            # 1: sleeps are futex_waitv (wait_mode_init)
+cdef unsigned long g_main_ident = 0  # the thread that runs Python's signal handlers
+
+
+cdef str wait_mode_init(str forced):
+    """Chosen once, at import: futex_waitv if the kernel has it (Linux 5.16+) unless
+    SHMLOCKS_WAIT=sliced forces the fallback. Returns the mode's name."""
+    global g_wait_waitv, g_main_ident
+    import threading
+    g_main_ident = threading.main_thread().ident
+    # n = 0 is refused (EINVAL) by a kernel that has the call, ENOSYS by one that has not
+    g_wait_waitv = forced != "sliced" and shm_futex_waitv(NULL, NULL, 0, -1) == -EINVAL
+    return "futex_waitv" if g_wait_waitv else "sliced"
+
+
+def _wait_after_fork():
+    """The child of a fork runs its handlers in the thread that forked."""
+    global g_main_ident
+    g_main_ident = PyThread_get_thread_ident()
 
 
 def _wait_policy(spin_ns=None, yield_rounds=None, backoff_max=None):
@@ -94,6 +113,7 @@ cdef struct node_wait_t:   # a queue lock's ready-function context (MCS, CLH)
     uint32_t count         # how many: ids 1..count
 
 cdef extern from "Python.h":
+    unsigned long PyThread_get_thread_ident() nogil
     ctypedef struct PyThreadState
     PyThreadState* PyEval_SaveThread() nogil
     void PyEval_RestoreThread(PyThreadState*) nogil
@@ -165,36 +185,65 @@ ctypedef int (*look_fn)(wait_t* w, int64_t now) noexcept nogil
 cdef look_fn wait_look = NULL
 
 
-cdef int wait_check(wait_t* w) noexcept nogil:
-    """Deadline, signals, and (once its time has come) a look for a deadlock this waiter
-    must break (wait_look). R_CONT to go on, else R_TIMEOUT or R_SIGNAL."""
-    cdef int64_t now = shm_now_ns()
-    cdef int r = R_CONT
+cdef bint wait_signals(wait_t* w) noexcept nogil:
+    """Run Python's signal handlers if this is the thread that runs them (the main thread:
+    in any other, PyErr_CheckSignals does nothing, so it never takes the GIL for it).
+    1 if a handler raised."""
+    cdef int r = 0
     cdef int entered
-    if w.deadline >= 0 and now >= w.deadline:
-        return R_TIMEOUT
-    # Python code runs from here (handlers; the look's own code, and any finalizer): the
-    # waiting participant is hidden, so a lock call on its region is refused (re-entry)
+    if PyThread_get_thread_ident() != g_main_ident:
+        return 0
+    # Python code runs from here (handlers, and any finalizer): the waiting participant
+    # is hidden, so a lock call on its region is refused (re-entry)
     entered = window_enter(w.rm)
     with gil:
-        if PyErr_CheckSignals() < 0:
-            r = R_SIGNAL
-    if r == R_CONT and 0 <= w.dl_next <= now and wait_look != NULL:
-        r = wait_look(w, now)           # (the look's own 1 / 0 / -1, mapped here)
-        r = R_CONT if r == 0 else (R_TIMEOUT if r > 0 else R_SIGNAL)
+        r = PyErr_CheckSignals() < 0
     window_exit(entered)
     return r
 
 
+cdef int wait_look_due(wait_t* w, int64_t now) noexcept nogil:
+    """The deadlock look, once its time has come (w.dl_next): R_CONT to go on, R_TIMEOUT
+    (this waiter is the victim) or R_SIGNAL."""
+    cdef int r
+    cdef int entered
+    if not (0 <= w.dl_next <= now) or wait_look == NULL:
+        return R_CONT
+    entered = window_enter(w.rm)
+    r = wait_look(w, now)               # (the look's own 1 / 0 / -1, mapped here)
+    window_exit(entered)
+    return R_CONT if r == 0 else (R_TIMEOUT if r > 0 else R_SIGNAL)
+
+
+cdef int wait_check(wait_t* w) noexcept nogil:
+    """Deadline, signals, and (once its time has come) a look for a deadlock this waiter
+    must break (wait_look). R_CONT to go on, else R_TIMEOUT or R_SIGNAL."""
+    cdef int64_t now = shm_now_ns()
+    if w.deadline >= 0 and now >= w.deadline:
+        return R_TIMEOUT
+    if wait_signals(w):
+        return R_SIGNAL
+    return wait_look_due(w, now)
+
+
+cdef int64_t wait_until(wait_t* w, bint sliced) noexcept nogil:
+    """When the next sleep must end (absolute CLOCK_MONOTONIC ns, -1: never): the deadline,
+    the next deadlock look, and in a sliced wait one PARK_SLICE_NS from now."""
+    cdef int64_t until = w.deadline
+    cdef int64_t t
+    if w.dl_next >= 0 and (until < 0 or w.dl_next < until):
+        until = w.dl_next
+    if sliced:
+        t = shm_now_ns() + PARK_SLICE_NS
+        if until < 0 or t < until:
+            until = t
+    return until
+
+
 cdef int64_t wait_slice(wait_t* w) noexcept nogil:
-    """How long the next park may sleep: the slice, or what is left of the deadline."""
-    cdef int64_t left
-    if w.deadline < 0:
-        return PARK_SLICE_NS
-    left = w.deadline - shm_now_ns()
-    if left <= 0:
-        return 0
-    return left if left < PARK_SLICE_NS else PARK_SLICE_NS
+    """How long the next sleep may last, relative: wait_until(sliced) from now (0: over)."""
+    cdef int64_t left = wait_until(w, 1) - shm_now_ns()
+    return left if left > 0 else 0
 
 
 cdef int wait_pause(wait_t* w) noexcept nogil:
@@ -238,15 +287,6 @@ cdef int wait_pause(wait_t* w) noexcept nogil:
     return R_PARK
 
 
-cdef int wait_park(wait_t* w, uint32_t* word, uint32_t expected) noexcept nogil:
-    """Sleep on word while it holds `expected` (one slice), then check deadline and signals."""
-    cdef int64_t sl = wait_slice(w)
-    wait_nogil(w)
-    if sl > 0:
-        shm_futex_wait(word, expected, sl)
-    return wait_check(w)
-
-
 cdef int wait_far(wait_t* w) noexcept nogil:
     """One step for a waiter with others ahead of it: yield the CPU to them (on an
     oversubscribed machine the next holder may be waiting for this very CPU) rather than
@@ -265,92 +305,203 @@ cdef int wait_far(wait_t* w) noexcept nogil:
     return R_PARK if now >= w.far_until else R_CONT
 
 
-cdef int wait_for(ready_fn ready, void* ctx, uint32_t* word, uint32_t* parked,
-                  wait_t* w) noexcept nogil:
-    """Wait until ready(ctx). The waker changes *word and wakes it when *parked != 0.
-    Returns R_TICK after each park slice (park() calls it again to go on waiting)."""
-    cdef int r
-    cdef int q
-    cdef uint32_t v
-    q = ready(ctx)
-    if q == Q_READY:
-        return R_ACQ
-    if w.deadline == 0:
-        return R_TIMEOUT
+# ---- what a parked waiter sleeps on ----
+#
+# A sleep is one futex_waitv on the park word and on the words of what the waiter depends
+# on (docs/design.md §5): the liveness token of the participant it waits behind (the
+# holder, or its predecessor in a queue), armed with FUTEX_WAITERS so that the kernel, which
+# rewrites the token at that participant's death (FUTEX_OWNER_DIED), wakes a waiter on it;
+# and the words whose change means "the one I depend on is no longer that one" (a queue
+# predecessor's node state, a ticket's abandon marker), which their writers wake.
+cdef struct watch_t:
+    uint32_t* words[SHM_WAITV_MAX]
+    uint32_t vals[SHM_WAITV_MAX]
+    int n
+    int token               # the index of the armed liveness token in words, or -1
+    uint32_t slot           # whose token it is
+
+cdef enum:
+    DEP_UNKNOWN = 0   # whom we depend on is not known now (a step in flight): sleep a slice
+    DEP_ARMED = 1     # they are watched: sleep until woken, the deadline or the next look
+    DEP_CHANGED = 2   # one died and was recovered, or left: look again before sleeping
+
+
+cdef inline bint watch_word(watch_t* ws, uint32_t* word, uint32_t val) noexcept nogil:
+    """Also sleep on word while it holds val (read by the caller BEFORE the state it decided
+    on). 0 if the set is full: the caller then answers DEP_UNKNOWN."""
+    if ws.n >= SHM_WAITV_MAX:
+        return 0
+    ws.words[ws.n] = word
+    ws.vals[ws.n] = val
+    ws.n += 1
+    return 1
+
+
+cdef int watch_participant(rmap_t* rm, uint32_t slot, watch_t* ws) noexcept nogil:
+    """Sleep until participant `slot` dies (or its token changes): arm its token with
+    FUTEX_WAITERS. DEP_ARMED; DEP_CHANGED if it is dead (recovered here if that is ours to
+    do: participant_try_recover); DEP_UNKNOWN if the slot is free now (it left: the caller's
+    view of whom it depends on is stale) or the set is full."""
+    cdef uint32_t* tw
+    cdef uint32_t v, seen
+    if slot >= rm.P or ws.n >= SHM_WAITV_MAX or ws.token >= 0:
+        return DEP_UNKNOWN
+    tw = <uint32_t*>&rm.part[slot].token.m
+    v = ld32_seq(tw)
     while True:
-        if q == Q_FAR and w.phase < 2:
-            r = wait_far(w)
-        else:
-            r = wait_pause(w)
-        if r == R_CONT:
-            q = ready(ctx)
-            if q == Q_READY:
-                return R_ACQ
-            continue
-        if r != R_PARK:
-            return r
-        w.phase = 2
-        wait_nogil(w)
-        fadd32(parked, 1)                   # announce, SC: the waker reads parked after its change
-        v = ld32_seq(word)
-        if ready(ctx) == Q_READY:
-            fsub32(parked, 1)
-            return R_ACQ
-        r = wait_park(w, word, v)
-        fsub32(parked, 1)
-        if r == R_SIGNAL:
-            # A handler raised: the wait ends with it even if ready(ctx) now says READY.
-            # For a kind's inner wait (CLH behind an abandoned node, MCS for a pass through
-            # its node, ticket for an inherited ticket) READY only means "go on waiting":
-            # going on with the exception set would end in a return value with an
-            # exception set (SystemError). The kind leaves its place on R_SIGNAL; a lock
-            # granted meanwhile is handed back by _acquire_slow.
-            return R_SIGNAL
-        q = ready(ctx)
-        if q == Q_READY:
-            return R_ACQ
-        if r != R_CONT:
-            return r
-        return R_TICK
+        if (v & FUTEX_OWNER_DIED_) or ((v & FUTEX_TID_MASK_) == 0
+                                       and ld32_acq(&rm.part[slot].pending)):
+            participant_try_recover(rm, slot)
+            return DEP_CHANGED
+        if (v & FUTEX_TID_MASK_) == 0:
+            return DEP_UNKNOWN
+        if v & FUTEX_WAITERS_:
+            break
+        seen = cmpxchg32(tw, v, v | FUTEX_WAITERS_)
+        if seen == v:
+            v = v | FUTEX_WAITERS_
+            break
+        v = seen
+    ws.token = ws.n
+    ws.slot = slot
+    watch_word(ws, tw, v)
+    return DEP_ARMED
 
 
-# park(): the one wait of the queue kinds (parking_lot's park(), with callbacks). The kind
-# says what it waits for and whom it depends on; park runs the policy above and returns:
-#     R_ACQ      ready(ctx) said READY (for an acquire: granted; else: the wait is over)
-#     R_TIMEOUT  the deadline passed first     R_SIGNAL  a Python signal handler raised
-# Each park slice ends with wait_check (deadline, signals, the deadlock look), then a
-# tick: the kind's tick(rm, b, arg), which checks the participant it depends on and
-# recovers it if dead (docs/design.md §6), then waiting goes on.
-ctypedef void (*tick_fn)(rmap_t* rm, shm_body* b, uint32_t arg) noexcept nogil
+cdef struct park_t
+# The dependency callback of a park: fill the watch set (word 0, the park word, is there
+# already), checking (and recovering) whom the waiter depends on: DEP_*.
+ctypedef int (*dep_fn)(park_t* pk, watch_t* ws) noexcept nogil
 
 cdef struct park_t:
     ready_fn ready          # is the wait over? Q_READY, Q_NEAR or Q_FAR
     void* ctx               # ready's argument
     uint32_t* word          # the futex word the waker changes ...
     uint32_t* parked        # ... and wakes if this count of parked waiters is not 0
-    tick_fn tick            # each park slice: check (and recover) whom we depend on
-    rmap_t* rm              # tick's arguments
+    dep_fn dep              # whom we depend on: armed before each sleep (NULL: nobody)
+    rmap_t* rm              # dep's arguments
     shm_body* b
     uint32_t arg
+    void* dctx
 
 
+cdef int park_sleep(watch_t* ws, int64_t until) noexcept nogil:
+    """One sleep on the watch set, to `until` at most (-1: no end): a word's index (woken),
+    or -EAGAIN (a word no longer held its value), -ETIMEDOUT, -EINTR. Without futex_waitv
+    (or with SHMLOCKS_WAIT=sliced): FUTEX_WAIT on the park word alone, and the caller
+    passes an `until` one PARK_SLICE_NS away at most."""
+    cdef int r
+    cdef int64_t rel
+    cdef void* head = NULL
+    if g_wait_waitv:
+        if ws.token >= 0:
+            # While we sleep on a participant's token, our own death passes the kernel's
+            # wake-up on: the token is our robust list's pending operation, so if we die
+            # after its owner's death woke us and before we woke the others (park_woken),
+            # the kernel wakes another waiter on it (its rule for a woken waiter of a
+            # robust mutex that dies before taking it).
+            head = shm_robust_pending_set(ws.words[ws.token])
+        r = shm_futex_waitv(ws.words, ws.vals, ws.n, until)
+        if head != NULL:
+            shm_robust_pending_clear(head)
+        return r
+    rel = -1
+    if until >= 0:
+        rel = until - shm_now_ns()
+        if rel <= 0:
+            return -ETIMEDOUT
+    r = shm_futex_wait(ws.words[0], ws.vals[0], rel)
+    return 0 if r == 0 else -r
+
+
+cdef void park_woken(watch_t* ws) noexcept nogil:
+    """After a sleep: if the participant we watched is dead and not yet recovered, make
+    sure another waiter on its token wakes too (the kernel woke one; it may be us, leaving
+    for a timeout or a signal before recovering it)."""
+    cdef uint32_t v
+    if ws.token < 0:
+        return
+    v = ld32_seq(ws.words[ws.token])
+    if v & FUTEX_OWNER_DIED_:
+        shm_futex_wake(ws.words[ws.token], 0x7fffffff)
+
+
+# park(): the one wait of every kind but the pthread ones (parking_lot's park(), with
+# callbacks). The kind says what it waits for and whom it depends on; park runs the
+# policy above, then sleeps in the kernel until its word changes, someone it depends on
+# dies, its deadline or next deadlock look comes, or (main thread) a signal arrives:
+#     R_ACQ      ready(ctx) said READY (for an acquire: granted; else: the wait is over)
+#     R_TIMEOUT  the deadline passed first     R_SIGNAL  a Python signal handler raised
 cdef int park(park_t* pk, wait_t* w) noexcept nogil:
     """Wait under the policy w until pk.ready says READY: R_ACQ, R_TIMEOUT or R_SIGNAL."""
     global shm_recover_sig
-    cdef int res
+    cdef int r, q, d, changed = 0
+    cdef uint32_t v
+    cdef int64_t now, until
+    cdef watch_t ws
     if SHM_DEBUG_BUILT:
-        dassert(pk.ready != NULL and pk.tick != NULL and pk.word != NULL
-                and pk.parked != NULL, "park: every callback and word given")
-    while True:
-        res = wait_for(pk.ready, pk.ctx, pk.word, pk.parked, w)
-        if res != R_TICK:
+        dassert(pk.ready != NULL and pk.word != NULL and pk.parked != NULL,
+                "park: every callback and word given")
+    q = pk.ready(pk.ctx)
+    if q == Q_READY:
+        return R_ACQ
+    if w.deadline == 0:
+        return R_TIMEOUT
+    while w.phase < 2:                      # spin, then yield
+        if q == Q_FAR:
+            r = wait_far(w)
+        else:
+            r = wait_pause(w)
+        if r == R_PARK:
             break
-        pk.tick(pk.rm, pk.b, pk.arg)            # the one we depend on: alive?
-        if shm_recover_sig:                     # a handler raised inside that recovery
+        if r != R_CONT:
+            return r
+        q = pk.ready(pk.ctx)
+        if q == Q_READY:
+            return R_ACQ
+    w.phase = 2
+    wait_nogil(w)
+    while True:                             # park
+        fadd32(pk.parked, 1)                # announce, SC: the waker reads parked after its change
+        v = ld32_seq(pk.word)
+        if pk.ready(pk.ctx) == Q_READY:
+            fsub32(pk.parked, 1)
+            return R_ACQ
+        ws.words[0] = pk.word
+        ws.vals[0] = v
+        ws.n = 1
+        ws.token = -1
+        d = DEP_UNKNOWN if pk.dep == NULL else pk.dep(pk, &ws)
+        if shm_recover_sig:                 # a handler raised inside a recovery dep ran
             shm_recover_sig = 0
-            res = R_SIGNAL
-            break
-    return res                                  # R_ACQ, R_TIMEOUT or R_SIGNAL
+            fsub32(pk.parked, 1)
+            return R_SIGNAL
+        if d == DEP_CHANGED and changed < 8:
+            changed += 1                    # look again at once (bounded: then sleep a slice)
+            fsub32(pk.parked, 1)
+            if pk.ready(pk.ctx) == Q_READY:
+                return R_ACQ
+            if w.deadline >= 0 and shm_now_ns() >= w.deadline:
+                return R_TIMEOUT
+            continue
+        changed = 0
+        if wait_signals(w):                 # (main thread: one that came before the sleep)
+            fsub32(pk.parked, 1)
+            return R_SIGNAL
+        until = wait_until(w, d != DEP_ARMED or not g_wait_waitv)
+        r = park_sleep(&ws, until)
+        fsub32(pk.parked, 1)
+        park_woken(&ws)
+        if r == -EINTR and wait_signals(w):
+            return R_SIGNAL
+        if pk.ready(pk.ctx) == Q_READY:
+            return R_ACQ
+        now = shm_now_ns()
+        if w.deadline >= 0 and now >= w.deadline:
+            return R_TIMEOUT
+        r = wait_look_due(w, now)
+        if r != R_CONT:
+            return r
 
 
 cdef inline void wait_adapt(wait_t* w, uint32_t* budget) noexcept nogil:
