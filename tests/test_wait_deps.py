@@ -15,7 +15,7 @@ import os
 import time
 
 import pytest
-from support.common import wait_blocked
+from support.common import run_python, wait_blocked
 
 import shmlocks
 
@@ -144,3 +144,23 @@ def test_the_holder_and_the_first_waiter_dying_together(kind, new_lock, procs):
     assert pid in (waiters[1][0].pid, waiters[2][0].pid)
     assert died
     assert when - t0 < BOUND
+
+
+def test_the_wait_mode_is_chosen_once_and_the_fallback_can_be_forced():
+    """futex_waitv on this kernel (Linux 5.16+); SHMLOCKS_WAIT=sliced forces the fallback
+    that a kernel without it gets (CI runs the recovery tests under it too)."""
+    code = "import shmlocks._core as c; print(c.WAIT_MODE)"
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("futex_waitv" if _has_waitv() else "sliced")
+    out = run_python("import os; os.environ['SHMLOCKS_WAIT'] = 'sliced'; " + code)
+    assert out.stdout.strip() == "sliced", out.stderr
+
+
+def _has_waitv() -> bool:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    r = libc.syscall(449, None, 0, 0, None, 1)  # futex_waitv(NULL, 0, ...): EINVAL if present
+    return r == -1 and ctypes.get_errno() == 22
