@@ -66,9 +66,14 @@ cdef bint _ticket_unpublished(shm_body* b, uint32_t x) noexcept nogil:
 
 
 cdef void _ticket_grant(shm_body* b, uint64_t s, bint armed) noexcept nogil:
-    """Serve ticket s, skipping abandoned tickets, and wake its waiter. The release step."""
+    """Serve ticket s, skipping abandoned tickets, and wake its waiter. The release step.
+    `serving` only ever moves from s - 1 to s, by CAS: two granters of one ticket (a
+    releaser skipping an abandoned ticket, whose marker it has just cleared, and a
+    recoverer that took that ticket for an unpublished one, [T4]) may race; the one that
+    loses stops there, so a late store can never move `serving` back."""
     dassert(s <= ld64_seq(&b.wa.u64[0]), "ticket: serving <= next")
-    st64_seq(&b.wb.u64[0], s)                        # grant ticket s ...
+    if not cas64(&b.wb.u64[0], s - 1, s):            # grant ticket s ...
+        return                                       # (someone else did: it goes on)
     crashpoint_at(armed, "ticket.release.served")
     _ticket_served(b, s, armed)
 
@@ -90,7 +95,8 @@ cdef void _ticket_served(shm_body* b, uint64_t s, bint armed) noexcept nogil:
             if guard > b.P:
                 return
             dassert(s <= ld64_seq(&b.wa.u64[0]), "ticket: serving <= next")
-            st64_seq(&b.wb.u64[0], s)
+            if not cas64(&b.wb.u64[0], s - 1, s):
+                return                               # another granter passed it (above)
             crashpoint_at(armed, "ticket.release.served")
             continue
         if ld32_seq(&nd.parked) != 0:
