@@ -6,7 +6,8 @@
 # one member withdraws, as on a timeout (so every kind leaves the lock usable), keeping what
 # it holds: the one that began to wait last among those that look (`detects`).
 # Nothing here runs on the uncontended path: dl_arm is called once per slow path, dl_look
-# from wait_check, once per park slice at most, after the timeout.
+# from wait_look_due when a sleep ends at its time (wait.pxi), after the timeout and then
+# every DL_RECHECK_NS.
 
 import threading as _threading
 
@@ -65,7 +66,7 @@ cdef inline void dl_arm(wait_t* w, _Lock lk, uint32_t me, int64_t now) noexcept 
 cdef int dl_look(wait_t* w, int64_t now) noexcept with gil:
     """Called with the wait's deadline not yet reached, once w.dl_next has come: is this
     thread the one member of a cycle that must give up? 1: yes (w.dl_hit set, and the
-    message); 0: no; -1: a signal handler raised meanwhile (left pending, as wait_check's
+    message); 0: no; -1: a signal handler raised meanwhile (left pending, as wait_signals'
     PyErr_CheckSignals leaves it)."""
     global _waitgraph
     cdef _Lock lk = <_Lock>w.dl_lock
@@ -108,4 +109,4 @@ cdef object dl_raise():
     raise DeadlockError(msg)
 
 
-wait_look = dl_look                # wait_check's look (wait.pxi)
+wait_look = dl_look                # wait_look_due's look (wait.pxi)

@@ -211,8 +211,9 @@ cdef uint64_t thread_start(uint32_t tid):
 
 
 # Re-entry windows (docs/design.md §4). Python code runs inside a blocked acquire only where
-# the wait checks signals (wait_check: handlers, and the deadlock look's own code, which may
-# run finalizers) and in the same check inside a recovery (recover_wait_check). The thread's
+# the wait checks signals or looks for a deadlock (wait_signals, wait_look_due: handlers,
+# and the look's own code, which may run finalizers) and in the same check inside a
+# recovery (recover_wait_check). The thread's
 # participant in that region is mid-step there (WAITING, or recovering someone): a lock call
 # from that code would publish its own step over it. For the length of the window the
 # participant is hidden: its reg_t is unlinked from the thread's list, so any lock call on

@@ -22,11 +22,13 @@
 #          yielding for up to YIELD_IDLE_NS before parking: the holder may itself be waking
 #          from a park, and parking then too makes a convoy in which every hand-off of a
 #          FIFO lock costs a wake-up (commit d11b846 has the measurements);
-#   park   announce (parked += 1), re-check, FUTEX_WAIT on the word for at most PARK_SLICE_NS,
-#          then check the deadline (CLOCK_MONOTONIC) and, with the GIL re-taken briefly,
-#          Python's signal handlers (Ctrl-C -> R_SIGNAL within one slice); with ticks on,
-#          return R_TICK after each slice so the kind can check that the participant it
-#          depends on is still alive (and recover it if not), then wait again.
+#   park   announce (parked += 1), re-check, let the kind arm whom it depends on (dep: a
+#          liveness token, and the words that say it moved), then one futex_waitv on all
+#          of them until a word is woken, the deadline or the next deadlock look (the
+#          futex call's own timeout): no periodic wake-up. The main thread alone takes the
+#          GIL, for Python's signal handlers, before a sleep and when a signal ends one
+#          (EINTR). Without futex_waitv (ENOSYS, or SHMLOCKS_WAIT=sliced): FUTEX_WAIT on
+#          the word alone, PARK_SLICE_NS at most, dep run after each as a check.
 #
 # The waker's side of the protocol, which makes a lost wake-up impossible:
 #     make the condition true (SC store/RMW); [change *word (SC)]; if load(parked) != 0: FUTEX_WAKE
@@ -215,17 +217,6 @@ cdef int wait_look_due(wait_t* w, int64_t now) noexcept nogil:
     return R_CONT if r == 0 else (R_TIMEOUT if r > 0 else R_SIGNAL)
 
 
-cdef int wait_check(wait_t* w) noexcept nogil:
-    """Deadline, signals, and (once its time has come) a look for a deadlock this waiter
-    must break (wait_look). R_CONT to go on, else R_TIMEOUT or R_SIGNAL."""
-    cdef int64_t now = shm_now_ns()
-    if w.deadline >= 0 and now >= w.deadline:
-        return R_TIMEOUT
-    if wait_signals(w):
-        return R_SIGNAL
-    return wait_look_due(w, now)
-
-
 cdef int64_t wait_until(wait_t* w, bint sliced) noexcept nogil:
     """When the next sleep must end (absolute CLOCK_MONOTONIC ns, -1: never): the deadline,
     the next deadlock look, and in a sliced wait one PARK_SLICE_NS from now."""
@@ -238,12 +229,6 @@ cdef int64_t wait_until(wait_t* w, bint sliced) noexcept nogil:
         if until < 0 or t < until:
             until = t
     return until
-
-
-cdef int64_t wait_slice(wait_t* w) noexcept nogil:
-    """How long the next sleep may last, relative: wait_until(sliced) from now (0: over)."""
-    cdef int64_t left = wait_until(w, 1) - shm_now_ns()
-    return left if left > 0 else 0
 
 
 cdef int wait_pause(wait_t* w) noexcept nogil:
