@@ -4,11 +4,10 @@ suite would run it."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 
 import pytest
+from support.privshm import private_argv, private_shm_unavailable
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.timeout(120)
@@ -33,18 +32,7 @@ def test_shmlock_fixture_makes_and_removes_locks(pytester):
     res.assert_outcomes(passed=2)
 
 
-def _private_shm() -> bool:
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        return False
-    r = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs x /dev/shm"],
-        capture_output=True,
-        timeout=30,
-    )
-    return r.returncode == 0
-
-
-PRIVATE_SHM = _private_shm()
+PRIVATE_SHM = private_shm_unavailable() is None
 
 
 def run_inner(pytester, *args):
@@ -52,12 +40,9 @@ def run_inner(pytester, *args):
     leak check compares listings of /dev/shm, which other tests of this suite change as it
     runs; and what a leaking session leaves stays out of everyone else's /dev/shm."""
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
-    if not PRIVATE_SHM:
-        return pytester.run(*argv, timeout=100)
-    mount = 'mount -t tmpfs -o size=256m tmpfs /dev/shm && exec "$@"'
-    return pytester.run(
-        "unshare", "-m", "--propagation", "private", "sh", "-c", mount, "sh", *argv, timeout=100
-    )
+    if PRIVATE_SHM:
+        argv = private_argv(argv, size="256m")
+    return pytester.run(*argv, timeout=100)
 
 
 LEAKY = """

@@ -10,13 +10,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 from support import Holder, shm_exists, shm_path, shm_remove, uniq
+from support.privshm import requires_private_shm, run_private
 
 import shmlocks
 
@@ -139,57 +138,26 @@ def test_prune_refuses_a_name_that_is_not_a_shmlocks_segment():
         shm_remove(name)
 
 
-def _private_shm_works() -> bool:
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        return False
-    r = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs x /dev/shm"],
-        capture_output=True,
-        timeout=30,
-    )
-    return r.returncode == 0
-
-
-@pytest.mark.skipif(not _private_shm_works(), reason="needs root and unshare -m (private tmpfs)")
-def test_bare_prune_in_a_private_dev_shm(tmp_path):
+@requires_private_shm
+def test_bare_prune_in_a_private_dev_shm():
     """All of /dev/shm (a private one): only the stale segment goes; a live creator's, a
     held one and a file that is not ours stay."""
-    script = tmp_path / "scene.py"
-    script.write_text(
-        textwrap.dedent(
-            f"""
-            import json, os, subprocess, sys
-            sys.path.insert(0, {os.path.dirname(__file__)!r})
-            from test_prune import _orphan, cli
-            import shmlocks
-            stale = _orphan()
-            mine = shmlocks.TicketLock.create(name="mine")
-            with open("/dev/shm/not-ours", "wb") as f:
-                f.write(b"hello")
-            p = cli("prune", "--json")
-            assert p.returncode == 0, p.stderr
-            got = {{r["name"]: r["action"] for r in json.loads(p.stdout)}}
-            print(json.dumps(got)); print(json.dumps(sorted(os.listdir("/dev/shm"))))
-            mine.close()
-            """
-        )
-    )
-    r = subprocess.run(
-        [
-            "unshare",
-            "-m",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"',
-            "sh",
-            sys.executable,
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    r = run_private(
+        f"""
+        import json, os, subprocess, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_prune import _orphan, cli
+        import shmlocks
+        stale = _orphan()
+        mine = shmlocks.TicketLock.create(name="mine")
+        with open("/dev/shm/not-ours", "wb") as f:
+            f.write(b"hello")
+        p = cli("prune", "--json")
+        assert p.returncode == 0, p.stderr
+        got = {{r["name"]: r["action"] for r in json.loads(p.stdout)}}
+        print(json.dumps(got)); print(json.dumps(sorted(os.listdir("/dev/shm"))))
+        mine.close()
+        """
     )
     assert r.returncode == 0, r.stderr
     actions, left = (json.loads(line) for line in r.stdout.splitlines())

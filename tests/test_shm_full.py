@@ -10,60 +10,20 @@ new mount namespace (`unshare -m`), so nobody else's /dev/shm fills up.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 import textwrap
 
 import pytest
+from support.privshm import requires_private_shm, run_private
 
-pytestmark = pytest.mark.timeout(60)
-
-
-def _private_shm_works() -> bool:
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(
-        [
-            "unshare",
-            "-m",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            "mount -t tmpfs -o size=1m tmpfs /dev/shm",
-        ],
-        capture_output=True,
-    )
-    return probe.returncode == 0
-
-
-if not _private_shm_works():
-    pytest.skip("needs root and unshare -m (a private tmpfs on /dev/shm)", allow_module_level=True)
+pytestmark = [pytest.mark.timeout(60), requires_private_shm]
 
 
 def run_in_private_shm(code: str, size: str = "1m") -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter that sees an empty private tmpfs of ``size`` on
     /dev/shm; its last line of output lists what is left there."""
     code = textwrap.dedent(code) + "\nimport os; print('left', sorted(os.listdir('/dev/shm')))\n"
-    return subprocess.run(
-        [
-            "unshare",
-            "-m",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$0" -c "$1"',
-            sys.executable,
-            code,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=50,
-        env=dict(os.environ, PYTHONFAULTHANDLER="1"),
-    )
+    return run_private(code, size=size, timeout=50, env={"PYTHONFAULTHANDLER": "1"})
 
 
 def check(proc: subprocess.CompletedProcess[str], *expect: str) -> None:

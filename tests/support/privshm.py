@@ -3,7 +3,9 @@ empty tmpfs mounted on /dev/shm (``unshare -m``): the hostile FIFO, symlink or s
 segment is never seen by anyone else's /dev/shm, nor by the other tests of the run.
 
 Needs root and unshare(1); ``requires_private_shm`` skips a test, with the reason, where
-that is not available.
+that is not available (``private_shm_unavailable`` says why, for a test that runs without
+one instead). ``run_private`` runs ``python -c``; ``private_argv`` wraps any command (an
+inner pytest session, say) for a runner of the caller's own.
 """
 
 from __future__ import annotations
@@ -17,14 +19,22 @@ import textwrap
 
 import pytest
 
-__all__ = ["requires_private_shm", "run_private", "PRIVATE_SHM_SIZE"]
+__all__ = [
+    "PRIVATE_SHM_SIZE",
+    "private_argv",
+    "private_shm_unavailable",
+    "requires_private_shm",
+    "run_private",
+]
 
 PRIVATE_SHM_SIZE = "64m"
 
 _MOUNT = 'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"'
 
 
-def _argv(argv: list[str], size: str) -> list[str]:
+def private_argv(argv: list[str], size: str = PRIVATE_SHM_SIZE) -> list[str]:
+    """``argv`` run in a new private mount namespace, with an empty tmpfs of ``size``
+    mounted on /dev/shm first."""
     return [
         "unshare",
         "-m",
@@ -39,13 +49,14 @@ def _argv(argv: list[str], size: str) -> list[str]:
 
 
 @functools.cache
-def _why_not() -> str | None:
+def private_shm_unavailable() -> str | None:
+    """Why a private tmpfs on /dev/shm cannot be made here, or None where it can."""
     if os.geteuid() != 0:
         return "needs root (unshare -m and a tmpfs mount on /dev/shm)"
     if shutil.which("unshare") is None:
         return "needs unshare(1) (util-linux)"
     try:
-        p = subprocess.run(_argv(["true"], "1m"), capture_output=True, timeout=30)
+        p = subprocess.run(private_argv(["true"], "1m"), capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"unshare -m does not work here: {e}"
     if p.returncode != 0:
@@ -54,17 +65,23 @@ def _why_not() -> str | None:
 
 
 #: skips a test (with the reason) unless a private tmpfs on /dev/shm can be made
-requires_private_shm = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+requires_private_shm = pytest.mark.skipif(
+    private_shm_unavailable() is not None, reason=private_shm_unavailable() or ""
+)
 
 
 def run_private(
-    code: str, *args: str, timeout: float = 60, env: dict[str, str] | None = None
+    code: str,
+    *args: str,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+    size: str = PRIVATE_SHM_SIZE,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -c code args`` in a private mount namespace with an empty tmpfs on
-    /dev/shm; returns the finished process (stdout, stderr as text)."""
+    """Run ``python -c code args`` in a private mount namespace with an empty tmpfs of
+    ``size`` on /dev/shm; returns the finished process (stdout, stderr as text)."""
     argv = [sys.executable, "-c", textwrap.dedent(code), *args]
     return subprocess.run(
-        _argv(argv, PRIVATE_SHM_SIZE),
+        private_argv(argv, size),
         capture_output=True,
         text=True,
         timeout=timeout,
