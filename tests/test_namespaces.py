@@ -29,20 +29,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 NON_PI = [k for k in shmlocks.KINDS if k != "pi"]
 
+#: a command run in a new PID namespace (where it is pid 1), with its own /proc
+NEW_PID_NS = ["unshare", "--pid", "--fork", "--mount-proc"]
+
 
 def _unshare_works() -> bool:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return False
     r = subprocess.run(
-        [
-            "unshare",
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            sys.executable,
-            "-c",
-            "import os; print(os.getpid())",
-        ],
+        [*NEW_PID_NS, sys.executable, "-c", "import os; print(os.getpid())"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -90,7 +85,7 @@ lock.close()
 def _in_ns(*args: str) -> subprocess.Popen:
     """The worker in a new PID namespace (where it is pid 1)."""
     return subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", WORKER, *args],
+        [*NEW_PID_NS, sys.executable, "-c", WORKER, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -228,7 +223,7 @@ def test_owner_ls_and_inspect_say_other_namespace(new_lock):
             " capture_output=True, text=True).stdout)\n"
         )
         ls = subprocess.run(
-            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+            [*NEW_PID_NS, sys.executable, "-c", code],
             capture_output=True,
             text=True,
             timeout=30,
