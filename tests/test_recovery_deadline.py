@@ -13,6 +13,7 @@ process (SIGSTOP) at a named point, as a preempted or stopped process would be.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -128,13 +129,12 @@ def _finish(lock, stalled: subprocess.Popen) -> None:
     assert [p["pid"] for p in parts] == [os.getpid()], f"slots left behind: {parts}"
 
 
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("kind", USERSPACE_KINDS)
-def test_deadline_holds_while_another_recoverer_has_the_repair_mutex(procs, kind):
-    """H holds, D waits; both die. R begins H's recovery and stalls holding the lock's
-    repair mutex. A timed acquirer that must recover D waits for that mutex only until its
-    own deadline, and leaves D pending (not lost)."""
-    lock = shmlocks.KINDS[kind].create(uniq(f"dl-repair-{kind}"), max_participants=6)
+@contextlib.contextmanager
+def _recoverer_stalled_in_the_repair_mutex(procs, kind: str, prefix: str):
+    """H holds, D waits; both die. R begins H's recovery and stalls (SIGSTOP) holding the
+    lock's repair mutex, D's recovery still to do. Yields (the lock, R); R is killed and
+    the lock closed after."""
+    lock = shmlocks.KINDS[kind].create(uniq(f"{prefix}-{kind}"), max_participants=6)
     ctx = mp.get_context("fork")
     ready = ctx.Event()
     r = None
@@ -149,21 +149,18 @@ def test_deadline_holds_while_another_recoverer_has_the_repair_mutex(procs, kind
         h.join(10)
         r = _spawn(lock, "recover.locked", "stop")
         wait_stopped(r.pid)
-        _assert_times_out_by_its_deadline(lock)
-        _finish(lock, r)
+        yield lock, r
     finally:
         _stop_quietly(r)
         lock.close()
 
 
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize(("kind", "point"), JOINED, ids=[k for k, _ in JOINED])
-def test_deadline_holds_while_live_joiners_settle(kind, point):
-    """D dies between taking its place and publishing it; L, behind it, stalls at the same
-    step. Recovering D means waiting for L to finish that step: a timed acquirer waits
-    only until its deadline, and L (continued) and we get the lock after. (L registers
-    before D dies, or its registration would recover D itself.)"""
-    lock = shmlocks.KINDS[kind].create(uniq(f"dl-settle-{kind}"), max_participants=6)
+@contextlib.contextmanager
+def _joiner_stalled_behind_a_dead_one(kind: str, point: str, prefix: str):
+    """D dies at `point` (its place taken, not yet published); L, registered before and
+    queued behind it, stalls (SIGSTOP) at the same step. Yields (the lock, L); L is killed
+    and the lock closed after."""
+    lock = shmlocks.KINDS[kind].create(uniq(f"{prefix}-{kind}"), max_participants=6)
     stalled = None
     try:
         stalled = _spawn(lock, f"{point}:2", "stop", first=True)
@@ -174,11 +171,33 @@ def test_deadline_holds_while_live_joiners_settle(kind, point):
         stalled.stdin.write("go\n")
         stalled.stdin.flush()
         wait_stopped(stalled.pid)
-        _assert_times_out_by_its_deadline(lock)
-        _finish(lock, stalled)
+        yield lock, stalled
     finally:
         _stop_quietly(stalled)
         lock.close()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", USERSPACE_KINDS)
+def test_deadline_holds_while_another_recoverer_has_the_repair_mutex(procs, kind):
+    """H holds, D waits; both die. R begins H's recovery and stalls holding the lock's
+    repair mutex. A timed acquirer that must recover D waits for that mutex only until its
+    own deadline, and leaves D pending (not lost)."""
+    with _recoverer_stalled_in_the_repair_mutex(procs, kind, "dl-repair") as (lock, r):
+        _assert_times_out_by_its_deadline(lock)
+        _finish(lock, r)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("kind", "point"), JOINED, ids=[k for k, _ in JOINED])
+def test_deadline_holds_while_live_joiners_settle(kind, point):
+    """D dies between taking its place and publishing it; L, behind it, stalls at the same
+    step. Recovering D means waiting for L to finish that step: a timed acquirer waits
+    only until its deadline, and L (continued) and we get the lock after. (L registers
+    before D dies, or its registration would recover D itself.)"""
+    with _joiner_stalled_behind_a_dead_one(kind, point, "dl-settle") as (lock, stalled):
+        _assert_times_out_by_its_deadline(lock)
+        _finish(lock, stalled)
 
 
 # --------------------------------------------------------------------------- Ctrl-C
@@ -233,22 +252,9 @@ def _ctrl_c_latency(lock) -> float:
 def test_ctrl_c_while_recovery_settles(kind, point):
     """As test_deadline_holds_while_live_joiners_settle, with acquire() (no deadline) and
     Ctrl-C: the settle wait for the stalled joiner ends at the signal, not after 5 s."""
-    lock = shmlocks.KINDS[kind].create(uniq(f"cc-settle-{kind}"), max_participants=6)
-    stalled = None
-    try:
-        stalled = _spawn(lock, f"{point}:2", "stop", first=True)
-        assert stalled.stdout.readline().strip() == "registered"
-        dead = _spawn(lock, point, "kill")
-        dead.communicate(timeout=30)
-        assert dead.returncode == -signal.SIGKILL
-        stalled.stdin.write("go\n")
-        stalled.stdin.flush()
-        wait_stopped(stalled.pid)
+    with _joiner_stalled_behind_a_dead_one(kind, point, "cc-settle") as (lock, stalled):
         assert _ctrl_c_latency(lock) < CTRL_C_SLACK
         _finish(lock, stalled)
-    finally:
-        _stop_quietly(stalled)
-        lock.close()
 
 
 @pytest.mark.timeout(90)
@@ -256,26 +262,9 @@ def test_ctrl_c_while_recovery_settles(kind, point):
 def test_ctrl_c_while_another_recoverer_has_the_repair_mutex(procs, kind):
     """As test_deadline_holds_while_another_recoverer_has_the_repair_mutex, with acquire()
     and Ctrl-C: the wait for the repair mutex ends at the signal, not after 2 s."""
-    lock = shmlocks.KINDS[kind].create(uniq(f"cc-repair-{kind}"), max_participants=6)
-    ctx = mp.get_context("fork")
-    ready = ctx.Event()
-    r = None
-    try:
-        h = procs.start(_hold, lock, ready)
-        assert ready.wait(20)
-        d = procs.start(_wait_forever, lock)
-        wait_blocked(d.pid)
-        os.kill(d.pid, signal.SIGKILL)
-        d.join(10)
-        os.kill(h.pid, signal.SIGKILL)
-        h.join(10)
-        r = _spawn(lock, "recover.locked", "stop")
-        wait_stopped(r.pid)
+    with _recoverer_stalled_in_the_repair_mutex(procs, kind, "cc-repair") as (lock, r):
         assert _ctrl_c_latency(lock) < CTRL_C_SLACK
         _finish(lock, r)
-    finally:
-        _stop_quietly(r)
-        lock.close()
 
 
 def _take(lock) -> None:
