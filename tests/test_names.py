@@ -309,18 +309,24 @@ MP_LEAKS = textwrap.dedent(
 )
 
 
+def _run_script(path, code: str, *args: str, timeout: float = 60):
+    """Write ``code`` to the file ``path`` (a real file: multiprocessing's children need
+    one) and run it with ``args``; it must exit 0. Returns the finished process."""
+    path.write_text(code)
+    proc = subprocess.run(
+        [sys.executable, str(path), *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
 def _mp_leaks(tmp_path) -> tuple[list[str], list[str]]:
     """Run MP_LEAKS: (the names left by the Process child, those left by the Pool workers)."""
     prefix = uniq("mpleak")
-    script = tmp_path / "mpleak.py"  # a real file: multiprocessing's children need one
-    script.write_text(MP_LEAKS)
     proc_names = [prefix + "-proc"]
     pool_names = [f"{prefix}-pool-{i}" for i in range(4)]
     try:
-        proc = subprocess.run(
-            [sys.executable, str(script), prefix], capture_output=True, text=True, timeout=60
-        )
-        assert proc.returncode == 0, proc.stderr
+        _run_script(tmp_path / "mpleak.py", MP_LEAKS, prefix)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and any(shm_exists(n) for n in proc_names + pool_names):
             time.sleep(0.05)
@@ -364,18 +370,10 @@ POOL_ROUNDS = textwrap.dedent(
 
 def test_pool_terminate_round_after_round_leaves_nothing(tmp_path):
     rounds = 50
-    script = tmp_path / "pool_rounds.py"
-    script.write_text(POOL_ROUNDS)
     prefix = uniq("poolterm")
     names = [f"{prefix}-{r}-{i}-{j}" for r in range(rounds) for i in range(4) for j in range(20)]
     try:
-        proc = subprocess.run(
-            [sys.executable, str(script), prefix, str(rounds)],
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
-        assert proc.returncode == 0, proc.stderr
+        _run_script(tmp_path / "pool_rounds.py", POOL_ROUNDS, prefix, str(rounds), timeout=90)
         left = [n for n in names if shm_exists(n)]
         rounds_left = sorted({int(n[len(prefix) + 1 :].split("-")[0]) for n in left})
         assert not left, f"{len(left)} names left, by the workers of rounds {rounds_left}"
@@ -412,14 +410,9 @@ def test_sigterm_handler_of_the_program_is_left_alone(tmp_path, kind):
             print(p.exitcode)
         """
     )
-    script = tmp_path / "term.py"
-    script.write_text(code)
     name = uniq("term")
     try:
-        proc = subprocess.run(
-            [sys.executable, str(script), kind, name], capture_output=True, text=True, timeout=60
-        )
-        assert proc.returncode == 0, proc.stderr
+        proc = _run_script(tmp_path / "term.py", code, kind, name)
         assert proc.stdout.split() == ["0"]
         assert not shm_exists(name)
     finally:
@@ -444,14 +437,9 @@ def test_names_never_left_after_terminate_of_a_default_child(tmp_path):
             print(p.exitcode)
         """
     )
-    script = tmp_path / "term2.py"
-    script.write_text(code)
     name = uniq("term2")
     try:
-        proc = subprocess.run(
-            [sys.executable, str(script), name], capture_output=True, text=True, timeout=60
-        )
-        assert proc.returncode == 0, proc.stderr
+        proc = _run_script(tmp_path / "term2.py", code, name)
         assert proc.stdout.split() == [str(-signal.SIGTERM)], "it still dies of SIGTERM"
         assert not shm_exists(name)
     finally:
@@ -605,18 +593,12 @@ LAST_CLOSE_VS_CREATE = textwrap.dedent(
 
 
 def test_a_create_that_meets_the_last_close_leaves_nothing(tmp_path):
-    script = tmp_path / "last_close.py"
-    script.write_text(LAST_CLOSE_VS_CREATE)
     prefix = uniq("lastclose")
     rounds = 8000
     try:
-        proc = subprocess.run(
-            [sys.executable, str(script), prefix, str(rounds)],
-            capture_output=True,
-            text=True,
-            timeout=110,
+        proc = _run_script(
+            tmp_path / "last_close.py", LAST_CLOSE_VS_CREATE, prefix, str(rounds), timeout=110
         )
-        assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == "[]", f"names left in rounds {proc.stdout.strip()}"
     finally:
         for k in range(rounds):
