@@ -29,13 +29,14 @@ _DIE = (
 )
 
 
-def _cli_json(*args: str):
-    p = subprocess.run(
-        [sys.executable, "-m", "shmlocks", *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=30,
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shmlocks", *args], capture_output=True, text=True, timeout=30
     )
+
+
+def _cli_json(*args: str):
+    p = _cli(*args, "--json")
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
@@ -59,6 +60,18 @@ def _views(name: str) -> list[dict]:
     return [ins, st, tp]
 
 
+def _assert_held_by_a_dead_thread(lock) -> None:
+    """inspect, stat and top show the lock held by a thread that is not alive, and the next
+    acquire gets it with owner_died."""
+    for view in _views(lock.name):
+        assert view["locked"] is True, view
+        assert view["holder"] is not None and view["holder"]["alive"] is False, view
+    assert lock.acquire(timeout=2)
+    assert lock.owner_died
+    lock.mark_consistent()
+    lock.release()
+
+
 @pytest.mark.parametrize("kind", USERSPACE_KINDS)
 @pytest.mark.parametrize("crashpoint", ["lock.acquire.got", "lock.release.unholder"])
 def test_a_lock_left_by_a_thread_dead_inside_a_step_shows_free(new_lock, kind, crashpoint):
@@ -68,12 +81,7 @@ def test_a_lock_left_by_a_thread_dead_inside_a_step_shows_free(new_lock, kind, c
     for view in _views(lock.name):
         assert view["locked"] is False, view
         assert view["holder"] is None, view
-    text = subprocess.run(
-        [sys.executable, "-m", "shmlocks", "inspect", lock.name],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
+    text = _cli("inspect", lock.name).stdout
     row = next(ln.split() for ln in text.splitlines() if ln.split()[1:2] == [kind])
     assert row[2] == "free" and "stale-step" in row[-1], text
     assert "held" not in text.split("participants:")[0], text
@@ -87,13 +95,7 @@ def test_a_lock_left_by_a_thread_dead_inside_a_step_shows_free(new_lock, kind, c
 def test_a_holder_dead_in_its_critical_section_shows_held_by_a_dead_thread(new_lock, kind):
     lock = new_lock(kind)
     _die_at(kind, lock.name, "lock.acquire.done")
-    for view in _views(lock.name):
-        assert view["locked"] is True, view
-        assert view["holder"] is not None and view["holder"]["alive"] is False, view
-    assert lock.acquire(timeout=2)
-    assert lock.owner_died
-    lock.mark_consistent()
-    lock.release()
+    _assert_held_by_a_dead_thread(lock)
 
 
 @pytest.mark.parametrize("kind", ["robust", "pi"])
@@ -102,10 +104,4 @@ def test_a_kernel_kind_dead_before_its_holder_record_shows_the_dead_holder(new_l
     was never written; the commands name the dead thread rather than "held" and "-"."""
     lock = new_lock(kind)
     _die_at(kind, lock.name, "lock.acquire.got")
-    for view in _views(lock.name):
-        assert view["locked"] is True, view
-        assert view["holder"] is not None and view["holder"]["alive"] is False, view
-    assert lock.acquire(timeout=2)
-    assert lock.owner_died
-    lock.mark_consistent()
-    lock.release()
+    _assert_held_by_a_dead_thread(lock)
