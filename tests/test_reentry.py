@@ -69,6 +69,32 @@ H.release()
 """
 
 
+def _python(code: str, *args: str, stdin: bool = False) -> subprocess.Popen:
+    """``python -c code args``, its output read as text (and its input written, with
+    ``stdin``)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdin=subprocess.PIPE if stdin else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _signal_its_wait(p: subprocess.Popen) -> None:
+    """Once ``p`` says it is waiting and sleeps in the kernel on the lock: SIGUSR1, whose
+    handler then runs inside the wait."""
+    assert p.stdout.readline().strip() == "waiting"
+    wait_blocked(p.pid)
+    os.kill(p.pid, signal.SIGUSR1)
+
+
+def _kill_quietly(p: subprocess.Popen | None) -> None:
+    if p is not None and p.poll() is None:
+        p.kill()
+        p.wait()
+
+
 def _region(kind: str):
     reg = shmlocks.Region.create(uniq(f"re-{kind}"), max_locks=3, max_participants=8)
     for n in "LNH":
@@ -85,15 +111,8 @@ def test_handler_lock_call_during_a_wait(kind, mode):
     p = None
     try:
         assert L.acquire()
-        p = subprocess.Popen(
-            [sys.executable, "-c", CHILD, kind, reg.name, other.name, mode],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert p.stdout.readline().strip() == "waiting"
-        wait_blocked(p.pid)
-        os.kill(p.pid, signal.SIGUSR1)
+        p = _python(CHILD, kind, reg.name, other.name, mode)
+        _signal_its_wait(p)
         line = p.stdout.readline().strip()
         expected = "handler ok" if mode == "other" else "handler ReentryError"
         assert line == expected, (line, p.stderr.read() if not line else "")
@@ -106,9 +125,7 @@ def test_handler_lock_call_during_a_wait(kind, mode):
         assert L.acquire(timeout=5)  # the queue the wait left is sound
         L.release()
     finally:
-        if p is not None and p.poll() is None:
-            p.kill()
-            p.wait()
+        _kill_quietly(p)
         other.close()
         reg.close()
 
@@ -155,15 +172,8 @@ def test_handler_does_not_fake_an_owner_death(kind):
     w = None
     try:
         assert L.acquire()
-        w = subprocess.Popen(
-            [sys.executable, "-c", WAITER, reg.name],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert w.stdout.readline().strip() == "waiting"
-        wait_blocked(w.pid)
-        os.kill(w.pid, signal.SIGUSR1)
+        w = _python(WAITER, reg.name)
+        _signal_its_wait(w)
         assert w.stdout.readline().strip() == "handler refused"
         wait_blocked(w.pid)
         os.kill(w.pid, signal.SIGSTOP)
@@ -176,9 +186,7 @@ def test_handler_does_not_fake_an_owner_death(kind):
         )
         assert out.stdout.strip() == "True False", out.stdout + out.stderr
     finally:
-        if w is not None and w.poll() is None:
-            w.kill()
-            w.wait()
+        _kill_quietly(w)
         reg.close()
 
 
@@ -225,13 +233,7 @@ def test_handler_does_not_hide_a_deadlock(kind):
     ms = []
     try:
         for first, second, h in (("A", "B", "1"), ("B", "A", "0")):
-            m = subprocess.Popen(
-                [sys.executable, "-c", MEMBER, reg.name, first, second, h],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+            m = _python(MEMBER, reg.name, first, second, h, stdin=True)
             ms.append(m)
             assert m.stdout.readline().strip() == "holding"
         for m in ms:
@@ -245,7 +247,5 @@ def test_handler_does_not_hide_a_deadlock(kind):
             assert m.wait(20) == 0
     finally:
         for m in ms:
-            if m.poll() is None:
-                m.kill()
-                m.wait()
+            _kill_quietly(m)
         reg.close()
