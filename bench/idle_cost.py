@@ -49,7 +49,8 @@ def vcs(tid: int) -> int:
     raise BenchError(f"no voluntary_ctxt_switches for thread {tid}")
 
 
-def _sleep_until(t: float) -> None:
+def sleep_until(t: float) -> None:
+    """Sleep until monotonic time ``t`` (not at all if it has passed)."""
     left = t - time.monotonic()
     if left > 0:
         time.sleep(left)
@@ -108,9 +109,9 @@ def _wakeups(h: Any, holder: _Holder, start: float, seconds: float) -> dict:
     box: dict = {}
     holder.hold()
     t = _waiter(h, box)
-    _sleep_until(box["t0"] + start)
+    sleep_until(box["t0"] + start)
     a = vcs(t.native_id)
-    _sleep_until(box["t0"] + start + seconds)
+    sleep_until(box["t0"] + start + seconds)
     b = vcs(t.native_id)
     _end_wait(t, box, holder, "ok" not in box)
     return {"wakeups": b - a, "seconds": seconds, "per_s": (b - a) / seconds}
