@@ -12,6 +12,8 @@ import time
 import pytest
 from support import KINDS, Holder, join_all, kill, shm_path
 
+#: the keys stats() promises (docs/design.md §10), written out here on purpose rather than
+#: imported from shmlocks.stats.STAT_KEYS: a key dropped or renamed there must fail here
 KEYS = {
     "acquisitions",
     "contended",
