@@ -662,15 +662,17 @@ cdef inline int64_t recover_until(int64_t cap_ns) noexcept nogil:
     return until
 
 
-cdef int64_t RECOVER_CHECK_NS = 5000000     # 5 ms: a park slice (wait.pxi)
+# 5 ms: how often a wait inside a recovery (short, bounded: a repair mutex, a live
+# participant finishing a step) checks the deadline and signals; it polls, unlike a park
+cdef int64_t RECOVER_CHECK_NS = 5000000
 
 
 cdef int recover_wait_check(rmap_t* rm, int64_t until, int64_t* next_sig) noexcept nogil:
     """One check of a wait inside a recovery: 1 to stop it (shm_recover_cut set: `until`,
     the caller's deadline included, has passed, or a signal handler raised; then also
-    shm_recover_sig), 0 to go on. Signals are checked every RECOVER_CHECK_NS, as a park
-    slice checks them, inside a re-entry window; a recovery cut short is left pending and
-    finished by the next waiter (docs/design.md §6.3)."""
+    shm_recover_sig), 0 to go on. Signals are checked every RECOVER_CHECK_NS, inside a
+    re-entry window, as a park checks them before a sleep; a recovery cut short is left
+    pending and finished by the next waiter (docs/design.md §6.3)."""
     global shm_recover_cut, shm_recover_sig
     cdef int64_t now = shm_now_ns()
     cdef int rc = 0
