@@ -150,7 +150,7 @@ def test_the_wait_mode_is_chosen_once_and_the_fallback_can_be_forced():
     """futex_waitv on this kernel (Linux 5.16+); SHMLOCKS_WAIT=sliced forces the fallback
     that a kernel without it gets (CI runs the recovery tests under it too)."""
     code = "import shmlocks._core as c; print(c.WAIT_MODE)"
-    out = run_python(code)
+    out = run_python("import os; os.environ.pop('SHMLOCKS_WAIT', None); " + code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ("futex_waitv" if _has_waitv() else "sliced")
     out = run_python("import os; os.environ['SHMLOCKS_WAIT'] = 'sliced'; " + code)
