@@ -50,8 +50,10 @@ def test_fuzz_segment_bytes_no_crash_no_hang(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_saved_crash_inputs_replay_clean():
-    """a4_scribble.py's saved inputs (tests/data/fz/): each once killed the interpreter
-    (SIGABRT, `___pthread_mutex_trylock: Assertion 'robust'` and the __kind asserts)."""
+    """The saved inputs (tests/data/fz/): a4_scribble.py's each once killed the interpreter
+    (SIGABRT, `___pthread_mutex_trylock: Assertion 'robust'` and the __kind asserts);
+    robust-spin-*.bin (the fuzzer, seed 20261205) each made a robust waiter spin past every
+    deadline on a word with no owner that trylock would not take (FUTEX_WAITERS alone)."""
     assert SAVED
     s = _run("--replay", *SAVED, budget=60)
     assert s["trials"] == len(SAVED)

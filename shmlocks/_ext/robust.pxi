@@ -100,8 +100,10 @@ cdef class _PthreadMutexLock(_Lock):
         cdef int rc, r
         cdef int64_t now
         cdef bint slept = 0
+        cdef bint odd
         while True:
             v = ld32_seq(word)
+            odd = 0
             if v & FUTEX_TID_MASK_ == 0:
                 rc = _pm_code(pm_trylock(&self.b.wa.m, 0))
                 if rc != R_BUSY:
@@ -111,13 +113,29 @@ cdef class _PthreadMutexLock(_Lock):
                         # sleep does the same)
                         for32(word, FUTEX_WAITERS_)
                     return rc
-                continue
+                # No owner, yet not takeable: taken between our read and the trylock, or a
+                # word glibc never writes (FUTEX_WAITERS alone: the segment's bytes are
+                # not ours to trust). Never spin on it: the deadline, then a short sleep.
+                odd = ld32_seq(word) == v
             now = shm_now_ns()
             if w.deadline >= 0 and now >= w.deadline:
                 return R_TIMEOUT
             r = wait_look_due(w, now)
             if r != R_CONT:
                 return r
+            if odd:
+                ws.words[0] = word
+                ws.vals[0] = v
+                ws.n = 1
+                ws.token = -1
+                if wait_signals(w):
+                    return R_SIGNAL
+                r = park_sleep(&ws, wait_until(w, 1))
+                if r == -EINTR and wait_signals(w):
+                    return R_SIGNAL
+                continue
+            if v & FUTEX_TID_MASK_ == 0:
+                continue                             # it changed: look again
             if not (v & FUTEX_WAITERS_):
                 if not cas32(word, v, v | FUTEX_WAITERS_):
                     continue
