@@ -367,7 +367,6 @@ cdef struct park_t:
     rmap_t* rm              # dep's arguments
     shm_body* b
     uint32_t arg
-    void* dctx
 
 
 cdef int park_sleep(watch_t* ws, int64_t until) noexcept nogil:
