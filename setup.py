@@ -13,7 +13,7 @@ DEBUG = "SHMLOCKS_DEBUG" in __import__("os").environ
 ext = Extension(
     "shmlocks._core",
     sources=["shmlocks/_core.pyx"],
-    include_dirs=["shmlocks/_ext"],
+    include_dirs=["shmlocks/_ext/sys"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wno-unused-function"]
     + (["-DSHMLOCKS_DEBUG=1", "-g"] if DEBUG else []),
     libraries=["pthread"],

@@ -1,16 +1,16 @@
 # cython: language_level=3
-"""shmlocks._core -- the compiled core, one extension built from one file per concern:
+"""shmlocks._core -- the compiled core, one extension built from its units, included below
+in layer order, bottom first: each layer a folder of _ext/, each unit using only what the
+units before it declare (docs/design.md §1; tests/test_layers.py checks it):
 
-  _ext/sys.pxi           foreign declarations (layout ABI, atomics, futex, pthread, mmap,
-                         the assertion build's dassert)
-  _ext/participants.pxi  participant slots, liveness tokens, thread exit, fork, the
-                         kind-ops table (_register_kind) and the recovery verdict
-  _ext/wait.pxi          the one waiting policy and its one park() call
-  _ext/region.pxi        the segment: create/open/validate, directory, lifetime
-  _ext/lockdep.pxi       the hook lock-order validation (shmlocks/lockdep.py) hangs on
-  _ext/lockbase.pxi      the internal lock interface and the Python API on top of it
-  _ext/deadlock.pxi      a blocked acquire in a wait-for cycle gives up (DeadlockError)
-  _ext/{ticket,mcs,clh,futex,robust,pi}.pxi   one file per algorithm
+  _ext/sys/     every foreign declaration (layout ABI, atomics, futex, pthread, mmap,
+                CPython, the assertion build's dassert)
+  _ext/base/    participants (slots, liveness tokens, registration, the kind registry, the
+                recovery driver), wait (the result codes, the one waiting policy, park()),
+                region (the segment: create/open/validate, directory, lifetime)
+  _ext/diag/    stats, the lockdep hook, the deadlock look
+  _ext/lock/    lockbase: the hooks every kind implements, the Python API on them
+  _ext/kinds/   queue (what MCS and CLH share), then one unit per algorithm
 """
 
 cimport cython
@@ -19,21 +19,21 @@ from shmlocks.errors import (CapacityError, CorruptRegionError, DeadlockError,
                              LockKindError, LockNotRecoverableError, NamespaceError,
                              NotOwnerError, ReentryError, ShmLockError)
 
-include "_ext/sys.pxi"
-include "_ext/participants.pxi"
-include "_ext/wait.pxi"
-include "_ext/stats.pxi"
-include "_ext/region.pxi"
-include "_ext/lockdep.pxi"
-include "_ext/lockbase.pxi"
-include "_ext/deadlock.pxi"
-include "_ext/queue.pxi"
-include "_ext/ticket.pxi"
-include "_ext/mcs.pxi"
-include "_ext/clh.pxi"
-include "_ext/futex.pxi"
-include "_ext/robust.pxi"
-include "_ext/pi.pxi"
+include "_ext/sys/sys.pxi"
+include "_ext/base/participants.pxi"
+include "_ext/base/wait.pxi"
+include "_ext/base/region.pxi"
+include "_ext/diag/stats.pxi"
+include "_ext/diag/lockdep.pxi"
+include "_ext/diag/deadlock.pxi"
+include "_ext/lock/lockbase.pxi"
+include "_ext/kinds/queue.pxi"
+include "_ext/kinds/ticket.pxi"
+include "_ext/kinds/mcs.pxi"
+include "_ext/kinds/clh.pxi"
+include "_ext/kinds/futex.pxi"
+include "_ext/kinds/robust.pxi"
+include "_ext/kinds/pi.pxi"
 
 CACHE_LINE = SHM_LINE
 #: how a blocked waiter sleeps (docs/design.md §5): "futex_waitv" (on the lock and on the
@@ -71,11 +71,10 @@ LAYOUT = {
 }
 
 # The kind registry: each kind's file registers its class and its ops (_register_kind, in
-# participants.pxi) as it is included; every other list of kinds is built from this one.
+# base/participants.pxi) as it is included; every other list of kinds is built from this one.
 KINDS = {cls.kind_name: cls for cls in _KIND_CLASSES}
 #: the public name of every kind's base class, for annotations and isinstance (shmlocks.Lock)
 Lock = _Lock
-_KIND_BY_CODE = {cls.kind_code: cls for cls in KINDS.values()}
 
 # Crash points (docs/design.md §8): a named point between every two protocol steps.
 # SHMLOCKS_CRASHPOINT=<name>, read once at import, makes the process SIGKILL itself there;

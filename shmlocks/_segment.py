@@ -9,7 +9,7 @@ file's), then only the parts needed are copied with pread: the directory and the
 participant table, and the first three lines (control, word A, word B) of each lock's
 body. A file that shrinks meanwhile gives a short read (``Shrunk``), never SIGBUS; every
 index read from it (a holder's slot, a lock index, a queue node) is bounds-checked before
-use. The kinds' "is it held" tests mirror their ``_is_locked`` in shmlocks/_ext/*.pxi.
+use. The kinds' "is it held" tests mirror their ``_is_locked`` in shmlocks/_ext/kinds/*.pxi.
 """
 
 from __future__ import annotations

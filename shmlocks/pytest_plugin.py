@@ -45,7 +45,7 @@ def _shmlocks_segments() -> dict[str, tuple[int, int, int]]:
     turn into SIGBUS)."""
     from shmlocks import _core, _shmread
 
-    lay = _core.LAYOUT  # shm_header's offsets (shmlocks/_ext/shm_layout.h)
+    lay = _core.LAYOUT  # shm_header's offsets (shmlocks/_ext/sys/shm_layout.h)
     n = lay["header_fields"]
     uid = os.getuid()
     found: dict[str, tuple[int, int, int]] = {}

@@ -187,7 +187,7 @@ def run_case(case: Case, kind: str, point: str, order: str) -> None:
 def _source_points() -> dict[str, list[str]]:
     """crashpoint("name") calls in the core's sources: name -> files."""
     found: dict[str, list[str]] = {}
-    files = glob.glob(os.path.join(ROOT, "shmlocks", "_ext", "*.pxi"))
+    files = glob.glob(os.path.join(ROOT, "shmlocks", "_ext", "**", "*.pxi"), recursive=True)
     files += glob.glob(os.path.join(ROOT, "shmlocks", "*.pyx"))
     for path in files:
         with open(path) as f:

@@ -104,7 +104,7 @@ WINDOW_S = 2.0
 #: (over any stretch shorter than the deadlock timeout), and one for the machine (a page
 #: of the waiter's stack or code brought back in under memory pressure)
 IDLE_MAX = 2
-#: the default deadlock timeout and the re-look interval after it (shmlocks/_ext/deadlock.pxi)
+#: the default deadlock timeout and the re-look interval after it (shmlocks/_ext/diag/deadlock.pxi)
 DL_TIMEOUT_S = 1.0
 DL_RECHECK_S = 0.5
 

@@ -42,12 +42,12 @@ import shmlocks
 
 SHM_DIR = "/dev/shm"
 LINE = 128
-HDR = struct.Struct("<QIIQIIQQQQ")  # magic .. lock_stride (shmlocks/_ext/shm_layout.h)
+HDR = struct.Struct("<QIIQIIQQQQ")  # magic .. lock_stride (shmlocks/_ext/sys/shm_layout.h)
 P = 6  # participant slots of the template
 KIND_NAMES = list(shmlocks.KINDS)
 CHILD_LIMIT = 40.0  # s: a child past this is a hang (each op's own timeout is <= 0.05 s)
 OP_TIMEOUT = 0.05
-# header.flags follows creator_pidns (shmlocks/_ext/shm_layout.h); SHM_HDR_PERSIST is bit 0.
+# header.flags follows creator_pidns (shmlocks/_ext/sys/shm_layout.h); SHM_HDR_PERSIST is bit 0.
 # An image is written as a file that no process holds open: without persist, the first open
 # takes it for a segment whose last user died and removes it (docs/design.md §2), and the
 # trial would test nothing past open().

@@ -43,7 +43,7 @@ cdef struct reg_t:
     uint32_t* op              # &part[slot].op_lock: where this thread publishes its steps
     int held                  # locks this thread holds in this region
 
-# The kind-ops table: what the layers below the kinds (this file, lockbase.pxi, region.pxi)
+# The kind-ops table: what the layers below the kinds (this file, region.pxi, lockbase.pxi)
 # need of a kind, indexed by its code (SHM_KIND_*), NULL where a kind has nothing to do.
 # Each kind's file fills its entry with _register_kind() at its end; no layer below names
 # a kind.
@@ -61,6 +61,13 @@ cdef struct kind_ops_t:
 
 cdef kind_ops_t g_kind_ops[SHM_KIND_MAX + 1]
 cdef list _KIND_CLASSES = []            # the registered lock classes, in registration order
+cdef dict _KIND_BY_CODE = {}            # kind code -> its class
+
+# How the region makes the lock object of a lock in its directory: the lock layer's binder
+# (lockbase.pxi sets it as it is included), called with the class registered for the
+# lock's kind, so that the layers below the locks name neither a kind nor the lock class.
+ctypedef object (*kind_bind_fn)(type cls, object region, uint32_t index, object name)
+cdef kind_bind_fn g_kind_bind = NULL
 
 
 cdef kind_ops_t* kind_ops(uint32_t code) noexcept nogil:
@@ -79,7 +86,44 @@ cdef int _register_kind(type cls, kind_init_fn init, kind_recover_fn recover,
     g_kind_ops[code].recover = recover
     g_kind_ops[code].repair = repair
     _KIND_CLASSES.append(cls)
+    _KIND_BY_CODE[code] = cls
     return 0
+
+
+cdef uint32_t kind_code_of(kind) except 0:
+    """The code of `kind`: a registered kind's name or class (or a subclass of one)."""
+    names = [c.kind_name for c in _KIND_CLASSES]
+    if isinstance(kind, type):
+        for c in _KIND_CLASSES:
+            if issubclass(kind, c):
+                kind = kind.kind_name
+                break
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be one of {names} or a lock class, not {kind!r}")
+    for c in _KIND_CLASSES:
+        if c.kind_name == kind:
+            return c.kind_code
+    raise ValueError(f"unknown lock kind {kind!r}: expected one of {names}")
+
+
+cdef object kind_new_lock(uint32_t code, object region, uint32_t index, object name):
+    """The lock object for lock `index` of `region`, of the class registered for kind
+    `code` (read from the segment), or None if no kind has that code."""
+    cls = _KIND_BY_CODE.get(code)
+    if cls is None or g_kind_bind == NULL:
+        return None
+    return g_kind_bind(<type>cls, region, index, name)
+
+
+cdef void kind_init_body(shm_body* b, uint32_t code) noexcept nogil:
+    """A new lock body of kind `code` (the caller zeroed it): ctl, the repair mutex, then
+    the kind's own words (its init)."""
+    cdef kind_ops_t* ops = kind_ops(code)
+    b.ctl.kind = code
+    _robust_mutex_init(&b.ctl.repair.m, 0)
+    if ops != NULL and ops.init != NULL:
+        ops.init(b)
+    b.ctl.magic = SHM_BODY_MAGIC
 
 
 cdef int _robust_mutex_init(pthread_mutex_t* m, bint pi) noexcept nogil:
@@ -143,6 +187,32 @@ cdef enum:
     REGIONS_PER_THREAD = 1024
 cdef pthread_key_t g_key
 cdef rmap_t* g_rmaps = NULL
+
+
+cdef void lc_end() noexcept nogil:
+    """The process ends of the signal in g_lc_pending, no section of the views' bookkeeping
+    running: every view leaves its name, then the signal is re-raised with its default
+    action. Async-signal-safe calls only (flock, fstat, lstat, unlink, sigaction, kill).
+    Returns if a section began meanwhile: its end comes back here."""
+    cdef int sig = <int>ld32_seq(&g_lc_pending)
+    cdef rmap_t* rm
+    cdef c_sigaction dfl
+    if sig == 0 or pthread_mutex_trylock(&g_mutex) != 0:
+        return
+    if ld32_seq(&g_lc_busy) != 0:         # a view being made (no g_mutex): after it
+        pthread_mutex_unlock(&g_mutex)
+        return
+    rm = g_rmaps
+    while rm != NULL:
+        rmap_leave_name(rm)
+        rm = rm.gnext
+    memset(&dfl, 0, sizeof(dfl))
+    dfl.sa_handler = SIG_DFL
+    c_sigaction_call(sig, &dfl, NULL)
+    # to the process: a thread that does not block it dies of it at once; in a handler,
+    # this thread blocks it until the handler returns
+    c_kill(getpid(), sig)
+
 
 # A lock's holder record (ctl.holder) names a participant by slot AND generation, so a record
 # left by one occupant of a slot can never be taken for the next occupant's: slot + 1 in
@@ -219,23 +289,10 @@ cdef uint64_t thread_start(uint32_t tid):
 # participant is hidden: its reg_t is unlinked from the thread's list, so any lock call on
 # that region misses reg_lookup (the fast path is untouched) and reaches a slow path that
 # refuses it with ReentryError (window_busy). Nested windows (a handler's wait on another
-# region) stack, at most WINDOW_MAX deep; per thread, as are these variables.
-cdef extern from *:
-    """
-    static __thread void *shm_win_rm[8];
-    static __thread void *shm_win_reg[8];
-    static __thread int shm_win_n = 0;
-    static __thread int shm_recover_sig = 0;   /* a handler raised inside a recovery wait */
-    static __thread int shm_recovering = 0;    /* inside participant_recover */
-    """
-    void* shm_win_rm[8]
-    void* shm_win_reg[8]
-    int shm_win_n
-    int shm_recover_sig
-    int shm_recovering
-
+# region) stack, at most WINDOW_MAX deep, per thread: the stack (shm_win_*) is C
+# thread-local state, as shm_recovering and shm_recover_sig are (shm_sys.h).
 cdef enum:
-    WINDOW_MAX = 8
+    WINDOW_MAX = SHM_WINDOW_MAX
 
 
 cdef inline reg_t* reg_lookup(rmap_t* rm) noexcept nogil:
@@ -308,6 +365,10 @@ cdef reg_t* reg_find(rmap_t* rm) noexcept nogil:
         if shm_win_rm[i] == <void*>rm and shm_win_reg[i] != NULL:
             return <reg_t*>shm_win_reg[i]
     return NULL
+
+
+cdef int _raise_pending() except -1:
+    return -1                          # the exception PyErr_CheckSignals set propagates
 
 
 cdef object reentry_error(str what):

@@ -163,31 +163,6 @@ cdef void _sigterm_leave(int sig) noexcept nogil:
         lc_end()
 
 
-cdef void lc_end() noexcept nogil:
-    """The process ends of the signal in g_lc_pending, no section of the views' bookkeeping
-    running: every view leaves its name, then the signal is re-raised with its default
-    action. Async-signal-safe calls only (flock, fstat, lstat, unlink, sigaction, kill).
-    Returns if a section began meanwhile: its end comes back here."""
-    cdef int sig = <int>ld32_seq(&g_lc_pending)
-    cdef rmap_t* rm
-    cdef c_sigaction dfl
-    if sig == 0 or pthread_mutex_trylock(&g_mutex) != 0:
-        return
-    if ld32_seq(&g_lc_busy) != 0:         # a view being made (no g_mutex): after it
-        pthread_mutex_unlock(&g_mutex)
-        return
-    rm = g_rmaps
-    while rm != NULL:
-        rmap_leave_name(rm)
-        rm = rm.gnext
-    memset(&dfl, 0, sizeof(dfl))
-    dfl.sa_handler = SIG_DFL
-    c_sigaction_call(sig, &dfl, NULL)
-    # to the process: a thread that does not block it dies of it at once; in a handler,
-    # this thread blocks it until the handler returns
-    c_kill(getpid(), sig)
-
-
 cdef void _sigterm_leaves_names() noexcept nogil:
     """Install _sigterm_leave where SIGTERM still has its default action (a handler of the
     program's, Python's included, is left alone). SA_RESTART: a deferred signal (see
@@ -687,7 +662,7 @@ cdef class Region:
         """Create a lock of ``kind`` (a KINDS key or class) named ``name`` in this region.
         FileExistsError if the name is in use, CapacityError past max_locks."""
         self._check_open()
-        i = self._create_entry(name, _kind_code(kind))
+        i = self._create_entry(name, kind_code_of(kind))
         return self._lock_at(i, name)
 
     def _create_entry(self, name, uint32_t code):
@@ -730,7 +705,7 @@ cdef class Region:
             b = shm_body_at(self.rm.base, self.rm.locks_off + slot * self.rm.stride,
                             self.rm.P, slot)
             memset(b.ctl, 0, self.rm.stride)
-            _init_body(&b, code)
+            kind_init_body(&b, code)
             memset(d.name, 0, SHM_NAME_MAX)
             memcpy(d.name, <const char*>bname, len(bname))
             d.kind = code
@@ -750,16 +725,14 @@ cdef class Region:
         return self._lock_at(i, name)
 
     cdef _lock_at(self, uint32_t i, name=None):
+        """The lock object of entry i, made through the kind registry (participants.pxi)."""
         cdef shm_dirent* d = &self.rm.dir[i]
         cdef uint32_t code = ld32_acq(&d.kind)
-        cdef _Lock lk
-        cls = _KIND_BY_CODE.get(code)        # (_core.pyx: built from KINDS)
-        if cls is None:
-            raise CorruptRegionError(f"region {self.name!r}: lock {i} has unknown kind {code}")
-        lk = cls.__new__(cls)
         if name is None:
             name = d.name[:strnlen(d.name, SHM_NAME_MAX - 1)].decode("utf-8", "replace")
-        lk._bind(self, i, name)
+        lk = kind_new_lock(code, self, i, name)
+        if lk is None:
+            raise CorruptRegionError(f"region {self.name!r}: lock {i} has unknown kind {code}")
         return lk
 
     def _describe(self):
@@ -873,17 +846,6 @@ def _check_lock_name(name):
     if not b or b"\x00" in b or len(b) > SHM_NAME_MAX - 1:
         raise ValueError(f"invalid lock name {name!r}: 1 to {SHM_NAME_MAX - 1} bytes, no NUL")
     return b
-
-
-cdef uint32_t _kind_code(kind) except 0:
-    if isinstance(kind, type) and issubclass(kind, _Lock) and kind is not _Lock:
-        kind = kind.kind_name
-    if not isinstance(kind, str):
-        raise TypeError(f"kind must be one of {list(KINDS)} or a lock class, not {kind!r}")
-    try:
-        return KINDS[kind].kind_code
-    except KeyError:
-        raise ValueError(f"unknown lock kind {kind!r}: expected one of {list(KINDS)}") from None
 
 
 def _pid_alive(pid):

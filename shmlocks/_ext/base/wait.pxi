@@ -56,6 +56,7 @@ cdef enum:
     R_NOTREC = -2      # the lock is not recoverable
     R_CORRUPT = -3     # its shared state is corrupt
 
+cdef double _FOREVER_S = 1e9          # timeouts beyond ~31 years mean "wait forever"
 cdef int64_t SPIN_NS = 4000          # first budget: about one cross-core hand-off
 cdef int64_t SPIN_MIN_NS = 200
 cdef int64_t SPIN_MAX_NS = 16000
@@ -114,12 +115,6 @@ cdef struct node_wait_t:   # a queue lock's ready-function context (MCS, CLH)
     shm_qnode* nodes       # the lock's nodes, for the far hint (an id read from shm)
     uint32_t count         # how many: ids 1..count
 
-cdef extern from "Python.h":
-    unsigned long PyThread_get_thread_ident() nogil
-    ctypedef struct PyThreadState
-    PyThreadState* PyEval_SaveThread() nogil
-    void PyEval_RestoreThread(PyThreadState*) nogil
-
 cdef struct wait_t:
     PyThreadState* saved    # the GIL, released by wait_nogil (NULL: not released here)
     int gil                 # 1 while the caller's GIL is still held (see wait_nogil)
@@ -136,8 +131,7 @@ cdef struct wait_t:
     uint32_t backoff        # barging kinds: pauses between polls, doubling to BACKOFF_MAX
                             # (0: FIFO kinds, one pause per poll)
     int64_t dl_next         # when to look for a deadlock next (deadlock.pxi); -1: never
-    void* dl_lock           # the waiting _Lock (borrowed: the acquire holds a reference)
-    uint32_t dl_slot        # its participant slot
+    uint32_t dl_slot        # the waiting participant's slot (in region rm)
     int dl_hit              # 1: a deadlock's victim, withdrawing as on a timeout
     rmap_t* rm              # the waiter's region: hidden while Python code runs (its
                             # re-entry window, participants.pxi); NULL: none
@@ -160,7 +154,6 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
     w.switched = 0
     w.backoff = 0
     w.dl_next = -1
-    w.dl_lock = NULL
     w.dl_slot = 0
     w.dl_hit = 0
     w.rm = NULL

@@ -11,12 +11,10 @@
 
 import threading as _threading
 
-from cpython.exc cimport PyErr_SetObject
-
 cdef int64_t g_dl_timeout_ns = 1000000000    # -1: off
 cdef object g_dl_timeout = 1.0
 cdef int64_t DL_RECHECK_NS = 500000000
-cdef object _dl_local = _threading.local()   # the victim's message, from dl_look to raise
+cdef object _dl_local = _threading.local()   # the victim's cycle, from dl_look to dl_raise
 cdef object _waitgraph = None
 
 
@@ -51,34 +49,34 @@ def get_deadlock_timeout():
     return g_dl_timeout
 
 
-cdef inline void dl_arm(wait_t* w, _Lock lk, uint32_t me, int64_t now) noexcept nogil:
-    """Slow path, before op_step = WAITING: publish since when (`now`) we wait and
-    whether we look for deadlocks, and schedule the first look."""
-    cdef shm_participant* p = &lk.rm.part[me]
+cdef inline void dl_arm(wait_t* w, rmap_t* rm, uint32_t me, int64_t now) noexcept nogil:
+    """Slow path, before op_step = WAITING: publish in participant `me` of region rm (the
+    wait's w.rm) since when (`now`) it waits and whether it looks for deadlocks, and
+    schedule the first look."""
+    cdef shm_participant* p = &rm.part[me]
     st64_rlx(&p.wait_since, <uint64_t>now)
     st32_rlx(&p.detects, g_dl_timeout_ns >= 0)
     if g_dl_timeout_ns >= 0:
         w.dl_next = now + g_dl_timeout_ns
-        w.dl_lock = <void*>lk
         w.dl_slot = me
 
 
 cdef int dl_look(wait_t* w, int64_t now) noexcept with gil:
     """Called with the wait's deadline not yet reached, once w.dl_next has come: is this
-    thread the one member of a cycle that must give up? 1: yes (w.dl_hit set, and the
-    message); 0: no; -1: a signal handler raised meanwhile (left pending, as wait_signals'
-    PyErr_CheckSignals leaves it)."""
+    thread (participant w.dl_slot of region w.rm) the one member of a cycle that must give
+    up? 1: yes (w.dl_hit set, and the cycle kept for dl_raise); 0: no; -1: a signal handler
+    raised meanwhile (left pending, as wait_signals' PyErr_CheckSignals leaves it)."""
     global _waitgraph
-    cdef _Lock lk = <_Lock>w.dl_lock
+    cdef rmap_t* rm = w.rm
     cdef shm_participant* p
     w.dl_next = now + DL_RECHECK_NS
     try:
         if _waitgraph is None:
             from shmlocks import waitgraph
             _waitgraph = waitgraph
-        if lk.rm.base == NULL or w.dl_slot >= lk.rm.P:
+        if rm == NULL or rm.base == NULL or w.dl_slot >= rm.P:
             return 0
-        p = &lk.rm.part[w.dl_slot]
+        p = &rm.part[w.dl_slot]
         me = (ld64_rlx(&p.pidns), ld32_rlx(&p.pid), ld32_rlx(&p.tid), ld64_rlx(&p.tstart))
         c = _waitgraph.snapshot().cycle_from(me)
         if c is None or _waitgraph.victim(c) != me:
@@ -89,11 +87,7 @@ cdef int dl_look(wait_t* w, int64_t now) noexcept with gil:
         if c2 is None or ([(m.thread.key, m.thread.since_ns) for m in c]
                           != [(m.thread.key, m.thread.since_ns) for m in c2]):
             return 0
-        _dl_local.msg = (
-            f"deadlock: this thread (pid {me[1]}, tid {me[2]}) waits for "
-            f"{lk.kind_name} lock {lk._name!r} in a cycle of {len(c2)} threads; it gave up "
-            f"its wait (the last of the cycle to begin waiting) and keeps its locks:\n"
-            + _waitgraph.describe_cycle(c2))
+        _dl_local.found = (me[1], me[2], len(c2), _waitgraph.describe_cycle(c2))
         w.dl_hit = 1
         return 1
     except Exception:
@@ -103,10 +97,18 @@ cdef int dl_look(wait_t* w, int64_t now) noexcept with gil:
         return -1
 
 
-cdef object dl_raise():
-    msg = getattr(_dl_local, "msg", None) or "deadlock: a wait-for cycle"
-    _dl_local.msg = None
-    raise DeadlockError(msg)
+cdef object dl_raise(str kind, str name):
+    """Raise the DeadlockError of the victim of the cycle dl_look found, waiting for
+    `kind` lock `name`."""
+    found = getattr(_dl_local, "found", None)
+    _dl_local.found = None
+    if found is None:
+        raise DeadlockError("deadlock: a wait-for cycle")
+    pid, tid, n, cycle = found
+    raise DeadlockError(
+        f"deadlock: this thread (pid {pid}, tid {tid}) waits for {kind} lock {name!r} in a "
+        f"cycle of {n} threads; it gave up its wait (the last of the cycle to begin "
+        f"waiting) and keeps its locks:\n" + cycle)
 
 
 wait_look = dl_look                # wait_look_due's look (wait.pxi)

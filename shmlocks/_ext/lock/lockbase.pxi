@@ -18,16 +18,8 @@
 # holder identity (ctl.holder, DeadlockError, NotOwnerError), owner_died/mark_consistent/
 # not-recoverable, pickling, close.
 
-from cpython.exc cimport PyErr_Occurred
-from cpython.float cimport PyFloat_AsDouble
-
 cdef object _NEG1 = -1
-cdef double _FOREVER_S = 1e9          # timeouts beyond ~31 years mean "wait forever"
 cdef double _TIMEOUT_MAX = __import__("threading").TIMEOUT_MAX   # larger: OverflowError
-
-
-cdef int _raise_pending() except -1:
-    return -1                          # the exception PyErr_CheckSignals set propagates
 
 
 cdef _raise_code(_Lock lk, int rc):
@@ -36,15 +28,6 @@ cdef _raise_code(_Lock lk, int rc):
             f"lock {lk._name!r} was released without mark_consistent() after its owner died; "
             "it is permanently unusable")
     raise CorruptRegionError(f"lock {lk._name!r}: shared state is corrupt (code {rc})")
-
-
-cdef void _init_body(shm_body* b, uint32_t code) noexcept nogil:
-    cdef kind_ops_t* ops = kind_ops(code)
-    b.ctl.kind = code
-    _robust_mutex_init(&b.ctl.repair.m, 0)
-    if ops != NULL and ops.init != NULL:
-        ops.init(b)
-    b.ctl.magic = SHM_BODY_MAGIC
 
 
 cdef class _Lock:
@@ -72,7 +55,7 @@ cdef class _Lock:
         if type(self) is _Lock:
             raise TypeError("_Lock is abstract: use one of shmlocks.KINDS")
         region = Region._create(name, 1, max_participants, mode, persist,
-                                _kind_code(type(self)))    # its lock made before its name
+                                kind_code_of(type(self)))    # its lock made before its name
         self._bind(region, 0, region.name)
         self._standalone = True
 
@@ -131,7 +114,7 @@ cdef class _Lock:
     cdef _bind(self, Region region, uint32_t i, name):
         cdef rmap_t* rm = region.rm
         cdef shm_body b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
-        cdef uint32_t code = _kind_code(type(self))
+        cdef uint32_t code = kind_code_of(type(self))
         if b.ctl.magic != SHM_BODY_MAGIC or b.ctl.kind != code:
             raise CorruptRegionError(f"region {region.name!r}: lock {name!r} body does not "
                                      "match its directory entry")
@@ -454,7 +437,7 @@ cdef class _Lock:
         wait_init(&w, deadline, &self.b.precs[me].spin_ns)
         w.rm = self.rm                               # hidden while handlers run
         t0 = shm_now_ns()                            # also the wait's start, for stats_waited
-        dl_arm(&w, self, me, t0)                     # the wait record: since when ...
+        dl_arm(&w, self.rm, me, t0)                  # the wait record: since when ...
         shm_op_set(r.op, self._lock1, SHM_OP_WAITING)     # "me waits for this lock"
         crashpoint("lock.wait.waiting")
         outer = shm_recover_deadline                 # (a wait a handler of ours interrupts)
@@ -484,7 +467,7 @@ cdef class _Lock:
             return _raise_pending()                  # never a return value with it set
         if rc == R_TIMEOUT:
             if w.dl_hit:
-                dl_raise()                           # a deadlock's victim (deadlock.pxi)
+                dl_raise(self.kind_name, self._name)     # a deadlock's victim (deadlock.pxi)
             stats_timeout(self.b.ctl)
             return False
         if rc == R_SIGNAL:
@@ -851,6 +834,16 @@ cdef class _Lock:
                 "nodes (state, next, pred, parked, value, round, guess)": nodes,
                 "precs (mine, pred, ticket, abandoned, abandoned_gen, round)": precs,
                 "participants (pid, op_lock, op_step, op_value, generation)": parts}
+
+
+cdef object _lock_bind(type cls, object region, uint32_t index, object name):
+    """The region's way to a lock object (kind_new_lock, participants.pxi)."""
+    cdef _Lock lk = cls.__new__(cls)
+    lk._bind(region, index, name)
+    return lk
+
+
+g_kind_bind = _lock_bind
 
 
 def _open_standalone(cls, name):

@@ -194,6 +194,16 @@ static inline void shm_crashpoint(const char *name) { shm_crashpoint_at(shm_cras
  * the slow path only. */
 static __thread int64_t shm_recover_deadline = -1;
 static __thread int shm_recover_cut = 0;
+static __thread int shm_recover_sig = 0;   /* a handler raised inside a recovery wait */
+static __thread int shm_recovering = 0;    /* inside participant_recover */
+
+/* ---- re-entry windows (docs/design.md §4; participants.pxi window_enter) ----
+ * The regions whose participant this thread hides while Python code runs inside its wait
+ * or recovery, and that participant's registration: a stack, SHM_WINDOW_MAX deep. */
+#define SHM_WINDOW_MAX 8
+static __thread void *shm_win_rm[SHM_WINDOW_MAX];
+static __thread void *shm_win_reg[SHM_WINDOW_MAX];
+static __thread int shm_win_n = 0;
 
 /* ---- the debug trace (SHMLOCKS_DEBUG builds only; nothing at all otherwise) ----
  * shm_trace(what, a, b, c) appends one event to a ring in an anonymous shared mapping that

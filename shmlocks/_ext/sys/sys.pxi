@@ -1,6 +1,7 @@
 # sys.pxi -- every foreign declaration in one place: the layout ABI (shm_layout.h), atomics,
-# futex(2), clocks and crash points (shm_sys.h), the debug build's assertions (shm_debug.h),
-# pthread robust/PI mutexes, mmap.
+# futex(2), clocks, crash points and the per-thread state of waits and recoveries
+# (shm_sys.h), the debug build's assertions (shm_debug.h), pthread robust/PI mutexes, mmap,
+# the CPython calls. The bottom layer: it uses nothing of the core (docs/design.md §1).
 
 from libc.stdint cimport uint32_t, uint64_t, int64_t, int32_t
 from libc.string cimport memset, memcpy, strncmp
@@ -280,6 +281,12 @@ cdef extern from "shm_sys.h" nogil:
     void shm_op_set(uint32_t* op_lock, uint32_t lock1, uint32_t step)
     int64_t shm_recover_deadline
     int shm_recover_cut
+    int shm_recover_sig
+    int shm_recovering
+    enum: SHM_WINDOW_MAX
+    void* shm_win_rm[SHM_WINDOW_MAX]
+    void* shm_win_reg[SHM_WINDOW_MAX]
+    int shm_win_n
     ctypedef struct shm_trace_ent:
         uint64_t seq
         uint64_t what
@@ -312,3 +319,10 @@ cdef extern from "shm_debug.h" nogil:
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals() nogil
+    unsigned long PyThread_get_thread_ident() nogil
+    ctypedef struct PyThreadState
+    PyThreadState* PyEval_SaveThread() nogil
+    void PyEval_RestoreThread(PyThreadState*) nogil
+
+from cpython.exc cimport PyErr_Occurred, PyErr_SetObject
+from cpython.float cimport PyFloat_AsDouble
