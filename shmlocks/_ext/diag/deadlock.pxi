@@ -9,13 +9,72 @@
 # from wait_look_due when a sleep ends at its time (wait.pxi), after the timeout and then
 # every DL_RECHECK_NS.
 
+import _thread
 import threading as _threading
+import signal as _signal
+import sys as _sys
 
 cdef int64_t g_dl_timeout_ns = 1000000000    # -1: off
 cdef object g_dl_timeout = 1.0
 cdef int64_t DL_RECHECK_NS = 500000000
 cdef object _dl_local = _threading.local()   # the victim's cycle, from dl_look to dl_raise
 cdef object _waitgraph = None
+
+
+def _import_graph(done):
+    """Import the wait-for graph on a thread of its own (see _graph), then say so."""
+    try:
+        import shmlocks.waitgraph
+    except BaseException:
+        pass                   # _graph finds it missing: the look fails, the wait goes on
+    finally:
+        done.release()
+
+
+cdef object _graph():
+    """The wait-for graph's module, imported on the first look. Never by the main thread:
+    the import system is not safe against an exception a signal handler raises inside it
+    (CPython 3.11: a raise just after `_imp.acquire_lock()` returns leaks the global import
+    lock, and every other thread's next import then waits forever; issue 28's signal storm
+    hung two waiters that way, importing this module in their first look). The main thread
+    has a thread of its own import it and waits for that, where a handler's raise is
+    clean; other threads never run handlers and import it themselves."""
+    global _waitgraph
+    if _waitgraph is None:
+        if PyThread_get_thread_ident() == g_main_ident:
+            done = _thread.allocate_lock()
+            done.acquire()
+            _thread.start_new_thread(_import_graph, (done,))
+            done.acquire()     # a handler that raises ends the wait here, cleanly
+        else:
+            import shmlocks.waitgraph
+        _waitgraph = _sys.modules["shmlocks.waitgraph"]
+    return _waitgraph
+
+
+cdef bint _from_handler(BaseException e):
+    """Did a signal handler raise `e` (it ran inside the look, on the main thread)? Its
+    traceback then passes through the code of a handler installed now."""
+    codes = set()
+    for sig in _signal.valid_signals():
+        try:
+            h = _signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        for _ in range(4):      # unwrap: partial, bound method, callable object
+            if hasattr(h, "__code__"):
+                codes.add(h.__code__)
+                break
+            h = (getattr(h, "func", None) or getattr(h, "__func__", None)
+                 or getattr(type(h), "__call__", None))
+            if h is None:
+                break
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return 1
+        tb = tb.tb_next
+    return 0
 
 
 def set_deadlock_timeout(seconds):
@@ -66,33 +125,37 @@ cdef int dl_look(wait_t* w, int64_t now) noexcept with gil:
     thread (participant w.dl_slot of region w.rm) the one member of a cycle that must give
     up? 1: yes (w.dl_hit set, and the cycle kept for dl_raise); 0: no; -1: a signal handler
     raised meanwhile (left pending, as wait_signals' PyErr_CheckSignals leaves it)."""
-    global _waitgraph
     cdef rmap_t* rm = w.rm
     cdef shm_participant* p
     w.dl_next = now + DL_RECHECK_NS
     try:
-        if _waitgraph is None:
-            from shmlocks import waitgraph
-            _waitgraph = waitgraph
+        graph = _graph()
         if rm == NULL or rm.base == NULL or w.dl_slot >= rm.P:
             return 0
         p = &rm.part[w.dl_slot]
         me = (ld64_rlx(&p.pidns), ld32_rlx(&p.pid), ld32_rlx(&p.tid), ld64_rlx(&p.tstart))
-        c = _waitgraph.snapshot().cycle_from(me)
-        if c is None or _waitgraph.victim(c) != me:
+        c = graph.snapshot().cycle_from(me)
+        if c is None or graph.victim(c) != me:
             return 0
         # the same cycle a second time, every member still in the same wait: not a
         # snapshot taken across a hand-off
-        c2 = _waitgraph.snapshot().cycle_from(me)
+        c2 = graph.snapshot().cycle_from(me)
         if c2 is None or ([(m.thread.key, m.thread.since_ns) for m in c]
                           != [(m.thread.key, m.thread.since_ns) for m in c2]):
             return 0
-        _dl_local.found = (me[1], me[2], len(c2), _waitgraph.describe_cycle(c2))
+        _dl_local.found = (me[1], me[2], len(c2), graph.describe_cycle(c2))
         w.dl_hit = 1
         return 1
-    except Exception:
-        return 0                   # a look that fails is no deadlock; the wait goes on
-    except BaseException as e:     # KeyboardInterrupt from a handler run during the look
+    except BaseException as e:
+        # A handler that ran during the look (main thread) raised: its exception ends the
+        # wait, as a raise from wait_signals does. Anything else is a look that failed,
+        # which is no deadlock: the wait goes on.
+        try:
+            if isinstance(e, Exception) and (PyThread_get_thread_ident() != g_main_ident
+                                             or not _from_handler(e)):
+                return 0
+        except BaseException as e2:     # a handler raised again, during this check
+            e = e2
         PyErr_SetObject(type(e), e)
         return -1
 
