@@ -71,13 +71,19 @@ try:
         CACHE_LINE,
         KINDS,
         LAYOUT_VERSION,
+        OBJECTS,
+        Barrier,
+        BoundedSemaphore,
         CLHLock,
+        Condition,
+        Event,
         FutexMutex,
         Lock,
         MCSLock,
         PIMutex,
         Region,
         RobustMutex,
+        Semaphore,
         TicketLock,
         _crashpoints,  # noqa: F401 - importable (tests, README), not in __all__
         get_deadlock_timeout,
@@ -85,6 +91,7 @@ try:
     )
     from shmlocks._core import SHM_DIR as _SHM_DIR
     from shmlocks._core import _user_crashpoint as crashpoint
+    from shmlocks.rlock import RLock
 except ModuleNotFoundError as _e:  # pragma: no cover - depends on the install
     if _e.name == "shmlocks._core":
         _other = _installed_elsewhere()
@@ -146,8 +153,13 @@ __all__ = [
     "CACHE_LINE",
     "KINDS",
     "LAYOUT_VERSION",
+    "OBJECTS",
     "Lock",
+    "Barrier",
+    "BoundedSemaphore",
     "CLHLock",
+    "Condition",
+    "Event",
     "CapacityError",
     "CorruptRegionError",
     "DeadlockError",
@@ -160,9 +172,11 @@ __all__ = [
     "NamespaceError",
     "NotOwnerError",
     "PIMutex",
+    "RLock",
     "ReentryError",
     "Region",
     "RobustMutex",
+    "Semaphore",
     "ShmLockError",
     "TicketLock",
     "crashpoint",

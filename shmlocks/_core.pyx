@@ -11,6 +11,8 @@ units before it declare (docs/design.md §1; tests/test_layers.py checks it):
   _ext/diag/    stats, the lockdep hook, the deadlock look
   _ext/lock/    lockbase: the hooks every kind implements, the Python API on them
   _ext/kinds/   queue (what MCS and CLH share), then one unit per algorithm
+  _ext/toolbox/ the synchronization toolbox: its guard, journal and sleep (toolbox), then
+                one unit per primitive (event, semaphore, barrier, condition)
 """
 
 cimport cython
@@ -34,6 +36,11 @@ include "_ext/kinds/clh.pxi"
 include "_ext/kinds/futex.pxi"
 include "_ext/kinds/robust.pxi"
 include "_ext/kinds/pi.pxi"
+include "_ext/toolbox/toolbox.pxi"
+include "_ext/toolbox/event.pxi"
+include "_ext/toolbox/semaphore.pxi"
+include "_ext/toolbox/barrier.pxi"
+include "_ext/toolbox/condition.pxi"
 
 CACHE_LINE = SHM_LINE
 #: how a blocked waiter sleeps (docs/design.md §5): "futex_waitv" (on the lock and on the
@@ -73,6 +80,9 @@ LAYOUT = {
 # The kind registry: each kind's file registers its class and its ops (_register_kind, in
 # base/participants.pxi) as it is included; every other list of kinds is built from this one.
 KINDS = {cls.kind_name: cls for cls in _KIND_CLASSES}
+#: the synchronization toolbox's shared-memory objects (_ext/toolbox/): their `kind`, as
+#: `shmlocks inspect` shows it -> class (BoundedSemaphore is a Semaphore with a bound)
+OBJECTS = {cls.kind_name: cls for cls in _OBJ_BY_CODE.values()}
 #: the public name of every kind's base class, for annotations and isinstance (shmlocks.Lock)
 Lock = _Lock
 

@@ -46,6 +46,12 @@ FUTEX_TID_MASK = _L["futex_tid_mask"]
 _TOKEN_TAKEN = FUTEX_OWNER_DIED | FUTEX_TID_MASK
 NAME_MAX = _L["name_max"]
 KIND_NAMES = {cls.kind_code: name for name, cls in _core.KINDS.items()}
+# the synchronization toolbox's objects: in the directory beside the locks, never held
+OBJECT_NAMES = {cls.kind_code: name for name, cls in _core.OBJECTS.items()}
+_TBWORD = struct.Struct("<IIIIIIQII")  # shm_toolbox.h shm_tbword: seq .. cycle
+_TBREC_WAITING = 28  # shm_tbrec.waiting
+_TB_BOUNDED = 1
+_TB_BARRIER_STATES = ("filling", "draining", "resetting", "broken")
 _CLH = _core.CLHLock.kind_code
 _BODY_READ = _L["body_lines_read"] * LINE  # ctl, word A, word B
 
@@ -97,10 +103,12 @@ class Lock(NamedTuple):
     word_a: int  # u64
     word_b: int  # u64
     clh_node_state: int | None  # the state of the node CLH's tail names, if in range
+    tbword: tuple[int, ...] | None = None  # a toolbox object's word A (shm_tbword)
+    tb_waiting: tuple[int, ...] = ()  # a toolbox object's records: the slots that wait
 
     @property
     def kind(self) -> str | None:
-        return KIND_NAMES.get(self.kind_code)
+        return KIND_NAMES.get(self.kind_code) or OBJECT_NAMES.get(self.kind_code)
 
     @property
     def valid(self) -> bool:
@@ -211,6 +219,14 @@ def _read(fd: int, size: int, name: str) -> Segment:
                 (node_state,) = struct.unpack(
                     "<I", pread_exact(fd, body_off + (3 + t - 1) * LINE, 4)
                 )
+        tbword: tuple[int, ...] | None = None
+        tb_waiting: tuple[int, ...] = ()
+        if d_kind in OBJECT_NAMES:
+            tbword = _TBWORD.unpack_from(body, LINE)
+            recs = pread_exact(fd, body_off + (3 + P + 1) * LINE, P * LINE)
+            tb_waiting = tuple(
+                x for x in range(P) if struct.unpack_from("<I", recs, x * LINE + _TBREC_WAITING)[0]
+            )
         lname = raw[: NAME_MAX - 1].split(b"\0", 1)[0].decode("utf-8", "replace")
         locks.append(
             Lock(
@@ -226,6 +242,8 @@ def _read(fd: int, size: int, name: str) -> Segment:
                 word_a,
                 word_b,
                 node_state,
+                tbword,
+                tb_waiting,
             )
         )
     return Segment(name, size, L, P, cpid, cns, records, locks)
@@ -319,6 +337,27 @@ def _weigh(seg: Segment, lk: Lock, in_use: list[Participant]) -> tuple[bool, int
     return locked, h, stale
 
 
+def object_state(seg: Segment, lk: Lock) -> str:
+    """A toolbox object's state as its ``_state()`` gives it (event.pxi, semaphore.pxi,
+    barrier.pxi, condition.pxi)."""
+    w = lk.tbword or (0,) * 9
+    seq, _parked, value, limit, count, _waiting, _tmo, flags, _cycle = w
+    kind = OBJECT_NAMES.get(lk.kind_code)
+    if kind == "event":
+        return "set" if seq & 1 else "unset"
+    if kind == "semaphore":
+        return f"value={value}/{limit}" if flags & _TB_BOUNDED else f"value={value}"
+    if kind == "barrier":
+        st = _TB_BARRIER_STATES[value] if value < 4 else f"state {value}"
+        return f"{st}, waiters={count if value == 0 else 0}/{limit}"
+    return f"waiters={object_waiters(seg, lk)}"
+
+
+def object_waiters(seg: Segment, lk: Lock) -> int:
+    """Live participants whose record says they sleep in a wait on the object."""
+    return sum(1 for x in lk.tb_waiting if seg.participant(x).state == 1)
+
+
 def describe(seg: Segment) -> dict[str, Any]:
     """What ``Region._describe()`` gives for a mapped region, from the copy: the
     participants in use, and each lock's kind, holder, waiters and flags."""
@@ -330,6 +369,21 @@ def describe(seg: Segment) -> dict[str, Any]:
             raise CorruptRegionError(
                 f"region {seg.name!r}: lock {lk.idx} has unknown kind {lk.kind_code}"
             )
+        if lk.kind_code in OBJECT_NAMES:
+            locks.append(
+                {
+                    "name": lk.name,
+                    "kind": lk.kind,
+                    "locked": False,
+                    "holder": None,
+                    "waiters": object_waiters(seg, lk),
+                    "owner_died": False,
+                    "not_recoverable": False,
+                    "stale_step": False,
+                    "state": object_state(seg, lk),
+                }
+            )
+            continue
         waiters = sum(
             1
             for p in in_use

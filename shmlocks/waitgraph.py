@@ -184,7 +184,7 @@ def _scan_segment(g: Graph, seg: _segment.Segment) -> None:
     for lk in seg.locks:
         if not lk.valid:
             continue
-        ref = refs[lk.idx] = LockRef(name, lk.idx, lk.name, _segment.KIND_NAMES[lk.kind_code])
+        ref = refs[lk.idx] = LockRef(name, lk.idx, lk.name, lk.kind or "?")
         h = seg.holder_slot(lk)
         if h is None:
             continue  # free, out of range, or left by an earlier occupant of the slot

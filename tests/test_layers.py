@@ -9,6 +9,7 @@ each unit), both in one order, bottom layer first. The layers are folders:
     diag   statistics, the lockdep hook, the deadlock look
     lock   _Lock: the Python API on the kind hooks
     kinds  one unit per algorithm (and what the queue locks share)
+    toolbox  the synchronization toolbox: its base, then one unit per primitive
 
 The rule, checked here from the sources (no build needed):
   1. the include lists of _core.pyx and _core.pxd name the layers' folders in that order,
@@ -35,7 +36,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE = os.path.join(ROOT, "shmlocks")
 EXT = os.path.join(CORE, "_ext")
-LAYERS = ["sys", "base", "diag", "lock", "kinds"]
+LAYERS = ["sys", "base", "diag", "lock", "kinds", "toolbox"]
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists(os.path.join(CORE, "_core.pyx")), reason="the core's sources are not here"

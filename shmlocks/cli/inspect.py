@@ -39,7 +39,7 @@ def _render_inspect(d: dict[str, Any]) -> str:
             [
                 lk["name"],
                 lk["kind"],
-                "held" if lk["locked"] else "free",
+                lk.get("state") or ("held" if lk["locked"] else "free"),
                 who(lk.get("holder")) if lk["locked"] else "-",
                 lk["waiters"],
                 flags(lk),

@@ -115,6 +115,35 @@ cdef object kind_new_lock(uint32_t code, object region, uint32_t index, object n
     return g_kind_bind(<type>cls, region, index, name)
 
 
+# The synchronization toolbox's objects (docs/design.md §12) live in the directory beside
+# the locks, with kind codes of their own and entries in the same ops table (their init,
+# and the recovery of a dead participant's part in them), but are not locks: not in KINDS.
+# The toolbox layer registers them (_register_object) and fills g_tb_api with what
+# Region's toolbox methods call, so the region names none of them.
+cdef dict _OBJ_BY_CODE = {}             # object kind code -> its class
+cdef dict g_tb_api = {}                 # Region method name -> the toolbox's function
+
+
+cdef int _register_object(type cls, kind_init_fn init, kind_recover_fn recover,
+                          bint repair) except -1:
+    cdef uint32_t code = cls.kind_code
+    if code == 0 or code > SHM_KIND_MAX or g_kind_ops[code].recover != NULL:
+        raise RuntimeError(f"kind code {code} of {cls.__name__} is out of range or taken")
+    g_kind_ops[code].init = init
+    g_kind_ops[code].recover = recover
+    g_kind_ops[code].repair = repair
+    _OBJ_BY_CODE[code] = cls
+    return 0
+
+
+cdef object kind_new_object(uint32_t code, object region, uint32_t index, object name):
+    """The toolbox object for entry `index` of `region`, or None if `code` is no object's."""
+    cls = _OBJ_BY_CODE.get(code)
+    if cls is None:
+        return None
+    return cls._at(region, index, name)
+
+
 cdef void kind_init_body(shm_body* b, uint32_t code) noexcept nogil:
     """A new lock body of kind `code` (the caller zeroed it): ctl, the repair mutex, then
     the kind's own words (its init)."""

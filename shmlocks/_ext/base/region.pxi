@@ -376,9 +376,11 @@ cdef class Region:
                     raise
 
     @staticmethod
-    def _create(name, max_locks, max_participants, mode, persist, uint32_t first_kind):
+    def _create(name, max_locks, max_participants, mode, persist, uint32_t first_kind,
+                setup=None):
         """create(); with first_kind, the region of a lock class: its one lock ("lock") is
-        made before the name exists, so nobody can open the region without it."""
+        made before the name exists, so nobody can open the region without it. A toolbox
+        object's setup(region, index) fills its body in before then (toolbox.pxi)."""
         n = _gen_name() if name is None else _check_name(name)
         _check_create_args(max_locks, max_participants, mode)
         _hook_exit()
@@ -386,12 +388,13 @@ cdef class Region:
         # (participants.pxi, g_lc_busy): it would otherwise end the process between the two
         lc_enter()
         try:
-            return Region._build(n, max_locks, max_participants, mode, persist, first_kind)
+            return Region._build(n, max_locks, max_participants, mode, persist, first_kind,
+                                 setup)
         finally:
             lc_exit()
 
     @staticmethod
-    def _build(n, uint32_t L, uint32_t P, mode, persist, uint32_t first_kind):
+    def _build(n, uint32_t L, uint32_t P, mode, persist, uint32_t first_kind, setup=None):
         cdef Region self = Region.__new__(Region)
         cdef uint64_t dir_off, part_off, locks_off, stride, total
         cdef uint32_t i
@@ -435,7 +438,7 @@ cdef class Region:
         self._attach(n, base, total, fd)           # the view owns fd and the mapping now
         try:
             if first_kind:
-                self._create_entry("lock", first_kind)
+                self._create_entry("lock", first_kind, setup)
             st32_rel(&h.state, SHM_STATE_READY)    # publish: everything above is visible
             if not named:
                 _link_file(fd, n)
@@ -665,15 +668,15 @@ cdef class Region:
         i = self._create_entry(name, kind_code_of(kind))
         return self._lock_at(i, name)
 
-    def _create_entry(self, name, uint32_t code):
+    def _create_entry(self, name, uint32_t code, setup=None):
         self._check_open()
         rmap_pin(self.rm)                     # the wait below releases the GIL: a close()
         try:                                  # by another thread meanwhile must not unmap
-            return self._create_entry_pinned(name, code)
+            return self._create_entry_pinned(name, code, setup)
         finally:
             rmap_unpin(self.rm)
 
-    def _create_entry_pinned(self, name, uint32_t code):
+    def _create_entry_pinned(self, name, uint32_t code, setup=None):
         cdef uint32_t i
         cdef int rc, slot = -1
         cdef shm_dirent* d
@@ -706,6 +709,8 @@ cdef class Region:
                             self.rm.P, slot)
             memset(b.ctl, 0, self.rm.stride)
             kind_init_body(&b, code)
+            if setup is not None:
+                setup(self, slot)                  # a toolbox object's arguments (toolbox.pxi)
             memset(d.name, 0, SHM_NAME_MAX)
             memcpy(d.name, <const char*>bname, len(bname))
             d.kind = code
@@ -722,12 +727,84 @@ cdef class Region:
         i = self._find(bname)
         if i < 0:
             raise FileNotFoundError(f"no lock named {name!r} in region {self.name!r}")
+        obj = _OBJ_BY_CODE.get(ld32_acq(&self.rm.dir[i].kind))
+        if obj is not None:
+            raise LockKindError(f"{name!r} in region {self.name!r} is a {obj.__name__}, "
+                                f"not a lock (open it with {obj.__name__}.open or "
+                                "Region.open_object)")
         return self._lock_at(i, name)
+
+    # -- the synchronization toolbox (toolbox.pxi): objects in the directory beside locks --
+
+    def open_object(self, name):
+        """Open the toolbox object (Event, Semaphore, BoundedSemaphore, Barrier,
+        Condition) called ``name``, as its stored type. LockKindError if it is a lock."""
+        self._check_open()
+        i = self._find(_check_lock_name(name))
+        if i < 0:
+            raise FileNotFoundError(f"nothing named {name!r} in region {self.name!r}")
+        if ld32_acq(&self.rm.dir[i].kind) not in _OBJ_BY_CODE:
+            raise LockKindError(f"{name!r} in region {self.name!r} is a lock: open it with "
+                                "open_lock (or open_rlock)")
+        return self._lock_at(i, name)
+
+    def create_event(self, name):
+        """Create an Event named ``name`` in this region (not set)."""
+        return g_tb_api["create_event"](self, name)
+
+    def create_semaphore(self, name, value=1, *, bounded=False):
+        """Create a Semaphore (a BoundedSemaphore if ``bounded``) of ``value`` units."""
+        return g_tb_api["create_semaphore"](self, name, value, bounded)
+
+    def create_barrier(self, name, parties, action=None, timeout=None):
+        """Create a Barrier for ``parties`` threads (``action`` is this object's)."""
+        return g_tb_api["create_barrier"](self, name, parties, action, timeout)
+
+    def create_condition(self, name, lock=None):
+        """Create a Condition on ``lock`` (None: a new RLock, entry ``name + ".lock"``
+        of this region)."""
+        if lock is None:
+            lock = self.create_rlock(name + ".lock")
+        return g_tb_api["create_condition"](self, name, lock)
+
+    def create_rlock(self, name, kind="futex"):
+        """Create a lock of ``kind`` named ``name`` and return it as an RLock."""
+        return g_tb_api["rlock"](self.create_lock(name, kind))
+
+    def open_rlock(self, name):
+        """Open lock ``name`` (any kind) as an RLock."""
+        return g_tb_api["rlock"](self.open_lock(name))
+
+    def open_barrier(self, name):
+        """Open Barrier ``name``."""
+        return self._open_as(name, "barrier")
+
+    def open_condition(self, name):
+        """Open Condition ``name``; its lock is opened on first use."""
+        return self._open_as(name, "condition")
+
+    def open_event(self, name):
+        """Open Event ``name``."""
+        return self._open_as(name, "event")
+
+    def open_semaphore(self, name):
+        """Open Semaphore (or BoundedSemaphore) ``name``."""
+        return self._open_as(name, "semaphore")
+
+    def _open_as(self, name, str kind):
+        o = self.open_object(name)
+        if o.kind_name != kind:
+            raise LockKindError(f"{name!r} in region {self.name!r} is a "
+                                f"{type(o).__name__}, not a {kind}")
+        return o
 
     cdef _lock_at(self, uint32_t i, name=None):
         """The lock object of entry i, made through the kind registry (participants.pxi)."""
         cdef shm_dirent* d = &self.rm.dir[i]
         cdef uint32_t code = ld32_acq(&d.kind)
+        obj = kind_new_object(code, self, i, name)
+        if obj is not None:
+            return obj                       # a toolbox object (docs/design.md §12)
         if name is None:
             name = d.name[:strnlen(d.name, SHM_NAME_MAX - 1)].decode("utf-8", "replace")
         lk = kind_new_lock(code, self, i, name)

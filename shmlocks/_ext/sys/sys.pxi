@@ -326,3 +326,60 @@ cdef extern from "Python.h":
 
 from cpython.exc cimport PyErr_Occurred, PyErr_SetObject
 from cpython.float cimport PyFloat_AsDouble
+
+# the synchronization toolbox's views of an object body (docs/design.md §12)
+cdef extern from "shm_toolbox.h" nogil:
+    enum: SHM_KIND_EVENT
+    enum: SHM_KIND_SEMAPHORE
+    enum: SHM_KIND_BARRIER
+    enum: SHM_KIND_CONDITION
+    enum: TB_F_BOUNDED
+    enum: TB_JMAX
+    enum: TB_REF_NONE
+    enum: TB_REF_STANDALONE
+    enum: TB_REF_IN_REGION
+    enum: TB_REF_RLOCK
+    enum: TB_B_FILLING
+    enum: TB_B_DRAINING
+    enum: TB_B_RESETTING
+    enum: TB_B_BROKEN
+
+    ctypedef struct shm_tbword:
+        uint32_t seq
+        uint32_t parked
+        uint32_t value
+        uint32_t limit
+        uint32_t count
+        uint32_t waiting
+        uint64_t timeout_ns
+        uint32_t flags
+        uint32_t cycle
+
+    ctypedef struct shm_tbjent:
+        uint32_t off
+        uint32_t old
+
+    ctypedef struct shm_tbjournal:
+        uint32_t n
+        shm_tbjent e[31]
+
+    ctypedef struct shm_tbref:
+        uint32_t how
+        char region[248]
+        char lock[56]
+
+    ctypedef struct shm_tbrec:
+        uint32_t units
+        uint32_t inside
+        uint32_t member
+        uint32_t ticket
+        uint32_t notified
+        uint32_t parked
+        uint32_t poke
+        uint32_t waiting
+
+    shm_tbword* shm_tb_word(shm_body* b)
+    pthread_mutex_t* shm_tb_guard(shm_body* b)
+    shm_tbjournal* shm_tb_journal(shm_body* b)
+    shm_tbref* shm_tb_ref(shm_body* b)
+    shm_tbrec* shm_tb_rec(shm_body* b, uint32_t p)

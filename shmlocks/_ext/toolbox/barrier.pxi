@@ -1,0 +1,401 @@
+# barrier.pxi -- threading.Barrier in shared memory, broken by a party's death
+# (docs/design.md §12).
+#
+# Invariant (under the guard, toolbox.pxi): the state machine is threading.Barrier's:
+#   value  state: FILLING, DRAINING (released, the waiters leaving), RESETTING, BROKEN
+#   count  threads inside wait(): exactly the participants whose record has `inside`
+#          (arrival sets both in one journaled change, leaving clears both)
+#   limit  parties;  cycle: bumped each time the barrier releases its waiters
+# and every participant that ever waited on it is a member (rec.member = its holder id, so
+# a later occupant of its slot is not). A waiter sleeps on seq (bumped by every change of
+# state) and on the tokens of the other members (up to SHM_WAITV_MAX - 1, else in slices).
+# The action runs in the last arriving thread with the guard let go; arrivals wait for it
+# as they wait for a drain (count stays at parties until it ends).
+# A member's death, seen by its recoverer (under the guard):
+#   [B1] inside, state FILLING: it died in the barrier: BROKEN, and it leaves (count - 1);
+#   [B2] inside, DRAINING or RESETTING: it leaves; the last to leave ends the drain;
+#   [B3] not inside, state FILLING with others inside: it will never arrive: BROKEN;
+#   [B4] not inside, nobody waiting: it just stops being a member (a process replacing it
+#        may take its place, as a new thread would in threading);
+#   [B5] it died holding the guard: its change is undone (tb_undo), then [B1]-[B4].
+# A member that left without dying (its thread ended, or close()) is no longer a member:
+# its token is free, and nothing is recovered.
+
+cdef bint _bar_member(rmap_t* rm, shm_body* b, uint32_t x) noexcept nogil:
+    """Is x a member now (a live or dead occupant of its slot that waited here)?"""
+    cdef uint32_t m = ld32_acq(&shm_tb_rec(b, x).member)
+    return m != 0 and m == participant_hid(rm, x) and participant_state(rm, x) != 0
+
+
+cdef inline void _bar_set_state(shm_body* b, uint32_t st) noexcept nogil:
+    tb_set(b, &shm_tb_word(b).value, st)
+
+
+cdef void _bar_leave(shm_body* b, uint32_t x) noexcept nogil:
+    """threading's _exit for participant x (guard held): leave, and end a drain or a reset
+    if it was the last one in."""
+    cdef shm_tbword* w = shm_tb_word(b)
+    cdef shm_tbrec* r = shm_tb_rec(b, x)
+    if not r.inside:
+        return
+    tb_set(b, &r.inside, 0)
+    if w.count > 0:
+        tb_set(b, &w.count, w.count - 1)
+    if w.count == 0 and (w.value == TB_B_RESETTING or w.value == TB_B_DRAINING):
+        _bar_set_state(b, TB_B_FILLING)
+    tb_bump(b, 0)
+
+
+cdef int _bar_sleep(rmap_t* rm, shm_body* b, uint32_t me, uint32_t s,
+                    int64_t deadline) noexcept nogil:
+    """One sleep on seq (value s) and the other members' tokens: R_CONT, R_TIMEOUT,
+    R_SIGNAL."""
+    cdef shm_tbword* w = shm_tb_word(b)
+    cdef tb_watch_t t
+    cdef uint32_t x
+    cdef int r
+    tb_watch_init(&t, &w.seq, s)
+    for x in range(b.P):
+        if x != me and _bar_member(rm, b, x):
+            if tb_watch(rm, &t, x) == DEP_CHANGED:
+                return R_CONT                   # recovered ([B1]-[B4]): look again
+    st32_rlx(&shm_tb_rec(b, me).waiting, 1)
+    r = tb_sleep(rm, &t, &w.parked, deadline)
+    st32_rlx(&shm_tb_rec(b, me).waiting, 0)
+    return r
+
+
+cdef enum:
+    BAR_PASSED = 1      # released: the index is in *index
+    BAR_BROKEN = 2      # BrokenBarrierError
+    BAR_ACTION = 3      # the last arrival: run the action, then _bar_release
+    BAR_ERR = -3
+
+
+cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t deadline,
+                   bint has_action, uint32_t* index) noexcept nogil:
+    """threading.Barrier.wait up to the action. BAR_PASSED (index set; the thread has left),
+    BAR_ACTION (the last to arrive: inside, the state still FILLING; the caller runs the
+    action then _bar_release), BAR_BROKEN (left), R_SIGNAL (left), BAR_ERR."""
+    global shm_recover_deadline
+    cdef shm_tbword* w = shm_tb_word(b)
+    cdef shm_tbrec* mine = shm_tb_rec(b, me)
+    cdef uint32_t s, cyc
+    cdef int r
+    cdef int64_t outer = shm_recover_deadline
+    shm_recover_deadline = deadline
+    cdef bint joined = 0
+    r = BAR_ERR
+    while True:                                   # _enter: wait for a drain or reset to end
+        if tb_lock(b, -1) != 0:
+            break
+        if mine.member != hid:
+            # a new party: the waiters look again at whom they watch (its token too)
+            tb_set(b, &mine.member, hid)
+            tb_bump(b, 0)
+            joined = 1
+        if w.value == TB_B_DRAINING or w.value == TB_B_RESETTING:
+            s = w.seq
+            tb_unlock(b)
+            r = _bar_sleep(rm, b, me, s, -1)      # threading's _enter waits without timeout
+            if r == R_SIGNAL:
+                break
+            continue
+        if w.value == TB_B_BROKEN:
+            tb_unlock(b)
+            r = BAR_BROKEN
+            break
+        if w.count >= w.limit:                    # the action runs: wait for it as a drain
+            s = w.seq
+            tb_unlock(b)
+            r = _bar_sleep(rm, b, me, s, -1)
+            if r == R_SIGNAL:
+                break
+            continue
+        index[0] = w.count
+        tb_set(b, &w.count, w.count + 1)
+        tb_set(b, &mine.inside, 1)
+        if w.count == w.limit:
+            if has_action:
+                tb_unlock(b)
+                r = BAR_ACTION
+                break
+            _bar_set_state(b, TB_B_DRAINING)      # _release
+            fadd32(&w.cycle, 1)
+            _bar_leave(b, me)
+            tb_bump(b, 0)
+            tb_unlock(b)
+            tb_wake(b, 0x7fffffff)
+            r = BAR_PASSED
+            break
+        cyc = w.cycle
+        if joined:
+            tb_unlock(b)                          # wake them (not under the guard) ...
+            tb_wake(b, 0x7fffffff)
+            joined = 0
+            if tb_lock(b, -1) != 0:               # ... and go on as if just arrived
+                r = BAR_ERR
+                break
+        while True:                               # _wait: until released, reset or broken
+            if w.value != TB_B_FILLING or w.cycle != cyc:
+                break
+            s = w.seq
+            tb_unlock(b)
+            r = _bar_sleep(rm, b, me, s, deadline)
+            if tb_lock(b, -1) != 0:
+                r = BAR_ERR
+                break
+            if r == R_CONT:
+                continue
+            if w.value == TB_B_FILLING and w.cycle == cyc:
+                if r == R_TIMEOUT:                # threading: a timeout breaks the barrier
+                    _bar_set_state(b, TB_B_BROKEN)
+                # (R_SIGNAL: the wait ends with the handler's exception; the barrier is
+                # broken too, as threading's is when its wait is interrupted)
+                else:
+                    _bar_set_state(b, TB_B_BROKEN)
+            break
+        if r == BAR_ERR:
+            break
+        if w.value == TB_B_BROKEN or w.value == TB_B_RESETTING:
+            _bar_leave(b, me)
+            tb_unlock(b)
+            tb_wake(b, 0x7fffffff)
+            r = R_SIGNAL if r == R_SIGNAL else BAR_BROKEN
+            break
+        _bar_leave(b, me)
+        tb_unlock(b)
+        tb_wake(b, 0x7fffffff)
+        r = R_SIGNAL if r == R_SIGNAL else BAR_PASSED
+        break
+    shm_recover_deadline = outer
+    return r
+
+
+cdef int _bar_release(shm_body* b, uint32_t me, bint ok) noexcept nogil:
+    """After the action (ok: it returned): release the waiters, or break the barrier (it
+    raised). BAR_PASSED, BAR_BROKEN (reset or aborted while it ran), BAR_ERR."""
+    cdef shm_tbword* w = shm_tb_word(b)
+    cdef int r = BAR_PASSED
+    if tb_lock(b, -1) != 0:
+        return BAR_ERR
+    if not ok:
+        _bar_set_state(b, TB_B_BROKEN)
+        r = BAR_BROKEN
+    elif w.value == TB_B_FILLING:
+        _bar_set_state(b, TB_B_DRAINING)
+        fadd32(&w.cycle, 1)
+    else:
+        r = BAR_BROKEN
+    _bar_leave(b, me)
+    tb_bump(b, 0)
+    tb_unlock(b)
+    tb_wake(b, 0x7fffffff)
+    return r
+
+
+cdef void _bar_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """Dead participant q ([B1]-[B4]; repair mutex held)."""
+    cdef shm_tbword* w = shm_tb_word(b)
+    cdef shm_tbrec* r = shm_tb_rec(b, q)
+    cdef uint32_t hid = participant_hid(rm, q)
+    st32_rlx(&r.waiting, 0)
+    if ld32_acq(&r.member) == 0 and ld32_acq(&r.inside) == 0:
+        return
+    if tb_recover_lock(rm, b) != 0:
+        return                                   # cut short: left pending
+    if r.inside:
+        if w.value == TB_B_FILLING:
+            _bar_set_state(b, TB_B_BROKEN)       # [B1]
+        _bar_leave(b, q)                         # [B1], [B2]
+    elif r.member == hid and w.value == TB_B_FILLING and w.count > 0:
+        _bar_set_state(b, TB_B_BROKEN)           # [B3]
+    if r.member != 0:
+        tb_set(b, &r.member, 0)                  # [B4]
+    tb_bump(b, 0)
+    tb_unlock(b)
+    tb_wake(b, 0x7fffffff)
+
+
+def _bar_setup(parties, timeout):
+    if isinstance(parties, bool) or not isinstance(parties, int):
+        raise TypeError(f"parties must be an int, not {type(parties).__name__}")
+    if parties < 1:
+        raise ValueError("parties must be >= 1")
+    if parties > 0x7fffffff:
+        raise OverflowError("parties is too large")
+    cdef uint64_t tns = 0
+    if timeout is not None:
+        t = float(timeout)
+        if t != t:
+            raise ValueError("timeout must not be NaN")
+        tns = <uint64_t>(max(t, 0.0) * 1e9) + 1 if t < _FOREVER_S else 0
+
+    def setup(Region region, uint32_t i):
+        cdef shm_body b = shm_body_at(region.rm.base, region.rm.locks_off + i * region.rm.stride,
+                                      region.rm.P, i)
+        cdef shm_tbword* w = shm_tb_word(&b)
+        w.limit = parties
+        w.value = TB_B_FILLING
+        w.timeout_ns = tns
+    return setup
+
+
+cdef class Barrier(_TbObject):
+    """Barrier(parties, action=None, timeout=None) -> a shared-memory ``threading.Barrier``.
+
+    ``wait(timeout=None)`` returns this thread's arrival index (0 .. parties - 1) once
+    ``parties`` threads, of any processes, wait; ``reset()``, ``abort()``, ``parties``,
+    ``n_waiting``, ``broken`` are threading's. A party (a thread that has waited on it
+    once) that dies while others wait, or before it arrives once others wait, breaks it:
+    they get ``threading.BrokenBarrierError`` at once. ``action`` runs in the last thread
+    to arrive; it is this object's (each process gives its own; a pickled Barrier carries
+    a picklable one). ``timeout`` (the default for wait) is the barrier's, shared.
+    ``create(parties, action=None, timeout=None, name=None, *, max_participants=64,
+    mode=0o600, persist=False)``, ``open(name)``, ``close()``, ``unlink()`` as for locks."""
+    kind_name = "barrier"
+    kind_code = SHM_KIND_BARRIER
+    cdef public object _action
+
+    def __init__(self, parties, action=None, timeout=None, name=None, *,
+                 max_participants=64, mode=0o600, persist=False):
+        self._init_standalone(name, max_participants, mode, persist,
+                              _bar_setup(parties, timeout))
+        self._action = action
+
+    @classmethod
+    def create(cls, parties, action=None, timeout=None, name=None, *, max_participants=64,
+               mode=0o600, persist=False):
+        """A new barrier for ``parties`` threads in a segment of its own."""
+        return cls(parties, action, timeout, name, max_participants=max_participants,
+                   mode=mode, persist=persist)
+
+    @property
+    def action(self):
+        return self._action
+
+    def wait(self, timeout=None):
+        """wait(timeout=None) -> int
+
+        Wait until ``parties`` threads wait; returns this one's arrival index. ``timeout``
+        (None: the barrier's default) ends the wait by breaking the barrier.
+        BrokenBarrierError if it is broken, reset, aborted, or a party died."""
+        cdef int64_t deadline
+        cdef reg_t* r
+        cdef uint32_t index = 0
+        cdef uint32_t me, hid
+        cdef int rc
+        cdef uint64_t tns
+        cdef bint has_action = self._action is not None
+        self._check()
+        if timeout is None:
+            tns = ld64_acq(&shm_tb_word(&self.b).timeout_ns)
+            deadline = -1 if tns == 0 else shm_now_ns() + <int64_t>(tns - 1)
+        else:
+            deadline = tb_deadline(timeout)
+        r = self._me()
+        me = r.slot
+        hid = r.hid
+        with nogil:
+            rc = _bar_wait(self.rm, &self.b, me, hid, deadline, has_action, &index)
+        if rc == BAR_ACTION:
+            try:
+                self._action()
+            except BaseException:
+                with nogil:
+                    _bar_release(&self.b, me, 0)
+                raise
+            with nogil:
+                rc = _bar_release(&self.b, me, 1)
+        if rc == BAR_PASSED:
+            return index
+        if rc == BAR_BROKEN:
+            raise _threading.BrokenBarrierError
+        if rc == R_SIGNAL:
+            return _raise_pending()
+        raise CorruptRegionError(f"barrier {self._name!r}: its guard is unusable")
+
+    def reset(self):
+        """Back to the initial state; threads waiting now get BrokenBarrierError."""
+        cdef shm_tbword* w
+        self._check()
+        self._guard()
+        w = shm_tb_word(&self.b)
+        if w.count > 0:
+            if w.value == TB_B_FILLING or w.value == TB_B_BROKEN:
+                _bar_set_state(&self.b, TB_B_RESETTING)
+        else:
+            _bar_set_state(&self.b, TB_B_FILLING)
+        tb_bump(&self.b, 0)
+        tb_unlock(&self.b)
+        tb_wake(&self.b, 0x7fffffff)
+
+    def abort(self):
+        """Break the barrier: waiting and future wait() calls get BrokenBarrierError
+        until reset()."""
+        self._check()
+        self._guard()
+        _bar_set_state(&self.b, TB_B_BROKEN)
+        tb_bump(&self.b, 0)
+        tb_unlock(&self.b)
+        tb_wake(&self.b, 0x7fffffff)
+
+    @property
+    def parties(self):
+        self._check()
+        return ld32_acq(&shm_tb_word(&self.b).limit)
+
+    @property
+    def n_waiting(self):
+        """Threads waiting in the barrier now (a snapshot)."""
+        cdef shm_tbword* w
+        self._check()
+        w = shm_tb_word(&self.b)
+        if ld32_acq(&w.value) == TB_B_FILLING:
+            return ld32_acq(&w.count)
+        return 0
+
+    @property
+    def broken(self):
+        self._check()
+        return ld32_acq(&shm_tb_word(&self.b).value) == TB_B_BROKEN
+
+    def __reduce__(self):
+        self._check()
+        if self._standalone:
+            return (_bar_open, (self._region.name, None, self._action))
+        return (_bar_open, (self._region.name, self._name, self._action))
+
+    def _state(self):
+        w = shm_tb_word(&self.b)
+        names = {TB_B_FILLING: "filling", TB_B_DRAINING: "draining",
+                 TB_B_RESETTING: "resetting", TB_B_BROKEN: "broken"}
+        st = names.get(w.value, f"state {w.value}")
+        return f"{st}, waiters={self.n_waiting}/{w.limit}"
+
+    def __repr__(self):
+        if self._closed or self.rm.closed:
+            return f"<shmlocks.Barrier at {id(self):#x}: closed>"
+        if self.broken:
+            return f"<shmlocks.Barrier at {id(self):#x}: broken>"
+        return (f"<shmlocks.Barrier at {id(self):#x}: "
+                f"waiters={self.n_waiting}/{self.parties}>")
+
+
+def _bar_open(region_name, name, action):
+    if name is None:
+        b = Barrier.open(region_name)
+    else:
+        b = Region.open(region_name).open_object(name)
+    b._action = action
+    return b
+
+
+def _bar_create_in(Region region, name, parties, action, timeout):
+    b = Barrier._new_in(region, name, _bar_setup(parties, timeout))
+    b._action = action
+    return b
+
+
+_register_object(Barrier, tb_init, _bar_recover, 1)
+g_tb_api["create_barrier"] = _bar_create_in

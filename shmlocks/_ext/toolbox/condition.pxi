@@ -1,0 +1,450 @@
+# condition.pxi -- threading.Condition in shared memory, whose waiters never swallow a
+# notification by dying (docs/design.md §12).
+#
+# Invariant (under the guard, toolbox.pxi): a thread inside wait() has a record with a
+# ticket (taken from `value`, the next ticket; 0 = none) and `notified` (0, then 1 once a
+# notify picked it); the record goes when the waiter, notified or timed out, has the lock
+# back ("consumed"). notify(n) picks the n oldest waiters that are alive and not yet
+# notified, sets their `notified` (a single store each: a notifier killed midway notified
+# fewer, as if it died sooner) and wakes each on its own word: no herd. So a notification
+# is in a record until a live waiter has consumed it, and:
+#   [N1] a waiter that dies notified, before consuming it (asleep, or blocked on the lock):
+#        its recoverer passes the notification on to the oldest live waiter not notified;
+#   [N2] a waiter that dies not notified: its record is dropped; notify() never picks a
+#        dead one, so notify(n) reaches n live waiters when there are n;
+#   [N3] a waiter that leaves by an exception (a signal handler's) while notified passes
+#        the notification on too; one that times out notified returns True (it had it);
+#   [N4] one that died holding the guard: its change is undone (tb_undo).
+# For [N1] to be seen at once, the oldest waiter not notified (the one that would inherit
+# the notification) sleeps on its own word, its `poke` word and the tokens of the
+# notified waiters that have not consumed yet: a notify (or a waiter leaving) that changes
+# who that is pokes the new oldest, which looks again. Every waiter watches those tokens
+# as of its last look (up to SHM_WAITV_MAX - 2, else it sleeps in slices).
+
+cdef inline uint32_t _cv_age(shm_tbword* w, uint32_t ticket) noexcept nogil:
+    return w.value - ticket                     # (u32: wraps with the ticket counter)
+
+
+cdef int _cv_oldest(rmap_t* rm, shm_body* b, uint32_t skip) noexcept nogil:
+    """The oldest live waiter not yet notified (not `skip`), or -1 (guard held)."""
+    cdef shm_tbword* w = shm_tb_word(b)
+    cdef shm_tbrec* r
+    cdef uint32_t x, age, best = 0
+    cdef int who = -1
+    for x in range(b.P):
+        if x == skip:
+            continue
+        r = shm_tb_rec(b, x)
+        if r.ticket == 0 or ld32_acq(&r.notified) != 0 or participant_state(rm, x) != 1:
+            continue
+        age = _cv_age(w, r.ticket)
+        if who < 0 or age > best:
+            best = age
+            who = x
+    return who
+
+
+cdef inline void _cv_wake(shm_body* b, uint32_t x) noexcept nogil:
+    shm_futex_wake(&shm_tb_rec(b, x).notified, 1)
+
+
+cdef void _cv_poke_oldest(rmap_t* rm, shm_body* b, uint32_t skip) noexcept nogil:
+    """Tell the oldest waiter not notified to look again at whom it watches."""
+    cdef int x = _cv_oldest(rm, b, skip)
+    if x >= 0:
+        fadd32(&shm_tb_rec(b, x).poke, 1)
+        shm_futex_wake(&shm_tb_rec(b, x).poke, 1)
+
+
+cdef int _cv_enter(shm_body* b, uint32_t me) noexcept nogil:
+    """Take a ticket (the caller holds the user's lock): 0 or R_CORRUPT."""
+    cdef shm_tbword* w = shm_tb_word(b)
+    cdef shm_tbrec* r = shm_tb_rec(b, me)
+    cdef uint32_t t
+    if tb_lock(b, -1) != 0:
+        return R_CORRUPT
+    t = w.value
+    if t == 0:
+        t = 1
+    tb_set(b, &w.value, t + 1)
+    tb_set(b, &r.notified, 0)
+    tb_set(b, &r.ticket, t)
+    tb_unlock(b)
+    return 0
+
+
+cdef int _cv_sleep(rmap_t* rm, shm_body* b, uint32_t me, int64_t deadline) noexcept nogil:
+    """Until notified: R_ACQ, R_TIMEOUT, R_SIGNAL."""
+    global shm_recover_deadline
+    cdef int64_t outer = shm_recover_deadline
+    cdef int r
+    shm_recover_deadline = deadline
+    r = _cv_sleep_loop(rm, b, me, deadline)
+    shm_recover_deadline = outer
+    return r
+
+
+cdef int _cv_sleep_loop(rmap_t* rm, shm_body* b, uint32_t me, int64_t deadline) noexcept nogil:
+    cdef shm_tbrec* mine = shm_tb_rec(b, me)
+    cdef shm_tbrec* r
+    cdef tb_watch_t t
+    cdef uint32_t x, pk
+    cdef int rc
+    cdef bint changed
+    while True:
+        if ld32_seq(&mine.notified):
+            return R_ACQ
+        if deadline == 0:
+            return R_TIMEOUT
+        pk = ld32_seq(&mine.poke)               # before the look at whom to watch
+        tb_watch_init(&t, &mine.notified, 0)
+        tb_watch_word(&t, &mine.poke, pk)
+        changed = 0
+        for x in range(b.P):
+            r = shm_tb_rec(b, x)
+            if x != me and ld32_acq(&r.ticket) != 0 and ld32_acq(&r.notified) != 0:
+                if tb_watch(rm, &t, x) == DEP_CHANGED:
+                    changed = 1                 # [N1] recovered here: look again
+        if changed:
+            continue
+        st32_rlx(&mine.waiting, 1)
+        rc = tb_sleep(rm, &t, &mine.parked, deadline)
+        st32_rlx(&mine.waiting, 0)
+        if ld32_seq(&mine.notified):
+            return R_ACQ
+        if rc != R_CONT:
+            return rc
+
+
+cdef void _cv_pass_on(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """[N1] [N3] q's notification goes to the oldest live waiter not notified (guard held,
+    in the same journaled change as q's record going)."""
+    cdef int y = _cv_oldest(rm, b, q)
+    if y >= 0:
+        tb_set(b, &shm_tb_rec(b, y).notified, 1)
+
+
+cdef int _cv_leave(rmap_t* rm, shm_body* b, uint32_t me, bint passing) noexcept nogil:
+    """The waiter has the lock back: consume its record. 1 if it was notified, 0 if not,
+    R_CORRUPT. `passing`: it leaves by an exception, so a notification goes on ([N3])."""
+    cdef shm_tbrec* r = shm_tb_rec(b, me)
+    cdef int y
+    cdef uint32_t was
+    if tb_lock(b, -1) != 0:
+        return R_CORRUPT
+    was = r.notified
+    if r.ticket != 0:
+        tb_set(b, &r.ticket, 0)
+        tb_set(b, &r.notified, 0)
+    if was and passing:
+        y = _cv_oldest(rm, b, me)
+        if y >= 0:
+            tb_set(b, &shm_tb_rec(b, y).notified, 1)
+            tb_unlock(b)
+            _cv_wake(b, y)
+            return 0
+    tb_unlock(b)
+    if not was:
+        _cv_poke_oldest(rm, b, me)              # the oldest may be someone else now
+    return 1 if was else 0
+
+
+cdef int _cv_notify(rmap_t* rm, shm_body* b, uint64_t n) noexcept nogil:
+    """Notify the n oldest live waiters not yet notified (the caller holds the lock)."""
+    cdef int x
+    cdef uint64_t k = 0
+    if tb_lock(b, -1) != 0:
+        return R_CORRUPT
+    while k < n:
+        x = _cv_oldest(rm, b, 0xffffffff)
+        if x < 0:
+            break
+        st32_seq(&shm_tb_rec(b, x).notified, 1)
+        _cv_wake(b, x)
+        k += 1
+    if k:
+        _cv_poke_oldest(rm, b, 0xffffffff)      # watch the ones just notified
+    tb_unlock(b)
+    return 0
+
+
+cdef void _cv_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """[N1] [N2] dead waiter q (repair mutex held)."""
+    cdef shm_tbrec* r = shm_tb_rec(b, q)
+    cdef int y = -1
+    st32_rlx(&r.waiting, 0)
+    if ld32_acq(&r.ticket) == 0:
+        return
+    if tb_recover_lock(rm, b) != 0:
+        return                                   # cut short: left pending
+    if r.ticket != 0:
+        if r.notified:
+            y = _cv_oldest(rm, b, q)             # [N1]
+            if y >= 0:
+                tb_set(b, &shm_tb_rec(b, y).notified, 1)
+                fadd64(&b.ctl.owner_deaths, 1)   # notifications passed on (stats)
+        tb_set(b, &r.ticket, 0)                  # [N2]
+        tb_set(b, &r.notified, 0)
+    tb_unlock(b)
+    if y >= 0:
+        _cv_wake(b, y)
+        _cv_poke_oldest(rm, b, q)
+
+
+cdef _cv_ref_of(lock):
+    """(how, region name, lock name) for a Condition's lock."""
+    how = 0
+    inner = lock
+    if isinstance(lock, _rlock_class()):
+        how = TB_REF_RLOCK
+        inner = lock.lock
+    if not isinstance(inner, _Lock):
+        return (TB_REF_NONE, b"", b"")
+    if (<_Lock>inner)._standalone:
+        return (how | TB_REF_STANDALONE, inner.region.name.encode(), b"")
+    return (how | TB_REF_IN_REGION, inner.region.name.encode(), inner.name.encode())
+
+
+cdef object _cv_lock_of(shm_body* b, name):
+    """Open the lock a Condition's body names."""
+    cdef shm_tbref* ref = shm_tb_ref(b)
+    cdef uint32_t how = ld32_acq(&ref.how)
+    region = ref.region[:strnlen(ref.region, 247)].decode("utf-8", "replace")
+    lname = ref.lock[:strnlen(ref.lock, SHM_NAME_MAX - 1)].decode("utf-8", "replace")
+    if how & 0xff == TB_REF_STANDALONE:
+        lk = _Lock.open(region)
+    elif how & 0xff == TB_REF_IN_REGION:
+        lk = Region.open(region).open_lock(lname)
+    else:
+        raise ValueError(f"condition {name!r} was made with a lock that is not a shmlocks "
+                         "lock: it cannot be opened by another process")
+    if how & TB_REF_RLOCK:
+        return _rlock_class()._wrap(lk)
+    return lk
+
+
+def _rlock_class():
+    from shmlocks.rlock import RLock
+    return RLock
+
+
+def _cv_setup(lock):
+    how, region, lname = _cv_ref_of(lock)
+    if len(region) > 247 or len(lname) > SHM_NAME_MAX - 1:
+        raise ValueError("the lock's names are too long")
+
+    def setup(Region reg, uint32_t i):
+        cdef shm_body b
+        cdef shm_tbref* ref
+        if reg.rm.P < 4:
+            raise ValueError("a Condition needs max_participants >= 4")
+        b = shm_body_at(reg.rm.base, reg.rm.locks_off + i * reg.rm.stride, reg.rm.P, i)
+        ref = shm_tb_ref(&b)
+        ref.how = how
+        memcpy(ref.region, <const char*>region, len(region))
+        memcpy(ref.lock, <const char*>lname, len(lname))
+    return setup
+
+
+cdef class Condition(_TbObject):
+    """Condition(lock=None) -> a shared-memory ``threading.Condition`` on ``lock``.
+
+    ``lock`` is any shmlocks lock or ``shmlocks.RLock`` (None: a new RLock); ``acquire``,
+    ``release``, ``with``, ``wait(timeout=None)``, ``wait_for(predicate, timeout=None)``,
+    ``notify(n=1)``, ``notify_all()`` are threading's, across processes. A waiter that
+    dies while it waits never swallows a notification: ``notify(n)`` reaches n live
+    waiters (one that was notified and died passes it on). ``create(lock=None,
+    name=None, *, max_participants=64, mode=0o600, persist=False)``, ``open(name)`` (which
+    opens its lock too), ``close()``, ``unlink()``; pickled with its lock."""
+    kind_name = "condition"
+    kind_code = SHM_KIND_CONDITION
+    cdef public object _lock
+    cdef bint _owns_lock
+
+    def __init__(self, lock=None, name=None, *, max_participants=64, mode=0o600,
+                 persist=False):
+        owns = lock is None
+        if owns:
+            lock = _rlock_class()(max_participants=max_participants, mode=mode)
+        try:
+            self._init_standalone(name, max_participants, mode, persist, _cv_setup(lock))
+        except BaseException:
+            if owns:
+                lock.close()
+            raise
+        self._lock = lock
+        self._owns_lock = owns
+
+    @classmethod
+    def create(cls, lock=None, name=None, *, max_participants=64, mode=0o600,
+               persist=False):
+        """A new Condition on ``lock`` (None: a new RLock) in a segment of its own."""
+        return cls(lock, name, max_participants=max_participants, mode=mode, persist=persist)
+
+    cdef object _the_lock(self):
+        if self._lock is None:
+            self._lock = _cv_lock_of(&self.b, self._name)
+            self._owns_lock = True
+        return self._lock
+
+    @property
+    def lock(self):
+        """The lock this condition is used with."""
+        self._check()
+        return self._the_lock()
+
+    def acquire(self, *args, **kwargs):
+        """The lock's acquire()."""
+        return self._the_lock().acquire(*args, **kwargs)
+
+    def release(self):
+        """The lock's release()."""
+        return self._the_lock().release()
+
+    def __enter__(self):
+        return self._the_lock().__enter__()
+
+    def __exit__(self, *args):
+        return self._the_lock().__exit__(*args)
+
+    def _is_owned(self):
+        lk = self._the_lock()
+        if hasattr(lk, "_is_owned"):
+            return lk._is_owned()
+        if lk.acquire(False):                    # threading's test for a plain lock
+            lk.release()
+            return False
+        return True
+
+    def _release_save(self):
+        lk = self._the_lock()
+        if hasattr(lk, "_release_save"):
+            return lk._release_save()
+        lk.release()
+        return None
+
+    def _acquire_restore(self, state):
+        lk = self._the_lock()
+        if hasattr(lk, "_acquire_restore"):
+            lk._acquire_restore(state)
+        else:
+            lk.acquire()
+
+    def wait(self, timeout=None):
+        """wait(timeout=None) -> bool
+
+        Release the lock, sleep until notified (or ``timeout`` seconds), take the lock
+        back: True if notified, False on timeout. RuntimeError if the calling thread does
+        not hold the lock."""
+        cdef int64_t deadline
+        cdef reg_t* r
+        cdef uint32_t me
+        cdef int rc, got
+        cdef bint passing = 1
+        self._check()
+        if not self._is_owned():
+            raise RuntimeError("cannot wait on un-acquired lock")
+        deadline = tb_deadline(timeout)
+        r = self._me()
+        me = r.slot
+        with nogil:
+            rc = _cv_enter(&self.b, me)
+        if rc != 0:
+            raise CorruptRegionError(f"condition {self._name!r}: its guard is unusable")
+        saved = self._release_save()
+        try:
+            with nogil:
+                rc = _cv_sleep(self.rm, &self.b, me, deadline)
+            if rc == R_SIGNAL:
+                _raise_pending()
+            passing = 0
+        finally:
+            try:
+                self._acquire_restore(saved)
+            finally:
+                with nogil:
+                    got = _cv_leave(self.rm, &self.b, me, passing)
+        if got < 0:
+            raise CorruptRegionError(f"condition {self._name!r}: its guard is unusable")
+        return got == 1
+
+    def wait_for(self, predicate, timeout=None):
+        """wait_for(predicate, timeout=None): wait until predicate() is true (checked with
+        the lock held), at most ``timeout`` seconds; returns its last value."""
+        endtime = None
+        waittime = timeout
+        result = predicate()
+        while not result:
+            if waittime is not None:
+                if endtime is None:
+                    endtime = _time.monotonic() + waittime
+                else:
+                    waittime = endtime - _time.monotonic()
+                    if waittime <= 0:
+                        break
+            self.wait(waittime)
+            result = predicate()
+        return result
+
+    def notify(self, n=1):
+        """Wake up to ``n`` live waiters, oldest first. RuntimeError if the calling thread
+        does not hold the lock."""
+        cdef uint64_t nn
+        cdef int rc
+        self._check()
+        if not self._is_owned():
+            raise RuntimeError("cannot notify on un-acquired lock")
+        if n <= 0:
+            return
+        nn = min(n, 0xffffffff)
+        with nogil:
+            rc = _cv_notify(self.rm, &self.b, nn)
+        if rc != 0:
+            raise CorruptRegionError(f"condition {self._name!r}: its guard is unusable")
+
+    def notify_all(self):
+        """Wake every waiter."""
+        self.notify(0xffffffff)
+
+    notifyAll = notify_all
+
+    def close(self):
+        """Detach; a lock this object opened or made itself is closed too."""
+        if not self._closed and self._owns_lock and self._lock is not None:
+            self._lock.close()
+        _TbObject.close(self)
+
+    def __reduce__(self):
+        self._check()
+        return (_cv_open, (self._region.name, None if self._standalone else self._name,
+                           self._the_lock()))
+
+    def _state(self):
+        return f"waiters={self._waiters()}"
+
+    def __repr__(self):
+        if self._closed or self.rm.closed:
+            return f"<shmlocks.Condition at {id(self):#x}: closed>"
+        return f"<shmlocks.Condition({self._lock!r}, {self._waiters()})>"
+
+
+def _cv_open(region_name, name, lock):
+    cdef Condition c
+    if name is None:
+        c = Condition.open(region_name)
+    else:
+        c = Region.open(region_name).open_object(name)
+    c._lock = lock
+    c._owns_lock = False
+    return c
+
+
+def _cv_create_in(Region region, name, lock):
+    c = Condition._new_in(region, name, _cv_setup(lock))
+    c._lock = lock
+    return c
+
+
+_register_object(Condition, tb_init, _cv_recover, 1)
+g_tb_api["create_condition"] = _cv_create_in
+g_tb_api["rlock"] = lambda lock: _rlock_class()._wrap(lock)

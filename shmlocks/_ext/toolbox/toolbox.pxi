@@ -1,0 +1,456 @@
+# toolbox.pxi -- what the synchronization toolbox's objects share (docs/design.md §12):
+# Event, Semaphore, BoundedSemaphore, Barrier and Condition live in a region's directory
+# beside its locks, each with its own kind code (shm_toolbox.h), and a dead participant's
+# part in them is undone by the participant-recovery driver that recovers locks
+# (participants.pxi _participant_recover, through the kind-ops table).
+#
+# Invariant: an object's shared state (word A, shm_tbword, and the participants' records,
+# shm_tbrec) changes only under its guard, a robust pthread mutex (word B), and every
+# change of more than one word is journaled (tb_set: the word's offset and old value,
+# then the store), so the state is always either before or after a whole change:
+#   - a thread killed holding the guard leaves the journal; the next thread to take the
+#     guard gets EOWNERDEAD and undoes the change (tb_undo), which its maker never saw
+#     return, before anything reads the state;
+#   - a participant killed at any other point has a record that says exactly what it had
+#     (units, being inside a barrier, a condition ticket): the recoverer that takes its
+#     token gives those back, under the guard (each object's *_recover).
+# Waiting: nobody sleeps holding the guard. A waiter reads what it waits on under the
+# guard (the futex word's value), lets go, announces itself (parked), and sleeps in one
+# futex_waitv on that word and on the liveness tokens of the participants whose death
+# would change what it waits for (tb_watch, up to SHM_WAITV_MAX - 1 of them): their death
+# wakes it and it recovers them (participant_try_recover). The waker changes the state,
+# changes the word, lets go of the guard, then wakes if parked != 0. With more tokens to
+# watch than fit, or no futex_waitv, it sleeps a PARK_SLICE_NS slice and looks again.
+
+
+cdef enum:
+    TB_WATCH_MAX = SHM_WAITV_MAX
+    R_BOUND = -10                 # a bounded semaphore released past its initial value
+
+cdef int64_t TB_GUARD_SLICE_NS = 100000000
+
+
+# ---- the guard and its journal ----
+
+cdef inline uint64_t tb_body_bytes(shm_body* b) noexcept nogil:
+    return shm_body_lines(b.P) * SHM_LINE
+
+
+cdef void tb_undo(shm_body* b) noexcept nogil:
+    """A thread died holding the guard: put back every word its change had journaled,
+    newest first. Offsets come from shared memory: only word A and the records are ever
+    written back, each offset checked."""
+    cdef shm_tbjournal* j = shm_tb_journal(b)
+    cdef uint32_t n = ld32_acq(&j.n)
+    cdef uint32_t off
+    cdef uint64_t lo_rec = (SHM_BODY_NODES + <uint64_t>b.P + 1) * SHM_LINE
+    cdef uint64_t hi = tb_body_bytes(b)
+    if n > TB_JMAX:
+        n = TB_JMAX
+    while n > 0:
+        n -= 1
+        off = j.e[n].off
+        if off % 4 != 0:
+            continue
+        if ((SHM_LINE <= off and off + 4 <= 2 * SHM_LINE)
+                or (lo_rec <= off and off + 4 <= hi)):
+            st32_seq(<uint32_t*>(<char*>b.ctl + off), j.e[n].old)
+    st32_seq(&j.n, 0)
+
+
+cdef inline void tb_set(shm_body* b, uint32_t* p, uint32_t v) noexcept nogil:
+    """Under the guard: journal *p's old value, then store v (docs/design.md §12)."""
+    cdef shm_tbjournal* j = shm_tb_journal(b)
+    cdef uint32_t n = j.n
+    dassert(n < TB_JMAX, "toolbox: a change fits the journal")
+    if n < TB_JMAX:
+        j.e[n].off = <uint32_t>(<char*>p - <char*>b.ctl)
+        j.e[n].old = ld32_rlx(p)
+        st32_seq(&j.n, n + 1)              # the entry is there before the store
+    st32_seq(p, v)
+
+
+cdef int tb_lock(shm_body* b, int64_t until) noexcept nogil:
+    """Take the object's guard by `until` (-1: no end): 0, ETIMEDOUT, or an error (a
+    mutex that is not one of ours). After its holder's death, undo its change first."""
+    cdef pthread_mutex_t* m = shm_tb_guard(b)
+    cdef int rc = pm_trylock(m, 0)
+    cdef int64_t end
+    cdef timespec ts
+    while rc == EBUSY:
+        end = shm_now_ns() + TB_GUARD_SLICE_NS
+        if 0 <= until < end:
+            end = until
+        ts = shm_ts_of_ns(end)
+        rc = pm_clocklock(m, 0, &ts)
+        if rc == ETIMEDOUT:
+            if 0 <= until <= shm_now_ns():
+                return ETIMEDOUT
+            rc = EBUSY
+    if rc == EOWNERDEAD:
+        tb_undo(b)
+        pm_consistent(m, 0)
+        rc = 0
+    elif rc == 0 and ld32_acq(&shm_tb_journal(b).n) != 0:
+        tb_undo(b)                         # (a guard made consistent by a recoverer that died)
+    return rc
+
+
+cdef inline void tb_unlock(shm_body* b) noexcept nogil:
+    """Commit the change (empty the journal) and let go of the guard."""
+    st32_seq(&shm_tb_journal(b).n, 0)
+    pm_unlock(shm_tb_guard(b), 0)
+
+
+cdef void tb_init(shm_body* b) noexcept nogil:
+    _robust_mutex_init(shm_tb_guard(b), 0)
+
+
+cdef inline void tb_bump(shm_body* b, int n) noexcept nogil:
+    """After a change a waiter waits for (guard held): change the word it sleeps on. The
+    caller wakes after letting go of the guard (tb_wake)."""
+    fadd32(&shm_tb_word(b).seq, 1)
+
+
+cdef inline void tb_wake(shm_body* b, int n) noexcept nogil:
+    if ld32_seq(&shm_tb_word(b).parked) != 0:
+        shm_futex_wake(&shm_tb_word(b).seq, n)
+
+
+# ---- sleeping on a word and on participants' lives ----
+
+cdef struct tb_watch_t:
+    watch_t ws
+    uint32_t slots[TB_WATCH_MAX]   # whose token ws.words[i] is (i >= 1)
+    int full                       # a token did not fit: sleep a slice
+
+
+cdef inline void tb_watch_init(tb_watch_t* t, uint32_t* word, uint32_t val) noexcept nogil:
+    t.ws.words[0] = word
+    t.ws.vals[0] = val
+    t.ws.n = 1
+    t.ws.token = -1
+    t.full = 0
+    t.slots[0] = 0xffffffff
+
+
+cdef inline void tb_watch_word(tb_watch_t* t, uint32_t* word, uint32_t val) noexcept nogil:
+    """Also sleep on word while it holds val (not a token: no death to look for)."""
+    if t.ws.n < SHM_WAITV_MAX:
+        t.slots[t.ws.n] = 0xffffffff
+        watch_word(&t.ws, word, val)
+
+
+cdef int tb_watch(rmap_t* rm, tb_watch_t* t, uint32_t slot) noexcept nogil:
+    """Also sleep until participant `slot` dies. DEP_ARMED (watched, or nothing to watch: a
+    free slot); DEP_CHANGED: it is dead, and recovered here (never call this holding a
+    guard: the recovery takes them); DEP_UNKNOWN: the set is full (t.full)."""
+    cdef watch_t* ws = &t.ws
+    cdef uint32_t* tw
+    cdef uint32_t v, seen
+    if slot >= rm.P:
+        return DEP_ARMED
+    tw = <uint32_t*>&rm.part[slot].token.m
+    v = ld32_seq(tw)
+    while True:
+        if (v & FUTEX_OWNER_DIED_) or ((v & FUTEX_TID_MASK_) == 0
+                                       and ld32_acq(&rm.part[slot].pending)):
+            participant_try_recover(rm, slot)
+            return DEP_CHANGED
+        if (v & FUTEX_TID_MASK_) == 0:
+            return DEP_ARMED                     # it left: nothing to wait for
+        if ws.n >= SHM_WAITV_MAX:
+            t.full = 1
+            return DEP_UNKNOWN
+        if v & FUTEX_WAITERS_:
+            break
+        seen = cmpxchg32(tw, v, v | FUTEX_WAITERS_)
+        if seen == v:
+            v = v | FUTEX_WAITERS_
+            break
+        v = seen
+    if ws.token < 0:
+        ws.token = ws.n                          # the one our robust list names (wait.pxi)
+    t.slots[ws.n] = slot
+    watch_word(ws, tw, v)
+    return DEP_ARMED
+
+
+cdef bint tb_signals() noexcept nogil:
+    """Run Python's signal handlers if this is the thread that runs them; 1 if one raised.
+    (No step is published while a toolbox object waits: nothing to hide, wait.pxi's
+    re-entry window is not needed.)"""
+    cdef int r
+    if PyThread_get_thread_ident() != g_main_ident:
+        return 0
+    with gil:
+        r = PyErr_CheckSignals() < 0
+    return r
+
+
+cdef int tb_sleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline) noexcept nogil:
+    """One sleep on t's words until one changes, a watched participant dies, the deadline,
+    or (main thread) a signal: R_CONT (look again), R_TIMEOUT, R_SIGNAL. A death seen on
+    waking is recovered here, which wakes everyone else who watched it."""
+    global shm_recover_sig
+    cdef watch_t* ws = &t.ws
+    cdef int r, i
+    cdef int64_t until = deadline
+    cdef int64_t s
+    fadd32(parked, 1)                            # announce (SC), then re-check the word
+    if ld32_seq(ws.words[0]) != ws.vals[0]:
+        fsub32(parked, 1)
+        return R_CONT
+    if tb_signals():
+        fsub32(parked, 1)
+        return R_SIGNAL
+    if t.full or not g_wait_waitv:
+        s = shm_now_ns() + PARK_SLICE_NS
+        if until < 0 or s < until:
+            until = s
+    r = park_sleep(ws, until)
+    fsub32(parked, 1)
+    for i in range(1, ws.n):
+        if t.slots[i] < rm.P and ld32_seq(ws.words[i]) & FUTEX_OWNER_DIED_:
+            participant_try_recover(rm, t.slots[i])
+            if shm_recover_sig:
+                shm_recover_sig = 0
+                return R_SIGNAL
+    if r == -EINTR and tb_signals():
+        return R_SIGNAL
+    if deadline >= 0 and shm_now_ns() >= deadline:
+        return R_TIMEOUT
+    return R_CONT
+
+
+cdef bint tb_sweep(rmap_t* rm, shm_body* b, bint (*has)(shm_body*, uint32_t) noexcept nogil,
+                   uint32_t me) noexcept nogil:
+    """Recover every dead participant that `has` a part in the object (a non-blocking call
+    that would fail because of them). 1 if one was recovered."""
+    cdef uint32_t x
+    cdef bint any = 0
+    for x in range(b.P):
+        if x != me and has(b, x) and participant_dead(rm, x):
+            participant_try_recover(rm, x)
+            any = 1
+    return any
+
+
+# ---- timeouts, as threading takes them ----
+
+cdef int64_t tb_deadline(timeout) except -2:
+    """threading's timeout: None waits forever, <= 0 does not wait; a number beyond
+    threading.TIMEOUT_MAX is OverflowError, NaN ValueError. -1 (forever), 0 (now), or an
+    absolute CLOCK_MONOTONIC deadline in ns."""
+    cdef double t
+    if timeout is None:
+        return -1
+    if isinstance(timeout, (str, bytes)):
+        raise TypeError(f"timeout must be a number, not {type(timeout).__name__}")
+    t = PyFloat_AsDouble(timeout)
+    if t != t:
+        raise ValueError("timeout must not be NaN")
+    if t <= 0:
+        return 0
+    if t > _TIMEOUT_MAX:
+        raise OverflowError("timeout value is too large")
+    if t >= _FOREVER_S:
+        return -1
+    return shm_now_ns() + <int64_t>(t * 1e9)
+
+
+# ---- the Python base ----
+
+cdef class _TbObject:
+    """Base of the toolbox's shared-memory objects; not instantiated directly."""
+    cdef Region _region
+    cdef rmap_t* rm
+    cdef shm_body b
+    cdef bint _closed
+    cdef bint _standalone
+    cdef str _name
+    cdef object __weakref__
+
+    kind_name = None              # what `shmlocks inspect` shows as its kind
+    kind_code = 0
+
+    @classmethod
+    def _pick(cls, uint32_t flags):
+        """The class of an entry of this kind whose word A has these flags."""
+        return cls
+
+    @classmethod
+    def _at(cls, Region region, uint32_t i, name=None):
+        """The object of directory entry i of region (region.pxi _lock_at), as its stored
+        type says."""
+        cdef _TbObject o
+        cdef shm_body b = shm_body_at(region.rm.base, region.rm.locks_off + i * region.rm.stride,
+                                      region.rm.P, i)
+        real = cls._pick(ld32_acq(&shm_tb_word(&b).flags))
+        o = real.__new__(real)
+        if name is None:
+            d = &region.rm.dir[i]
+            name = d.name[:strnlen(d.name, SHM_NAME_MAX - 1)].decode("utf-8", "replace")
+        o._bind(region, i, name)
+        return o
+
+    cdef _bind(self, Region region, uint32_t i, name):
+        cdef rmap_t* rm = region.rm
+        cdef shm_body b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
+        if b.ctl.magic != SHM_BODY_MAGIC or b.ctl.kind != self.kind_code:
+            raise CorruptRegionError(f"region {region.name!r}: {name!r} body does not "
+                                     "match its directory entry")
+        self._region = region
+        self.rm = rm
+        self.b = b
+        self._name = name
+        self._closed = False
+        self._standalone = False
+
+    def _init_standalone(self, name, max_participants, mode, persist, setup):
+        """Make a segment holding just this object (its entry made, and set up, before
+        the name exists) and bind to it."""
+        region = Region._create(name, 1, max_participants, mode, persist, self.kind_code,
+                                setup)
+        self._bind(region, 0, region.name)
+        self._standalone = True
+
+    @classmethod
+    def _new_in(cls, Region region, name, setup):
+        i = region._create_entry(name, cls.kind_code, setup)
+        return cls._at(region, i, name)
+
+    @classmethod
+    def open(cls, name):
+        """Attach to an existing one (the one object of segment ``name``) from any process.
+        LockKindError if the segment holds something else."""
+        cdef _TbObject o
+        region = Region.open(name)
+        try:
+            names = region.lock_names()
+            if len(names) != 1:
+                raise LockKindError(f"{region.name!r} holds {len(names)} objects, not a "
+                                    f"single {cls.__name__}: open it with "
+                                    f"shmlocks.Region.open({region.name!r}).open_object(name)")
+            o = region.open_object(names[0])
+            if not isinstance(o, cls):
+                raise LockKindError(f"{region.name!r} holds a {type(o).__name__}, "
+                                    f"not a {cls.__name__}")
+        except BaseException:
+            region.close()
+            raise
+        o._standalone = True
+        o._name = region.name
+        return o
+
+    cdef reg_t* _me(self) except NULL:
+        cdef reg_t* r
+        self._check()
+        r = reg_lookup(self.rm)
+        if r == NULL:
+            r = reg_register(self.rm)
+        return r
+
+    cdef int _check(self) except -1:
+        if self._closed or self.rm.closed:
+            raise ValueError(f"{type(self).__name__} {self._name!r} is closed")
+        return 0
+
+    cdef int _guard(self) except -1:
+        """Take the guard (with the GIL released while it waits)."""
+        cdef int rc
+        with nogil:
+            rc = tb_lock(&self.b, -1)
+        if rc != 0:
+            raise CorruptRegionError(f"{type(self).__name__} {self._name!r}: its guard is "
+                                     f"not a usable mutex ({rc})")
+        return 0
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def region(self):
+        return self._region
+
+    @property
+    def kind(self):
+        return self.kind_name
+
+    def close(self):
+        """Detach this object; one made by create()/open() also closes its segment."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._standalone:
+            self._region.close()
+
+    def unlink(self):
+        """Remove the segment's name now; mapped views go on working."""
+        self._region.unlink()
+
+    def __reduce__(self):
+        self._check()
+        if self._standalone:
+            return (_tb_open_standalone, (type(self), self._region.name))
+        return (_tb_open_in_region, (self._region.name, self._name))
+
+    def stats(self):
+        """A snapshot of the object's state (its counters: _describe)."""
+        self._check()
+        return {}
+
+    def reset_stats(self):
+        self._check()
+
+    cdef int _waiters(self) noexcept nogil:
+        """Live participants whose record says they sleep in a wait here (a snapshot)."""
+        cdef uint32_t i
+        cdef int n = 0
+        for i in range(self.b.P):
+            if (ld32_acq(&shm_tb_rec(&self.b, i).waiting)
+                    and participant_state(self.rm, i) == 1):
+                n += 1
+        return n
+
+    def _state(self):
+        return ""
+
+    def _describe(self):
+        """As a lock's _describe (inspect), plus ``state``: never held, no owner."""
+        self._check()
+        return {"name": self._name, "kind": self.kind_name, "locked": False, "holder": None,
+                "waiters": self._waiters(), "owner_died": False, "not_recoverable": False,
+                "stale_step": False, "state": self._state()}
+
+    def _raw(self):
+        cdef shm_tbword* w = shm_tb_word(&self.b)
+        cdef uint32_t i
+        cdef shm_tbrec* r
+        self._check()
+        recs = []
+        for i in range(self.b.P):
+            r = shm_tb_rec(&self.b, i)
+            recs.append((r.units, r.inside, r.member, r.ticket, r.notified, r.waiting))
+        return {"seq": w.seq, "parked": w.parked, "value": w.value, "limit": w.limit,
+                "count": w.count, "cycle": w.cycle, "journal": shm_tb_journal(&self.b).n,
+                "recs (units, inside, member, ticket, notified, waiting)": recs}
+
+
+def _tb_open_standalone(cls, name):
+    return cls.open(name)
+
+
+def _tb_open_in_region(region_name, name):
+    return Region.open(region_name).open_object(name)
+
+
+cdef int tb_recover_lock(rmap_t* rm, shm_body* b) noexcept nogil:
+    """A recovery takes the guard by the recoverer's deadline (at most 2 s: participants.pxi
+    recover_until); cut short, the participant is left pending for the next one."""
+    global shm_recover_cut
+    cdef int rc = tb_lock(b, recover_until(2000000000))
+    if rc != 0:
+        shm_recover_cut = 1
+    return rc

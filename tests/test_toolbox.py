@@ -1,0 +1,676 @@
+"""The synchronization toolbox behaves as threading's primitives do (the behaviours
+CPython's Lib/test/lock_tests.py checks, in this project's own tests), across threads and
+across processes (fork and spawn), and has the lifecycle of locks (README "The
+synchronization toolbox"; docs/design.md §12)."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import pytest
+from support.common import shm_exists, uniq
+
+import shmlocks
+from shmlocks import _segment
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _until(pred, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def _threads(n, target, *args):
+    ts = [threading.Thread(target=target, args=args) for _ in range(n)]
+    for t in ts:
+        t.start()
+    return ts
+
+
+def _join(ts, timeout=20):
+    for t in ts:
+        t.join(timeout)
+        assert not t.is_alive()
+
+
+@pytest.fixture
+def made():
+    """Objects this test makes, closed at teardown (their names unlinked)."""
+    objs = []
+    yield objs
+    for o in reversed(objs):
+        try:
+            o.close()
+        except Exception:
+            pass
+
+
+# --------------------------------------------------------------------------- RLock
+
+
+@pytest.mark.parametrize("kind", shmlocks.KINDS)
+def test_rlock_reenters_and_counts(kind, made):
+    rl = shmlocks.RLock(kind, uniq("rl"))
+    made.append(rl)
+    assert rl._recursion_count() == 0 and not rl._is_owned()
+    for depth in (1, 2, 3):
+        assert rl.acquire()
+        assert rl._recursion_count() == depth
+    with rl:
+        assert rl._recursion_count() == 4
+    for depth in (2, 1, 0):
+        rl.release()
+        assert rl._recursion_count() == depth
+    assert not rl.locked()
+    with pytest.raises(RuntimeError):
+        rl.release()
+    with pytest.raises(RuntimeError):
+        rl._release_save()
+
+
+def test_rlock_other_thread_cannot_release_nor_enter(made):
+    rl = shmlocks.RLock("ticket", uniq("rl"))
+    made.append(rl)
+    rl.acquire()
+    seen = {}
+
+    def other():
+        seen["owned"] = rl._is_owned()
+        seen["count"] = rl._recursion_count()
+        seen["try"] = rl.acquire(False)
+        try:
+            rl.release()
+        except RuntimeError:
+            seen["release"] = "RuntimeError"
+        seen["timed"] = rl.acquire(timeout=0.05)
+
+    _join(_threads(1, other))
+    assert seen == {
+        "owned": False,
+        "count": 0,
+        "try": False,
+        "release": "RuntimeError",
+        "timed": False,
+    }
+    rl.release()
+    with pytest.raises(ValueError):
+        rl.acquire(False, 1)
+    assert "unlocked" in repr(rl) and "locked" in repr(rl)
+
+
+def _rlock_child(rl):
+    got = rl.acquire(timeout=0.05)
+    return got
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_rlock_excludes_another_process(procs, method, made):
+    rl = shmlocks.RLock("mcs", uniq("rl"))
+    made.append(rl)
+    with rl, rl:
+        assert procs.call(_rlock_child, rl, method=method) is False
+    assert procs.call(_rlock_child, rl, method=method) is True  # (it exits holding it)
+
+
+# --------------------------------------------------------------------------- Event
+
+
+def test_event_set_clear_wait(made):
+    ev = shmlocks.Event(uniq("ev"))
+    made.append(ev)
+    assert not ev.is_set()
+    ev.set()
+    ev.set()
+    assert ev.is_set() and ev.wait() and ev.wait(0)
+    ev.clear()
+    ev.clear()
+    assert not ev.is_set()
+    t0 = time.monotonic()
+    assert ev.wait(0.2) is False
+    assert 0.15 < time.monotonic() - t0 < 2
+    assert ev.wait(0) is False and ev.wait(-1) is False
+    assert "unset" in repr(ev)
+
+
+def test_event_wakes_every_waiter_even_if_cleared_at_once(made):
+    ev = shmlocks.Event(uniq("ev"))
+    made.append(ev)
+    res = []
+    ts = _threads(5, lambda: res.append(ev.wait(20)))
+    _until(lambda: ev._raw()["parked"] == 5, what="five waiters asleep")
+    ev.set()
+    ev.clear()  # before they ran: each still returns True (threading's gh-57711)
+    _join(ts)
+    assert res == [True] * 5
+
+
+def _ev_child(ev, go):
+    go.set()
+    return ev.wait(20)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_event_across_processes(procs, method, made):
+    ev = shmlocks.Event(uniq("ev"))
+    go = shmlocks.Event(uniq("go"))
+    made += [ev, go]
+    result = []
+    t = threading.Thread(target=lambda: result.append(procs.call(_ev_child, ev, go, method=method)))
+    t.start()
+    assert go.wait(30)
+    time.sleep(0.1)
+    ev.set()
+    t.join(30)
+    assert result == [True]
+
+
+# ------------------------------------------------------------------------ Semaphore
+
+
+@pytest.mark.parametrize("cls", [shmlocks.Semaphore, shmlocks.BoundedSemaphore])
+def test_semaphore_counts(cls, made):
+    with pytest.raises(ValueError):
+        cls(-1, uniq("sem"))
+    s = cls(2, uniq("sem"))
+    made.append(s)
+    assert s.acquire() and s.acquire(False)
+    assert s.acquire(False) is False
+    t0 = time.monotonic()
+    assert s.acquire(timeout=0.2) is False
+    assert 0.15 < time.monotonic() - t0 < 2
+    with pytest.raises(ValueError):
+        s.acquire(False, timeout=1)
+    s.release()
+    assert s.acquire(timeout=0.01)
+    s.release(2)
+    with s:
+        assert s.acquire(False)
+        s.release()
+        with s:
+            assert s.acquire(False) is False
+    with pytest.raises(TypeError), s:
+        raise TypeError
+    assert s.value == 2
+    with pytest.raises(ValueError):
+        s.release(0)
+
+
+def test_semaphore_unbounded_and_bounded_release(made):
+    s = shmlocks.Semaphore(1, uniq("sem"))
+    b = shmlocks.BoundedSemaphore(1, uniq("bsem"))
+    made += [s, b]
+    s.release()
+    assert s.value == 2
+    assert "value=2" in repr(s)
+    with pytest.raises(ValueError):
+        b.release()
+    b.acquire()
+    assert "value=0/1" in repr(b)
+    b.release()
+    with pytest.raises(ValueError):
+        b.release()
+    d = shmlocks.Semaphore(name=uniq("sem"))
+    made.append(d)
+    assert d.value == 1  # the default
+
+
+def test_semaphore_contended_release_n_wakes_n(made):
+    s = shmlocks.Semaphore(0, uniq("sem"))
+    made.append(s)
+    got = []
+    lock = threading.Lock()
+
+    def take():
+        if s.acquire(timeout=20):
+            with lock:
+                got.append(1)
+
+    ts = _threads(8, take)
+    _until(lambda: s._describe()["waiters"] == 8, what="eight waiters")
+    s.release(3)
+    _until(lambda: len(got) == 3, what="three taken")
+    time.sleep(0.1)
+    assert len(got) == 3 and s.value == 0
+    s.release(5)
+    _join(ts)
+    assert len(got) == 8 and s.value == 0
+
+
+def _sem_worker(sem, counter_name, n):
+    counter = shmlocks.Semaphore.open(counter_name)
+    for _ in range(n):
+        with sem:
+            assert not counter.acquire(False)  # the one unit of sem: nobody else inside
+            counter.release()
+            counter.acquire()
+    counter.close()
+    return n
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_semaphore_excludes_across_processes(procs, method, made):
+    sem = shmlocks.BoundedSemaphore(1, uniq("sem"))
+    inside = shmlocks.Semaphore(0, uniq("in"))
+    made += [sem, inside]
+    ctx_threads = [
+        threading.Thread(
+            target=procs.call, args=(_sem_worker, sem, inside.name, 200), kwargs={"method": method}
+        )
+        for _ in range(3)
+    ]
+    for t in ctx_threads:
+        t.start()
+    _join(ctx_threads, 60)
+    assert sem.value == 1 and inside.value == 0
+
+
+# -------------------------------------------------------------------------- Barrier
+
+
+def test_barrier_lockstep_indices_and_action(made):
+    actions = []
+    bar = shmlocks.Barrier(5, lambda: actions.append(1), name=uniq("bar"))
+    made.append(bar)
+    idx = []
+    lock = threading.Lock()
+
+    def f():
+        for _ in range(10):
+            i = bar.wait()
+            with lock:
+                idx.append(i)
+
+    _join(_threads(5, f))
+    assert len(actions) == 10
+    assert sorted(idx) == sorted(list(range(5)) * 10)
+    assert bar.n_waiting == 0 and not bar.broken and bar.parties == 5
+    single = shmlocks.Barrier(1, name=uniq("bar1"))
+    made.append(single)
+    assert single.wait() == 0 and single.wait() == 0
+
+
+def test_barrier_abort_reset_timeout(made):
+    bar = shmlocks.Barrier(3, name=uniq("bar"))
+    made.append(bar)
+    res = []
+
+    def f():
+        try:
+            bar.wait()
+            res.append("passed")
+        except threading.BrokenBarrierError:
+            res.append("broken")
+
+    ts = _threads(2, f)
+    _until(lambda: bar.n_waiting == 2, what="two wait")
+    assert "waiters=2/3" in repr(bar)
+    bar.abort()
+    _join(ts)
+    assert res == ["broken", "broken"] and bar.broken
+    with pytest.raises(threading.BrokenBarrierError):
+        bar.wait()
+    bar.reset()
+    assert not bar.broken
+    res.clear()
+    ts = _threads(2, f)
+    _until(lambda: bar.n_waiting == 2, what="two wait again")
+    bar.reset()  # resets while they wait: they are broken out, the barrier is not
+    _join(ts)
+    assert res == ["broken", "broken"] and not bar.broken
+    t0 = time.monotonic()
+    with pytest.raises(threading.BrokenBarrierError):
+        bar.wait(0.1)  # a timeout breaks it
+    assert time.monotonic() - t0 < 2 and bar.broken
+    bar.reset()
+    timed = shmlocks.Barrier(2, timeout=0.1, name=uniq("bart"))
+    made.append(timed)
+    with pytest.raises(threading.BrokenBarrierError):
+        timed.wait()  # the default timeout
+
+
+def test_barrier_action_raising_breaks_it(made):
+    def boom():
+        raise RuntimeError("action")
+
+    bar = shmlocks.Barrier(2, boom, name=uniq("bar"))
+    made.append(bar)
+    res = []
+
+    def f():
+        try:
+            bar.wait()
+            res.append("passed")
+        except threading.BrokenBarrierError:
+            res.append("broken")
+        except RuntimeError:
+            res.append("raised")
+
+    _join(_threads(2, f))
+    assert sorted(res) == ["broken", "raised"]
+
+
+def _bar_child(bar, rounds):
+    return [bar.wait() for _ in range(rounds)]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_barrier_across_processes(procs, method, made):
+    bar = shmlocks.Barrier(4, name=uniq("bar"))
+    made.append(bar)
+    out = []
+    ts = [
+        threading.Thread(target=lambda: out.append(procs.call(_bar_child, bar, 5, method=method)))
+        for _ in range(3)
+    ]
+    for t in ts:
+        t.start()
+    mine = [bar.wait(30) for _ in range(5)]
+    _join(ts, 60)
+    per_round = list(zip(mine, *out, strict=True))
+    assert all(sorted(r) == [0, 1, 2, 3] for r in per_round)
+
+
+# ------------------------------------------------------------------------ Condition
+
+
+def test_condition_default_rlock_and_plain_lock(made):
+    cond = shmlocks.Condition(name=uniq("cv"))
+    made.append(cond)
+    assert isinstance(cond.lock, shmlocks.RLock)
+    cond.acquire()
+    cond.acquire()
+    cond.release()
+    cond.release()
+    with pytest.raises(RuntimeError):
+        cond.wait()
+    with pytest.raises(RuntimeError):
+        cond.notify()
+    lock = shmlocks.FutexMutex.create(uniq("cvlock"))
+    made.append(lock)
+    c2 = shmlocks.Condition(lock, uniq("cv2"))
+    made.append(c2)
+    with c2:
+        assert not lock.acquire(False)
+        t0 = time.monotonic()
+        assert c2.wait(0.1) is False
+        assert 0.05 < time.monotonic() - t0 < 2
+    assert lock.acquire(False)
+    lock.release()
+    t = threading.Lock()  # threading's lock works in one process
+    c3 = shmlocks.Condition(t, uniq("cv3"))
+    made.append(c3)
+    with c3:
+        assert c3.wait(0.01) is False
+    c3o = shmlocks.Condition.open(c3.name)
+    made.append(c3o)
+    with pytest.raises(ValueError):
+        _ = c3o.lock  # threading's lock cannot be opened by name
+    with pytest.raises(TypeError):
+        pickle.dumps(c3)
+
+
+def test_condition_notify_counts(made):
+    cond = shmlocks.Condition(shmlocks.RLock("ticket", uniq("cvl")), uniq("cv"))
+    made += [cond, cond.lock]
+    woke = []
+    lock = threading.Lock()
+
+    def f():
+        with cond:
+            r = cond.wait(20)
+        with lock:
+            woke.append(r)
+
+    ts = _threads(5, f)
+    _until(lambda: cond._describe()["waiters"] == 5, what="five wait")
+    with cond:
+        cond.notify(2)
+    _until(lambda: len(woke) == 2, what="two woke")
+    time.sleep(0.1)
+    assert woke == [True, True]
+    with cond:
+        cond.notify_all()
+    _join(ts)
+    assert woke == [True] * 5
+
+
+def test_condition_wait_for(made):
+    cond = shmlocks.Condition(name=uniq("cv"))
+    made.append(cond)
+    state = {"n": 0}
+    out = []
+
+    def f():
+        with cond:
+            out.append(cond.wait_for(lambda: state["n"] == 4, 20))
+
+    ts = _threads(1, f)
+    for _ in range(4):
+        time.sleep(0.01)
+        with cond:
+            state["n"] += 1
+            cond.notify()
+    _join(ts)
+    assert out == [True]
+    with cond:
+        t0 = time.monotonic()
+        assert cond.wait_for(lambda: False, 0.1) is False
+        assert time.monotonic() - t0 >= 0.09
+
+
+def _consumer(cond, ring_name, n):
+    ring = shmlocks.Semaphore.open(ring_name)  # the "queue": its value is the job count
+    got = 0
+    with cond:
+        while got < n:
+            if not cond.wait_for(lambda: ring.value > 0, 20):
+                break
+            ring.acquire()
+            got += 1
+    ring.close()
+    return got
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_condition_across_processes(procs, method, made):
+    cond = shmlocks.Condition(name=uniq("cv"))
+    jobs = shmlocks.Semaphore(0, uniq("jobs"))
+    made += [cond, jobs]
+    res = []
+    ts = [
+        threading.Thread(
+            target=lambda: res.append(procs.call(_consumer, cond, jobs.name, 10, method=method))
+        )
+        for _ in range(2)
+    ]
+    for t in ts:
+        t.start()
+    for _ in range(20):
+        with cond:
+            jobs.release()
+            cond.notify()
+        time.sleep(0.002)
+    _join(ts, 60)
+    assert res == [10, 10] and jobs.value == 0
+
+
+# ------------------------------------------------------------------------ lifecycle
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda n: shmlocks.Event(n),
+        lambda n: shmlocks.Semaphore(3, n),
+        lambda n: shmlocks.BoundedSemaphore(3, n),
+        lambda n: shmlocks.Barrier(2, name=n),
+        lambda n: shmlocks.Condition(name=n),
+    ],
+    ids=["event", "semaphore", "bounded", "barrier", "condition"],
+)
+def test_lifecycle(make):
+    name = uniq("life")
+    o = make(name)
+    try:
+        assert o.name == name and shm_exists(name)
+        with pytest.raises(FileExistsError):
+            make(name)
+        same = type(o).open(name)
+        assert type(same) is type(o)
+        again = pickle.loads(pickle.dumps(o))
+        assert type(again) is type(o) and again.name == name
+        with pytest.raises(shmlocks.LockKindError):
+            shmlocks.Lock.open(name)
+        with pytest.raises(shmlocks.LockKindError):
+            (shmlocks.Event if not isinstance(o, shmlocks.Event) else shmlocks.Barrier).open(name)
+        same.close()
+        again.close()
+    finally:
+        o.close()
+    assert not shm_exists(name)
+    with pytest.raises(ValueError):
+        o._describe()
+    with pytest.raises(FileNotFoundError):
+        type(o).open(name)
+
+
+def test_region_holds_the_toolbox(new_region, made):
+    r = new_region(max_locks=8)
+    r.create_lock("m", "clh")
+    s = r.create_semaphore("s", 2, bounded=True)
+    r.create_event("e")
+    r.create_barrier("b", 3, timeout=5)
+    cv = r.create_condition("cv")
+    rl = r.create_rlock("rl", "ticket")
+    assert isinstance(r.open_semaphore("s"), shmlocks.BoundedSemaphore)
+    assert isinstance(r.open_event("e"), shmlocks.Event)
+    assert r.open_barrier("b").parties == 3
+    assert isinstance(r.open_condition("cv").lock, shmlocks.RLock)
+    assert isinstance(r.open_rlock("rl"), shmlocks.RLock) and rl.kind == "ticket"
+    with pytest.raises(shmlocks.LockKindError):
+        r.open_lock("s")
+    with pytest.raises(shmlocks.LockKindError):
+        r.open_object("m")
+    with pytest.raises(shmlocks.LockKindError):
+        r.open_event("s")
+    with pytest.raises(FileExistsError):
+        r.create_event("s")
+    s.acquire()
+    with cv:
+        pass
+    assert pickle.loads(pickle.dumps(s)).value == 1
+    # the CLI's reader (a pread copy) and the mapped region describe them alike
+    mapped = r._describe()["locks"]
+    copied = _segment.describe(_segment.read(r.name))["locks"]
+    assert mapped == copied
+    kinds = {lk["name"]: (lk["kind"], lk.get("state")) for lk in copied}
+    assert kinds["s"] == ("semaphore", "value=1/2")
+    assert kinds["e"] == ("event", "unset")
+    assert kinds["b"] == ("barrier", "filling, waiters=0/3")
+    assert kinds["cv"] == ("condition", "waiters=0")
+    assert kinds["cv.lock"] == ("futex", None)
+    r.stats()  # every entry answers
+
+
+def test_cli_inspect_ls_stat_show_them(new_region):
+    from support.common import run_python
+
+    r = new_region(max_locks=4)
+    r.create_semaphore("slots", 4)
+    r.create_barrier("start", 2)
+    code = (
+        "import sys, shmlocks.cli as c\n"
+        "for cmd in (['inspect', sys.argv[1]], ['stat', sys.argv[1]], ['ls'],"
+        " ['deadlocks']):\n"
+        "    print(cmd[0], c.main(cmd))\n"
+    )
+    out = run_python(code, r.name)
+    assert out.returncode == 0, out.stderr
+    assert "semaphore  value=4" in out.stdout and "barrier" in out.stdout
+    assert "inspect 0" in out.stdout and "stat 0" in out.stdout and "ls 0" in out.stdout
+    assert "deadlocks 0" in out.stdout
+
+
+def test_no_leak_after_normal_exit():
+    from support.common import run_python
+
+    names = [uniq("exit") for _ in range(4)]
+    code = (
+        "import sys, shmlocks\n"
+        "a, b, c, d = sys.argv[1:]\n"
+        "e = shmlocks.Event(a); s = shmlocks.Semaphore(2, b)\n"
+        "bar = shmlocks.Barrier(1, name=c); cv = shmlocks.Condition(name=d)\n"
+        "with s, cv: e.set(); bar.wait()\n"
+    )
+    out = run_python(code, *names)
+    assert out.returncode == 0, out.stderr
+    assert not any(shm_exists(n) for n in names)
+
+
+def _wait_forever_in(obj):
+    if isinstance(obj, shmlocks.Event):
+        obj.wait()
+    elif isinstance(obj, shmlocks.Semaphore):
+        obj.acquire()
+    elif isinstance(obj, shmlocks.Barrier):
+        obj.wait()
+    else:
+        with obj:
+            obj.wait()
+
+
+@pytest.mark.parametrize("what", ["event", "semaphore", "barrier", "condition"])
+def test_blocked_waiter_sleeps_without_polling(procs, what, made):
+    """A blocked waiter makes no wake-ups: its thread's voluntary context switches do not
+    move over half a second (no periodic wake-up)."""
+    obj = {
+        "event": lambda: shmlocks.Event(uniq("ev")),
+        "semaphore": lambda: shmlocks.Semaphore(0, uniq("sem")),
+        "barrier": lambda: shmlocks.Barrier(2, name=uniq("bar")),
+        "condition": lambda: shmlocks.Condition(name=uniq("cv")),
+    }[what]()
+    made.append(obj)
+    p = procs.start(_wait_forever_in, obj, method="fork")
+    _until(
+        lambda: obj._describe()["waiters"] == 1 or (what == "event" and obj._raw()["parked"]),
+        what="the waiter to sleep",
+    )
+    time.sleep(0.05)
+
+    def vcs():
+        with open(f"/proc/{p.pid}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches"):
+                    return int(line.split()[1])
+        raise AssertionError("no voluntary_ctxt_switches")
+
+    before = vcs()
+    time.sleep(0.5)
+    assert vcs() - before <= 1
+    p.kill()
+    p.join(10)
+
+
+def test_names_a_timeout_like_threading(made):
+    ev = shmlocks.Event(uniq("ev"))
+    made.append(ev)
+    with pytest.raises(OverflowError):
+        ev.wait(1e100)
+    with pytest.raises(ValueError):
+        ev.wait(float("nan"))
+    with pytest.raises(TypeError):
+        ev.wait("1")
+
+
+def test_toolbox_exports():
+    for n in ("Event", "Semaphore", "BoundedSemaphore", "Barrier", "Condition", "RLock"):
+        assert n in shmlocks.__all__ and hasattr(shmlocks, n)
+    assert set(shmlocks.OBJECTS) == {"event", "semaphore", "barrier", "condition"}
+    assert not set(shmlocks.OBJECTS) & set(shmlocks.KINDS)
+    assert not issubclass(shmlocks.Semaphore, shmlocks.Lock)

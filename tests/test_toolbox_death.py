@@ -1,0 +1,367 @@
+"""The toolbox's survival: every death case of README "The synchronization toolbox", with
+real processes and real SIGKILLs, exact counts, bounded in time (docs/design.md §12)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from support.common import kill, uniq
+
+import shmlocks
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _until(pred, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def _die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------ semaphore
+
+
+def _hold_with(sem, ready):
+    with sem:
+        ready.set()
+        time.sleep(60)
+
+
+def _hold_bare(sem, ready):
+    sem.acquire()
+    ready.set()
+    time.sleep(60)
+
+
+def _hold_with_then_die(sem):
+    with sem:
+        _die()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_with_units_of_killed_holders_come_back(procs, method):
+    """Three holders take a unit each with `with` and are SIGKILLed inside the block: all
+    three units come back, exactly (value 3 again, 'recovered' 3)."""
+    sem = shmlocks.BoundedSemaphore(3, uniq("sem"))
+    ready = shmlocks.Event(uniq("ev"))
+    try:
+        ps = []
+        for _ in range(3):
+            ready.clear()
+            ps.append(procs.start(_hold_with, sem, ready, method=method))
+            assert ready.wait(30)
+        assert sem.value == 0
+        assert not sem.acquire(False) or pytest.fail("a unit while all three are held")
+        for p in ps:
+            kill(p)
+        # a call that would fail for want of a unit recovers the dead holders first
+        got = [sem.acquire(timeout=5) for _ in range(3)]
+        assert got == [True, True, True]
+        assert sem.acquire(False) is False  # exactly three, no more
+        assert sem.stats()["recovered"] == 3
+        sem.release(3)
+        assert sem.value == 3
+    finally:
+        sem.close()
+        ready.close()
+
+
+def test_waiter_wakes_at_once_when_with_holder_dies(procs):
+    """A waiter blocked on 0 units sleeps on the holder's liveness token: the holder's
+    SIGKILL hands it the unit within well under a second (no polling interval)."""
+    sem = shmlocks.Semaphore(1, uniq("sem"))
+    ready = shmlocks.Event(uniq("ev"))
+    try:
+        p = procs.start(_hold_with, sem, ready)
+        assert ready.wait(20)
+        result = {}
+
+        def waiter():
+            t0 = time.monotonic()
+            result["got"] = sem.acquire(timeout=30)
+            result["t"] = time.monotonic()
+            result["waited"] = result["t"] - t0
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        _until(lambda: sem._describe()["waiters"] == 1, what="the waiter to sleep")
+        t_kill = time.monotonic()
+        os.kill(p.pid, signal.SIGKILL)
+        t.join(30)
+        p.join(10)
+        assert result["got"] is True
+        assert result["t"] - t_kill < 1.0, result
+        assert sem.stats() == {"value": 0, "held_with": 0, "recovered": 1}
+    finally:
+        sem.close()
+        ready.close()
+
+
+def test_bare_acquire_stays_ownerless(procs):
+    """A unit taken by bare acquire() is not the taker's: a process that dies holding it
+    does not give it back (threading's meaning), and another process may release it."""
+    sem = shmlocks.Semaphore(1, uniq("sem"))
+    ready = shmlocks.Event(uniq("ev"))
+    try:
+        p = procs.start(_hold_bare, sem, ready)
+        assert ready.wait(20)
+        kill(p)
+        assert sem.acquire(timeout=0.3) is False  # not given back
+        assert sem.stats()["recovered"] == 0
+        sem.release()  # by another process than the taker: allowed
+        assert sem.acquire(timeout=1)
+    finally:
+        sem.close()
+        ready.close()
+
+
+def test_sigkill_inside_with_in_region(procs, new_region):
+    """The same in a Region, where a lock's recovery and the semaphore's are one: the
+    holder dies inside `with sem:` while holding an mcs lock of the region too."""
+    r = new_region(max_locks=4)
+    sem = r.create_semaphore("slots", 2, bounded=True)
+    lock = r.create_lock("m", "mcs")
+
+    def child(sem, lock):
+        with lock, sem:
+            _die()
+
+    p = procs.start(child, sem, lock)
+    p.join(20)
+    assert p.exitcode == -signal.SIGKILL
+    assert lock.acquire(timeout=5)  # recovers the participant: the lock and the unit
+    assert lock.owner_died
+    lock.mark_consistent()
+    lock.release()
+    assert sem.value == 2
+    assert sem.acquire(False) and sem.acquire(False) and not sem.acquire(False)
+
+
+# ------------------------------------------------------------------------- barrier
+
+
+def _barrier_party(bar, rounds, out):
+    try:
+        for _ in range(rounds):
+            bar.wait()
+        out.put("passed")
+    except threading.BrokenBarrierError:
+        out.put("broken")
+
+
+def _barrier_wait_then_die(bar, rounds):
+    for _ in range(rounds):
+        bar.wait()
+    _die()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_party_dies_while_others_wait(procs, method):
+    """Three parties; one dies inside wait() (it waits, then is SIGKILLed): the two
+    others, waiting too, get BrokenBarrierError at once."""
+    import multiprocessing as mp
+
+    bar = shmlocks.Barrier(4, name=uniq("bar"))
+    out = mp.get_context(method).Queue()
+    try:
+        live = [procs.start(_barrier_party, bar, 1, out, method=method) for _ in range(2)]
+        victim = procs.start(_barrier_party, bar, 1, out, method=method)
+        _until(lambda: bar.n_waiting == 3, 30, "three parties waiting")
+        t0 = time.monotonic()
+        kill(victim)
+        results = [out.get(timeout=10) for _ in live]
+        assert time.monotonic() - t0 < 2.0
+        assert results == ["broken", "broken"]
+        assert bar.broken
+        for p in live:
+            p.join(10)
+    finally:
+        bar.close()
+
+
+def test_party_dies_before_arriving_once_others_wait(procs):
+    """A party that has passed the barrier once is one of its parties: killed before it
+    arrives again, while the others wait for it, it breaks the barrier for them at once."""
+    import multiprocessing as mp
+
+    bar = shmlocks.Barrier(3, name=uniq("bar"))
+    out = mp.get_context("fork").Queue()
+    try:
+        victim_go = shmlocks.Event(uniq("ev"))
+
+        def victim(bar, go):
+            bar.wait()  # round 1: now a party
+            go.wait(30)
+            time.sleep(60)  # never arrives at round 2
+
+        v = procs.start(victim, bar, victim_go)
+        live = [procs.start(_barrier_party, bar, 2, out) for _ in range(2)]
+        _until(lambda: bar.n_waiting == 2 and bar._raw()["cycle"] == 1, 30, "round 2 waits")
+        t0 = time.monotonic()
+        kill(v)
+        results = [out.get(timeout=10) for _ in live]
+        assert time.monotonic() - t0 < 2.0
+        assert results == ["broken", "broken"]
+        bar.reset()  # usable again: a replacement party completes a round
+        victim_go.close()
+    finally:
+        bar.close()
+
+
+def test_barrier_party_replaced_after_dying_while_nobody_waits(procs):
+    """A party that dies while nobody waits just leaves (as a thread that ends): a new
+    process takes its place and the barrier completes, never broken."""
+    import multiprocessing as mp
+
+    bar = shmlocks.Barrier(2, name=uniq("bar"))
+    out = mp.get_context("fork").Queue()
+    try:
+        first = procs.start(_barrier_wait_then_die, bar, 0)
+        first.join(10)
+        p1 = procs.start(_barrier_party, bar, 1, out)
+        p2 = procs.start(_barrier_party, bar, 1, out)
+        assert [out.get(timeout=20), out.get(timeout=20)] == ["passed", "passed"]
+        p1.join(10)
+        p2.join(10)
+        assert not bar.broken
+    finally:
+        bar.close()
+
+
+# ----------------------------------------------------------------------- condition
+
+
+def _cond_waiter(cond, out, tag, timeout):
+    with cond:
+        got = cond.wait(timeout)
+    out.put((tag, got))
+
+
+def _waiting(cond, n):
+    return cond._describe()["waiters"] == n
+
+
+def test_notified_waiter_killed_passes_the_notification_on(procs):
+    """notify(1) picks the oldest waiter; it is SIGKILLed before it has the lock back.
+    The notification goes to the next oldest live waiter: exactly one returns True."""
+    import multiprocessing as mp
+
+    lock = shmlocks.FutexMutex.create(uniq("cvlock"))
+    cond = shmlocks.Condition(lock, uniq("cv"))
+    out = mp.get_context("fork").Queue()
+    try:
+        a = procs.start(_cond_waiter, cond, out, "a", 30)
+        _until(lambda: _waiting(cond, 1), what="a waits")
+        b = procs.start(_cond_waiter, cond, out, "b", 30)
+        _until(lambda: _waiting(cond, 2), what="b waits")
+        c = procs.start(_cond_waiter, cond, out, "c", 30)
+        _until(lambda: _waiting(cond, 3), what="c waits")
+        with cond:
+            cond.notify(1)  # -> a (oldest); a cannot take the lock back while we hold it
+            kill(a)
+        assert out.get(timeout=5) == ("b", True)
+        time.sleep(0.3)
+        assert out.empty()  # exactly one: c still waits
+        with cond:
+            cond.notify_all()
+        assert out.get(timeout=5) == ("c", True)
+        for p in (b, c):
+            p.join(10)
+    finally:
+        cond.close()
+        lock.close()
+
+
+def test_dead_waiter_never_counts_for_notify(procs):
+    """A waiter killed while it waits (not notified) is never picked: notify(2) reaches two
+    live waiters."""
+    import multiprocessing as mp
+
+    lock = shmlocks.RLock("mcs", uniq("cvlock"))
+    cond = shmlocks.Condition(lock, uniq("cv"))
+    out = mp.get_context("fork").Queue()
+    try:
+        dead = procs.start(_cond_waiter, cond, out, "dead", 30)
+        _until(lambda: _waiting(cond, 1), what="dead waits")
+        live = [procs.start(_cond_waiter, cond, out, f"w{i}", 30) for i in range(3)]
+        _until(lambda: _waiting(cond, 4), what="all wait")
+        kill(dead)
+        with cond:
+            cond.notify(2)
+        got = sorted([out.get(timeout=5), out.get(timeout=5)])
+        assert all(g[1] is True for g in got)
+        time.sleep(0.3)
+        assert out.empty()
+        with cond:
+            cond.notify_all()
+        assert out.get(timeout=5)[1] is True
+        for p in live:
+            p.join(10)
+    finally:
+        cond.close()
+        lock.close()
+
+
+# -------------------------------------------------------------------------- rlock
+
+
+def _rlock_deep_then_die(rl, depth):
+    for _ in range(depth):
+        rl.acquire()
+    _die()
+
+
+@pytest.mark.parametrize("kind", shmlocks.KINDS)
+def test_rlock_owner_dies_at_depth(procs, kind):
+    """An RLock's owner SIGKILLed at depth 3: the next owner gets it at once with
+    owner_died and a count of 1; released without mark_consistent() it is not
+    recoverable, as a lock."""
+    rl = shmlocks.RLock(kind, uniq("rl"))
+    try:
+        p = procs.start(_rlock_deep_then_die, rl, 3)
+        p.join(20)
+        assert p.exitcode == -signal.SIGKILL
+        assert rl.acquire(timeout=5)
+        assert rl.owner_died and rl._recursion_count() == 1
+        assert rl.acquire()  # reentrant after recovery too
+        rl.release()
+        rl.mark_consistent()
+        assert not rl.owner_died
+        rl.release()
+        assert not rl.locked()
+    finally:
+        rl.close()
+
+
+# -------------------------------------------------------------------------- event
+
+
+def test_event_waiters_survive_a_killed_waiter(procs):
+    """An Event has no owner: a waiter killed while it waits changes nothing, set() still
+    wakes every other waiter."""
+    import multiprocessing as mp
+
+    ev = shmlocks.Event(uniq("ev"))
+    out = mp.get_context("fork").Queue()
+
+    def w(ev, out):
+        out.put(ev.wait(30))
+
+    try:
+        ps = [procs.start(w, ev, out) for _ in range(3)]
+        _until(lambda: ev._raw()["parked"] == 3, what="three sleep")
+        kill(ps[0])
+        ev.set()
+        assert [out.get(timeout=5), out.get(timeout=5)] == [True, True]
+    finally:
+        ev.close()
