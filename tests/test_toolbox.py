@@ -674,3 +674,40 @@ def test_toolbox_exports():
     assert set(shmlocks.OBJECTS) == {"event", "semaphore", "barrier", "condition"}
     assert not set(shmlocks.OBJECTS) & set(shmlocks.KINDS)
     assert not issubclass(shmlocks.Semaphore, shmlocks.Lock)
+
+
+def test_the_readme_example_runs_and_is_quoted_verbatim():
+    import os
+    import re
+    import sys
+
+    from support.common import run_python
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "examples", "toolbox_workers.py")
+    with open(path) as f:
+        example = f.read()
+    with open(os.path.join(root, "README.md")) as f:
+        readme = f.read()
+    (quoted,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "def worker(" in b]
+    assert quoted in example
+    out = run_python(
+        f"import runpy, sys; sys.argv = [{path!r}]; runpy.run_path({path!r}, run_name='__main__')",
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "39 of 40 jobs done" in out.stdout and "2 of 2 GPU slots free" in out.stdout
+    assert sys.executable
+
+
+def test_barrier_first_rounds_in_a_row(made):
+    """Many fresh barriers, four threads each: in a first round every arrival is a new
+    party, which lets go of the guard to wake the others; the round released meanwhile
+    (a race that returned an error to the arrival) passes it normally."""
+    for _ in range(100):
+        bar = shmlocks.Barrier(4, name=uniq("bar"))
+        idx = []
+        ts = _threads(4, lambda idx=idx, bar=bar: idx.append(bar.wait(20)))
+        _join(ts)
+        assert sorted(idx) == [0, 1, 2, 3]
+        bar.close()

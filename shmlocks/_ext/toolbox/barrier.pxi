@@ -129,6 +129,7 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
             r = BAR_PASSED
             break
         cyc = w.cycle
+        r = R_CONT
         if joined:
             tb_unlock(b)                          # wake them (not under the guard) ...
             tb_wake(b, 0x7fffffff)
