@@ -218,21 +218,56 @@ def test_party_dies_before_arriving_once_others_wait(procs):
         bar.close()
 
 
-def test_barrier_party_replaced_after_dying_while_nobody_waits(procs):
-    """A party that dies while nobody waits just leaves (as a thread that ends): a new
-    process takes its place and the barrier completes, never broken."""
+def test_party_that_dies_while_nobody_waits_breaks_the_next_wait(procs):
+    """A party killed between rounds, while nobody waits: the next wait() is
+    BrokenBarrierError at once rather than a hang; reset() and a replacement go on."""
     import multiprocessing as mp
 
     bar = shmlocks.Barrier(2, name=uniq("bar"))
     out = mp.get_context("fork").Queue()
     try:
-        first = procs.start(_barrier_wait_then_die, bar, 0)
-        first.join(10)
-        p1 = procs.start(_barrier_party, bar, 1, out)
-        p2 = procs.start(_barrier_party, bar, 1, out)
-        assert [out.get(timeout=20), out.get(timeout=20)] == ["passed", "passed"]
-        p1.join(10)
-        p2.join(10)
+        victim = procs.start(_barrier_wait_then_die, bar, 1)
+        assert bar.wait(20) in (0, 1)  # round 1 with the victim: now it is a party
+        victim.join(20)
+        assert victim.exitcode == -signal.SIGKILL
+        t0 = time.monotonic()
+        with pytest.raises(threading.BrokenBarrierError):
+            bar.wait(20)
+        assert time.monotonic() - t0 < 2.0
+        bar.reset()
+        p = procs.start(_barrier_party, bar, 1, out)
+        bar.wait(20)
+        assert out.get(timeout=20) == "passed"
+        p.join(10)
+        assert not bar.broken
+    finally:
+        bar.close()
+
+
+def _barrier_wait_then_exit(bar, rounds):
+    for _ in range(rounds):
+        bar.wait(20)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_party_that_ends_normally_breaks_nothing(procs, method):
+    """A party whose process ends normally after its rounds leaves the barrier: a new
+    process takes its place and the rounds go on, never broken."""
+    import multiprocessing as mp
+
+    bar = shmlocks.Barrier(2, name=uniq("bar"))
+    out = mp.get_context(method).Queue()
+    try:
+        first = procs.start(_barrier_wait_then_exit, bar, 2, method=method)
+        bar.wait(20)
+        bar.wait(20)
+        first.join(20)
+        assert first.exitcode == 0
+        second = procs.start(_barrier_party, bar, 3, out, method=method)
+        for _ in range(3):
+            bar.wait(20)
+        assert out.get(timeout=20) == "passed"
+        second.join(20)
         assert not bar.broken
     finally:
         bar.close()
@@ -365,3 +400,17 @@ def test_event_waiters_survive_a_killed_waiter(procs):
         assert [out.get(timeout=5), out.get(timeout=5)] == [True, True]
     finally:
         ev.close()
+
+
+@pytest.mark.slow
+def test_torture_a_few_seconds():
+    """bench/toolbox_torture.py, briefly: random SIGKILLs of semaphore holders, condition
+    consumers and barrier parties; exact unit counts, every job taken, every kill breaking
+    the barrier for the survivors in time."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench"))
+    import toolbox_torture
+
+    assert toolbox_torture.main(["--seconds", "3"]) == 0

@@ -36,7 +36,8 @@ typedef struct shm_tbword {
     char     _pad[SHM_LINE - 40];
 } SHM_LINE_ALIGNED shm_tbword;
 
-#define TB_F_BOUNDED 1u
+#define TB_F_BOUNDED 1u   /* semaphore: bounded */
+#define TB_F_BREAK   2u   /* barrier: a party died during the drain: it ends BROKEN */
 
 #define TB_JMAX 31u
 typedef struct shm_tbjent {

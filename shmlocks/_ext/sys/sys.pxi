@@ -334,6 +334,7 @@ cdef extern from "shm_toolbox.h" nogil:
     enum: SHM_KIND_BARRIER
     enum: SHM_KIND_CONDITION
     enum: TB_F_BOUNDED
+    enum: TB_F_BREAK
     enum: TB_JMAX
     enum: TB_REF_NONE
     enum: TB_REF_STANDALONE

@@ -11,15 +11,19 @@
 # state) and on the tokens of the other members (up to SHM_WAITV_MAX - 1, else in slices).
 # The action runs in the last arriving thread with the guard let go; arrivals wait for it
 # as they wait for a drain (count stays at parties until it ends).
-# A member's death, seen by its recoverer (under the guard):
+# A member's death, seen by its recoverer (under the guard), breaks the barrier: it is a
+# party that will not arrive again, so the others would wait for it forever:
 #   [B1] inside, state FILLING: it died in the barrier: BROKEN, and it leaves (count - 1);
-#   [B2] inside, DRAINING or RESETTING: it leaves; the last to leave ends the drain;
-#   [B3] not inside, state FILLING with others inside: it will never arrive: BROKEN;
-#   [B4] not inside, nobody waiting: it just stops being a member (a process replacing it
-#        may take its place, as a new thread would in threading);
+#   [B2] inside, DRAINING or RESETTING: it leaves, and the drain ends in BROKEN instead of
+#        FILLING (TB_F_BREAK): the round it was released from stays passed for the others;
+#   [B3] not inside, state FILLING (others waiting or not): BROKEN, at once for waiters,
+#        and the next wait() gets BrokenBarrierError instead of a hang;
+#   [B4] not inside, DRAINING or RESETTING: as [B2], the drain ends in BROKEN;
 #   [B5] it died holding the guard: its change is undone (tb_undo), then [B1]-[B4].
-# A member that left without dying (its thread ended, or close()) is no longer a member:
-# its token is free, and nothing is recovered.
+# reset() brings it back (and clears TB_F_BREAK): a process replacing a dead one resets.
+# A member that leaves alive stops being one (not a death): its thread ends (its token is
+# given back, so its record names a free slot), or its process ends or closes the object
+# (_bar_forget_mine clears its records, run at exit as the names' leaving is).
 
 cdef bint _bar_member(rmap_t* rm, shm_body* b, uint32_t x) noexcept nogil:
     """Is x a member now (a live or dead occupant of its slot that waited here)?"""
@@ -42,7 +46,11 @@ cdef void _bar_leave(shm_body* b, uint32_t x) noexcept nogil:
     if w.count > 0:
         tb_set(b, &w.count, w.count - 1)
     if w.count == 0 and (w.value == TB_B_RESETTING or w.value == TB_B_DRAINING):
-        _bar_set_state(b, TB_B_FILLING)
+        if w.flags & TB_F_BREAK:                 # [B2] [B4] a party died meanwhile
+            _bar_set_state(b, TB_B_BROKEN)
+            tb_set(b, &w.flags, w.flags & ~(<uint32_t>TB_F_BREAK))
+        else:
+            _bar_set_state(b, TB_B_FILLING)
     tb_bump(b, 0)
 
 
@@ -205,14 +213,14 @@ cdef void _bar_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         return
     if tb_recover_lock(rm, b) != 0:
         return                                   # cut short: left pending
-    if r.inside:
+    if r.inside or r.member == hid:
         if w.value == TB_B_FILLING:
-            _bar_set_state(b, TB_B_BROKEN)       # [B1]
-        _bar_leave(b, q)                         # [B1], [B2]
-    elif r.member == hid and w.value == TB_B_FILLING and w.count > 0:
-        _bar_set_state(b, TB_B_BROKEN)           # [B3]
+            _bar_set_state(b, TB_B_BROKEN)       # [B1] [B3]
+        elif w.value == TB_B_DRAINING or w.value == TB_B_RESETTING:
+            tb_set(b, &w.flags, w.flags | TB_F_BREAK)   # [B2] [B4]: broken once drained
+        _bar_leave(b, q)                         # (if inside)
     if r.member != 0:
-        tb_set(b, &r.member, 0)                  # [B4]
+        tb_set(b, &r.member, 0)
     tb_bump(b, 0)
     tb_unlock(b)
     tb_wake(b, 0x7fffffff)
@@ -297,6 +305,9 @@ cdef class Barrier(_TbObject):
         r = self._me()
         me = r.slot
         hid = r.hid
+        if _bar_hooked_pid != getpid():
+            _bar_hook()
+        _bar_objects.add(self)
         with nogil:
             rc = _bar_wait(self.rm, &self.b, me, hid, deadline, has_action, &index)
         if rc == BAR_ACTION:
@@ -316,12 +327,39 @@ cdef class Barrier(_TbObject):
             return _raise_pending()
         raise CorruptRegionError(f"barrier {self._name!r}: its guard is unusable")
 
+    def _forget_mine(self):
+        """This process's threads stop being parties (its end, or close()): alive, they
+        break nothing by leaving."""
+        cdef uint32_t x
+        cdef uint32_t pid = getpid()
+        cdef shm_tbrec* r
+        if self._closed or self.rm.closed:
+            return
+        self._guard()
+        for x in range(self.b.P):
+            r = shm_tb_rec(&self.b, x)
+            if (r.member != 0 and not r.inside and ld32_acq(&self.rm.part[x].pid) == pid
+                    and participant_state(self.rm, x) == 1):
+                tb_set(&self.b, &r.member, 0)
+        tb_unlock(&self.b)
+
+    def close(self):
+        """Detach; this process's threads stop being parties of the barrier."""
+        if not self._closed:
+            try:
+                self._forget_mine()
+            except Exception:
+                pass
+        _TbObject.close(self)
+
     def reset(self):
         """Back to the initial state; threads waiting now get BrokenBarrierError."""
         cdef shm_tbword* w
         self._check()
         self._guard()
         w = shm_tb_word(&self.b)
+        if w.flags & TB_F_BREAK:
+            tb_set(&self.b, &w.flags, w.flags & ~(<uint32_t>TB_F_BREAK))
         if w.count > 0:
             if w.value == TB_B_FILLING or w.value == TB_B_BROKEN:
                 _bar_set_state(&self.b, TB_B_RESETTING)
@@ -381,6 +419,29 @@ cdef class Barrier(_TbObject):
             return f"<shmlocks.Barrier at {id(self):#x}: broken>"
         return (f"<shmlocks.Barrier at {id(self):#x}: "
                 f"waiters={self.n_waiting}/{self.parties}>")
+
+
+# Barriers this process waited on: at its end (atexit, or multiprocessing's finalizers in a
+# child that ends with os._exit) its threads stop being parties, before its views leave.
+_bar_objects = __import__("weakref").WeakSet()
+_bar_hooked_pid = 0
+
+
+def _bar_forget_all():
+    for bar in list(_bar_objects):
+        try:
+            bar._forget_mine()
+        except Exception:
+            pass
+
+
+def _bar_hook():
+    global _bar_hooked_pid
+    _bar_hooked_pid = getpid()
+    _atexit.register(_bar_forget_all)
+    util = _sys.modules.get("multiprocessing.util")
+    if util is not None:
+        util.Finalize(None, _bar_forget_all, exitpriority=-50)   # (before the names: -100)
 
 
 def _bar_open(region_name, name, action):
