@@ -625,6 +625,10 @@ def _wait_forever_in(obj):
             obj.wait()
 
 
+@pytest.mark.skipif(
+    shmlocks._core.WAIT_MODE != "futex_waitv",
+    reason="the sliced fallback (no futex_waitv, or SHMLOCKS_WAIT=sliced) wakes every 5 ms",
+)
 @pytest.mark.parametrize("what", ["event", "semaphore", "barrier", "condition"])
 def test_blocked_waiter_sleeps_without_polling(procs, what, made):
     """A blocked waiter makes no wake-ups: its thread's voluntary context switches do not
@@ -650,11 +654,13 @@ def test_blocked_waiter_sleeps_without_polling(procs, what, made):
                     return int(line.split()[1])
         raise AssertionError("no voluntary_ctxt_switches")
 
-    before = vcs()
-    time.sleep(0.5)
-    assert vcs() - before <= 1
-    p.kill()
-    p.join(10)
+    try:
+        before = vcs()
+        time.sleep(0.5)
+        assert vcs() - before <= 1
+    finally:
+        p.kill()
+        p.join(10)
 
 
 def test_names_a_timeout_like_threading(made):
