@@ -1,13 +1,15 @@
 # cython: language_level=3
-"""shmlocks._core -- the compiled core, one extension built from its units, included below
-in layer order, bottom first: each layer a folder of _ext/, each unit using only what the
-units before it declare (docs/design.md §1; tests/test_layers.py checks it):
+"""shmlocks._core -- the compiled core, one extension built from its units: _core.pxd
+includes their declarations (a .pxd each), this file their definitions (a .pxi each),
+in layer order, bottom first: each layer a folder of _ext/, each unit using only what
+the units before it declare (docs/design.md §1; tests/test_layers.py checks it):
 
   _ext/sys/     every foreign declaration (layout ABI, atomics, futex, pthread, mmap,
                 CPython, the assertion build's dassert)
-  _ext/base/    participants (slots, liveness tokens, registration, the kind registry, the
-                recovery driver), wait (the result codes, the one waiting policy, park()),
-                region (the segment: create/open/validate, directory, lifetime)
+  _ext/base/    kind (the kind contract: result codes, hooks, ops table, park's
+                callbacks), participants (slots, liveness tokens, registration, the
+                recovery driver), wait (the one waiting policy, park()), region (the
+                segment: create/open/validate, directory, lifetime)
   _ext/diag/    stats, the lockdep hook, the deadlock look
   _ext/lock/    lockbase: the hooks every kind implements, the Python API on them
   _ext/kinds/   queue (what MCS and CLH share), then one unit per algorithm
@@ -21,7 +23,7 @@ from shmlocks.errors import (CapacityError, CorruptRegionError, DeadlockError,
                              LockKindError, LockNotRecoverableError, NamespaceError,
                              NotOwnerError, ReentryError, ShmLockError)
 
-include "_ext/sys/sys.pxi"
+include "_ext/base/kind.pxi"
 include "_ext/base/participants.pxi"
 include "_ext/base/wait.pxi"
 include "_ext/base/region.pxi"
@@ -78,7 +80,7 @@ LAYOUT = {
 }
 
 # The kind registry: each kind's file registers its class and its ops (_register_kind, in
-# base/participants.pxi) as it is included; every other list of kinds is built from this one.
+# base/kind.pxi) as it is included; every other list of kinds is built from this one.
 KINDS = {cls.kind_name: cls for cls in _KIND_CLASSES}
 #: the synchronization toolbox's shared-memory objects (_ext/toolbox/): their `kind`, as
 #: `shmlocks inspect` shows it -> class (BoundedSemaphore is a Semaphore with a bound)

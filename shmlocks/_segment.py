@@ -86,7 +86,7 @@ class Participant(NamedTuple):
 
     @property
     def hid(self) -> int:
-        """The holder id of this slot's occupant (participants.pxi holder_id)."""
+        """The holder id of this slot's occupant (participants.pxd holder_id)."""
         return ((self.slot + 1) | (self.generation << HOLDER_SLOT_BITS)) & 0xFFFFFFFF
 
 
@@ -131,7 +131,7 @@ class Segment:
 
     def holder_slot(self, lock: Lock) -> int | None:
         """The slot its holder record names, if it is in range and not stale (left by an
-        earlier occupant of the slot): participants.pxi holder_slot."""
+        earlier occupant of the slot): participants.pxd holder_slot."""
         h = lock.holder
         s1 = h & ((1 << HOLDER_SLOT_BITS) - 1)
         if h == 0 or not 1 <= s1 <= self.max_participants:
@@ -268,7 +268,7 @@ def _my_pidns() -> int:
 
 
 def other_pidns(ns: int) -> bool:
-    """Is namespace id ``ns`` (a record's) known and not ours? (participants.pxi)"""
+    """Is namespace id ``ns`` (a record's) known and not ours? (participants.pxd)"""
     mine = _my_pidns()
     return ns != 0 and mine != 0 and ns != mine
 

@@ -301,6 +301,47 @@ def test_no_unit_uses_a_name_declared_above_it():
     )
 
 
+def c_names(code: str) -> set[str]:
+    """The C-level names among a stripped unit's declarations (what a .pxd can declare):
+    those of `cdef`/`ctypedef` lines, enum members, extern blocks."""
+    keep = "\n".join(
+        ln
+        for ln in logical_lines(code)
+        if not re.match(r"^(?:class|def|async|import|from|[A-Za-z_]\w*\s*(?::[^=]*)?=)\b", ln)
+    )
+    return declarations(keep)
+
+
+def test_what_a_unit_uses_of_another_is_in_its_pxd():
+    """A unit's .pxd is its interface: a C-level name (cdef function, struct, ctypedef,
+    enum member, C global, cdef class) that another unit uses is declared there, not only
+    in the unit's .pxi. (Python-level names, def functions and module objects, are looked
+    up at run time and need no declaration.)"""
+    order, files, texts = load_units()
+    if not any(rel.endswith(".pxd") for rel in texts):
+        pytest.skip("no .pxd yet")
+    code = {rel: strip(t) for rel, t in texts.items()}
+    owner: dict[str, str] = {}
+    for u in order:
+        for rel in files[u]:
+            for n in declarations(code[rel]):
+                owner.setdefault(n, u)
+    missing = []
+    for v in order:
+        pxd = [r for r in files[v] if r.endswith(".pxd")]
+        pxi = [r for r in files[v] if r.endswith(".pxi")]
+        declared = set().union(*(declarations(code[r]) for r in pxd)) if pxd else set()
+        private = set().union(*(c_names(code[r]) for r in pxi)) if pxi else set()
+        for u in order:
+            if u == v:
+                continue
+            for rel in files[u]:
+                for n in used_names(code[rel]):
+                    if owner.get(n) == v and n in private and n not in declared:
+                        missing.append(f"{rel} uses {n}, which {v}.pxd does not declare")
+    assert not missing, "\n".join(sorted(set(missing)))
+
+
 def test_design_section_1_names_every_unit():
     order, _, _ = load_units()
     order = [u for u in order if u not in (ROOT_PRE, ROOT_POST)]

@@ -19,7 +19,7 @@ from support.common import uniq
 
 import shmlocks
 
-LIMIT = 1024  # participants.pxi REGIONS_PER_THREAD
+LIMIT = 1024  # participants.pxd REGIONS_PER_THREAD
 
 
 @pytest.fixture

@@ -13,147 +13,6 @@
 # A mapping is unmapped only once it is closed AND no thread of this process still holds a
 # token in it: glibc's robust list runs through the tokens themselves (the robust-list trap).
 
-cdef struct rmap_t:
-    char* base
-    size_t size
-    shm_header* hdr
-    shm_dirent* dir
-    shm_participant* part
-    uint64_t locks_off
-    uint64_t stride
-    uint32_t P                # validated copies: never re-read from the segment
-    uint32_t L
-    int closed                # no new use from this process
-    int nthreads              # threads of this process holding a token in this mapping
-    int pins                  # threads inside a call that touches the mapping unregistered
-    int pyalive               # the Region object is alive
-    int fd                    # the segment's file, open as long as the mapping (-1: none)
-    int named                 # fd holds flock(LOCK_SH): this view keeps the name alive
-    int persist               # the segment was created with persist=True
-    int fork_fd               # between fork's prepare and parent/child: the child's fd
-    char path[224]            # "/dev/shm/<name>" (names are at most 200 bytes)
-    rmap_t* gnext
-
-cdef struct reg_t:
-    reg_t* next
-    rmap_t* rm
-    uint32_t slot
-    uint32_t hid              # holder_id(slot, generation): what ctl.holder names us by
-    uint32_t pid              # = part[slot].pid, kept here so a hold's count reads no shm
-    uint32_t* op              # &part[slot].op_lock: where this thread publishes its steps
-    int held                  # locks this thread holds in this region
-
-# The kind-ops table: what the layers below the kinds (this file, region.pxi, lockbase.pxi)
-# need of a kind, indexed by its code (SHM_KIND_*), NULL where a kind has nothing to do.
-# Each kind's file fills its entry with _register_kind() at its end; no layer below names
-# a kind.
-#   init(b)           a new lock body, after ctl and the repair mutex (NULL: all zero will do)
-#   recover(rm, b, q) complete dead participant q's protocol on this lock (docs/design.md §6),
-#                     under the lock's repair mutex if `repair` is set; a kind whose owner
-#                     deaths the kernel reports (robust, pi) only forgets q's holder id.
-ctypedef void (*kind_init_fn)(shm_body* b) noexcept nogil
-ctypedef void (*kind_recover_fn)(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil
-
-cdef struct kind_ops_t:
-    kind_init_fn init
-    kind_recover_fn recover
-    bint repair
-
-cdef kind_ops_t g_kind_ops[SHM_KIND_MAX + 1]
-cdef list _KIND_CLASSES = []            # the registered lock classes, in registration order
-cdef dict _KIND_BY_CODE = {}            # kind code -> its class
-
-# How the region makes the lock object of a lock in its directory: the lock layer's binder
-# (lockbase.pxi sets it as it is included), called with the class registered for the
-# lock's kind, so that the layers below the locks name neither a kind nor the lock class.
-ctypedef object (*kind_bind_fn)(type cls, object region, uint32_t index, object name)
-cdef kind_bind_fn g_kind_bind = NULL
-
-
-cdef kind_ops_t* kind_ops(uint32_t code) noexcept nogil:
-    """The ops of kind `code` (read from shared memory: checked), or NULL if unknown."""
-    if code == 0 or code > SHM_KIND_MAX or g_kind_ops[code].recover == NULL:
-        return NULL
-    return &g_kind_ops[code]
-
-
-cdef int _register_kind(type cls, kind_init_fn init, kind_recover_fn recover,
-                        bint repair) except -1:
-    cdef uint32_t code = cls.kind_code
-    if code == 0 or code > SHM_KIND_MAX or g_kind_ops[code].recover != NULL:
-        raise RuntimeError(f"kind code {code} of {cls.__name__} is out of range or taken")
-    g_kind_ops[code].init = init
-    g_kind_ops[code].recover = recover
-    g_kind_ops[code].repair = repair
-    _KIND_CLASSES.append(cls)
-    _KIND_BY_CODE[code] = cls
-    return 0
-
-
-cdef uint32_t kind_code_of(kind) except 0:
-    """The code of `kind`: a registered kind's name or class (or a subclass of one)."""
-    names = [c.kind_name for c in _KIND_CLASSES]
-    if isinstance(kind, type):
-        for c in _KIND_CLASSES:
-            if issubclass(kind, c):
-                kind = kind.kind_name
-                break
-    if not isinstance(kind, str):
-        raise TypeError(f"kind must be one of {names} or a lock class, not {kind!r}")
-    for c in _KIND_CLASSES:
-        if c.kind_name == kind:
-            return c.kind_code
-    raise ValueError(f"unknown lock kind {kind!r}: expected one of {names}")
-
-
-cdef object kind_new_lock(uint32_t code, object region, uint32_t index, object name):
-    """The lock object for lock `index` of `region`, of the class registered for kind
-    `code` (read from the segment), or None if no kind has that code."""
-    cls = _KIND_BY_CODE.get(code)
-    if cls is None or g_kind_bind == NULL:
-        return None
-    return g_kind_bind(<type>cls, region, index, name)
-
-
-# The synchronization toolbox's objects (docs/design.md §12) live in the directory beside
-# the locks, with kind codes of their own and entries in the same ops table (their init,
-# and the recovery of a dead participant's part in them), but are not locks: not in KINDS.
-# The toolbox layer registers them (_register_object) and fills g_tb_api with what
-# Region's toolbox methods call, so the region names none of them.
-cdef dict _OBJ_BY_CODE = {}             # object kind code -> its class
-cdef dict g_tb_api = {}                 # Region method name -> the toolbox's function
-
-
-cdef int _register_object(type cls, kind_init_fn init, kind_recover_fn recover,
-                          bint repair) except -1:
-    cdef uint32_t code = cls.kind_code
-    if code == 0 or code > SHM_KIND_MAX or g_kind_ops[code].recover != NULL:
-        raise RuntimeError(f"kind code {code} of {cls.__name__} is out of range or taken")
-    g_kind_ops[code].init = init
-    g_kind_ops[code].recover = recover
-    g_kind_ops[code].repair = repair
-    _OBJ_BY_CODE[code] = cls
-    return 0
-
-
-cdef object kind_new_object(uint32_t code, object region, uint32_t index, object name):
-    """The toolbox object for entry `index` of `region`, or None if `code` is no object's."""
-    cls = _OBJ_BY_CODE.get(code)
-    if cls is None:
-        return None
-    return cls._at(region, index, name)
-
-
-cdef void kind_init_body(shm_body* b, uint32_t code) noexcept nogil:
-    """A new lock body of kind `code` (the caller zeroed it): ctl, the repair mutex, then
-    the kind's own words (its init)."""
-    cdef kind_ops_t* ops = kind_ops(code)
-    b.ctl.kind = code
-    _robust_mutex_init(&b.ctl.repair.m, 0)
-    if ops != NULL and ops.init != NULL:
-        ops.init(b)
-    b.ctl.magic = SHM_BODY_MAGIC
-
 
 cdef int _robust_mutex_init(pthread_mutex_t* m, bint pi) noexcept nogil:
     """A process-shared robust mutex (+ priority inheritance): every pthread mutex the
@@ -170,52 +29,12 @@ cdef int _robust_mutex_init(pthread_mutex_t* m, bint pi) noexcept nogil:
     return rc
 
 
-cdef pthread_mutex_t g_mutex          # guards every rmap_t's counters and the global list
-
-# A fatal SIGTERM leaves the names as a normal end does (region.pxi: _sigterm_leave). Its
-# handler can interrupt any thread anywhere, so it must never act on bookkeeping caught
-# half-changed: every section that changes what this process's views keep alive (g_mutex
-# held, through gm_lock/gm_unlock; a view made between its file's flock and its entry in
-# g_rmaps, region.pxi) counts itself in g_lc_busy. A handler that finds a section running
-# only records its signal in g_lc_pending and returns; the last thread out of a section
-# then leaves the names and ends the process with it (lc_end). docs/design.md §2.
+cdef pthread_mutex_t g_mutex          # (participants.pxd: what each of these globals is)
 cdef uint32_t g_lc_busy = 0
 cdef uint32_t g_lc_pending = 0
-
-
-cdef inline void lc_enter() noexcept nogil:
-    fadd32(&g_lc_busy, 1)
-
-
-cdef inline void lc_exit() noexcept nogil:
-    # seq_cst both sides: the handler stores g_lc_pending then loads g_lc_busy, we store
-    # g_lc_busy then load g_lc_pending, so at least one of the two sees the other
-    if fsub32(&g_lc_busy, 1) == 1 and ld32_seq(&g_lc_pending) != 0:
-        lc_end()
-
-
-cdef inline void gm_lock() noexcept nogil:
-    lc_enter()
-    pthread_mutex_lock(&g_mutex)
-
-
-cdef inline void gm_unlock() noexcept nogil:
-    pthread_mutex_unlock(&g_mutex)
-    lc_exit()
-
-# How many regions a thread may take part in at once. Each keeps one liveness token locked
-# on the thread's glibc robust list, and so does each robust or pi lock the thread holds;
-# at the thread's death the kernel walks at most ROBUST_LIST_LIMIT (2,048) entries of that
-# list, newest first (glibc pushes at the head), so past it the OLDEST entries (the first
-# regions' tokens) are never marked OWNER_DIED: the thread would look alive there forever.
-# 1,024 tokens leave the other 1,024 entries to the robust/pi locks it holds at once (and
-# to any other library's robust mutexes). Tokens of regions closed in this process are
-# given back at close (the closing thread's) or at the next registration (another
-# thread's: reg_leave_closed), so they do not count.
-cdef enum:
-    REGIONS_PER_THREAD = 1024
-cdef pthread_key_t g_key
-cdef rmap_t* g_rmaps = NULL
+cdef pthread_key_t g_key              # the calling thread's registrations (reg_t list)
+cdef rmap_t* g_rmaps = NULL           # every view of this process
+cdef int64_t RECOVER_CHECK_NS = 5000000
 
 
 cdef void lc_end() noexcept nogil:
@@ -243,39 +62,6 @@ cdef void lc_end() noexcept nogil:
     c_kill(getpid(), sig)
 
 
-# A lock's holder record (ctl.holder) names a participant by slot AND generation, so a record
-# left by one occupant of a slot can never be taken for the next occupant's: slot + 1 in
-# the low HOLDER_SLOT_BITS (SHM_MAX_PARTICIPANTS + 1 fits), the generation's low bits above.
-cdef enum:
-    HOLDER_SLOT_BITS = 13
-    HOLDER_SLOT_MASK = (1 << HOLDER_SLOT_BITS) - 1
-
-
-cdef inline uint32_t holder_id(uint32_t slot, uint64_t generation) noexcept nogil:
-    return (slot + 1) | <uint32_t>(generation << HOLDER_SLOT_BITS)
-
-
-cdef inline uint32_t participant_hid(rmap_t* rm, uint32_t slot) noexcept nogil:
-    """The holder id of the participant now in `slot` (its generation as published)."""
-    return holder_id(slot, ld64_acq(&rm.part[slot].generation))
-
-
-cdef inline uint32_t holder_slot(rmap_t* rm, uint32_t h) noexcept nogil:
-    """The slot + 1 that holder record h names, or 0 if none, out of range, or left by an
-    earlier occupant of the slot (stale)."""
-    cdef uint32_t s1 = h & HOLDER_SLOT_MASK
-    if h == 0 or s1 == 0 or s1 > rm.P or participant_hid(rm, s1 - 1) != h:
-        return 0
-    return s1
-
-
-# Linux robust futex word bits (include/uapi/linux/futex.h)
-cdef enum:
-    FUTEX_TID_MASK_ = 0x3fffffff
-    FUTEX_OWNER_DIED_ = 0x40000000
-    FUTEX_WAITERS_ = 0x80000000
-
-
 cdef uint64_t g_pidns = 0
 cdef int g_pidns_pid = 0
 
@@ -292,12 +78,6 @@ cdef uint64_t my_pidns() noexcept nogil:
     return g_pidns
 
 
-cdef inline bint other_pidns(uint64_t ns) noexcept nogil:
-    """Is namespace id `ns` (a record's) known and not ours?"""
-    cdef uint64_t mine = my_pidns()
-    return ns != 0 and mine != 0 and ns != mine
-
-
 cdef uint64_t thread_start(uint32_t tid):
     """The calling thread's start time (clock ticks since boot, /proc field 22), 0 if
     unknown: with (pidns, pid, tid) it names this thread and no later one with its tid.
@@ -307,30 +87,6 @@ cdef uint64_t thread_start(uint32_t tid):
             return int(f.read().rpartition(b")")[2].split()[19])
     except (OSError, ValueError, IndexError):
         return 0
-
-
-# Re-entry windows (docs/design.md §4). Python code runs inside a blocked acquire only where
-# the wait checks signals or looks for a deadlock (wait_signals, wait_look_due: handlers,
-# and the look's own code, which may run finalizers) and in the same check inside a
-# recovery (recover_wait_check). The thread's
-# participant in that region is mid-step there (WAITING, or recovering someone): a lock call
-# from that code would publish its own step over it. For the length of the window the
-# participant is hidden: its reg_t is unlinked from the thread's list, so any lock call on
-# that region misses reg_lookup (the fast path is untouched) and reaches a slow path that
-# refuses it with ReentryError (window_busy). Nested windows (a handler's wait on another
-# region) stack, at most WINDOW_MAX deep, per thread: the stack (shm_win_*) is C
-# thread-local state, as shm_recovering and shm_recover_sig are (shm_sys.h).
-cdef enum:
-    WINDOW_MAX = SHM_WINDOW_MAX
-
-
-cdef inline reg_t* reg_lookup(rmap_t* rm) noexcept nogil:
-    cdef reg_t* r = <reg_t*>shm_tls_get()
-    while r != NULL:
-        if r.rm == rm:
-            return r
-        r = r.next
-    return NULL
 
 
 cdef int window_enter(rmap_t* rm) noexcept nogil:
@@ -372,15 +128,6 @@ cdef void window_exit(int entered) noexcept nogil:
         r.next = <reg_t*>shm_tls_get()
         pthread_setspecific(g_key, r)
         shm_tls_set(r)
-
-
-cdef inline bint window_busy(rmap_t* rm) noexcept nogil:
-    """Is this thread inside a window on region rm (a lock call now is a re-entry)?"""
-    cdef int i
-    for i in range(shm_win_n):
-        if shm_win_rm[i] == <void*>rm:
-            return 1
-    return 0
 
 
 cdef reg_t* reg_find(rmap_t* rm) noexcept nogil:
@@ -743,20 +490,6 @@ cdef int reg_unregister(rmap_t* rm) noexcept nogil:
     return 0
 
 
-cdef inline int64_t recover_until(int64_t cap_ns) noexcept nogil:
-    """When a wait inside a recovery must end: cap_ns from now, or the calling thread's
-    acquire deadline if that comes first."""
-    cdef int64_t until = shm_now_ns() + cap_ns
-    if 0 <= shm_recover_deadline < until:
-        until = shm_recover_deadline
-    return until
-
-
-# 5 ms: how often a wait inside a recovery (short, bounded: a repair mutex, a live
-# participant finishing a step) checks the deadline and signals; it polls, unlike a park
-cdef int64_t RECOVER_CHECK_NS = 5000000
-
-
 cdef int recover_wait_check(rmap_t* rm, int64_t until, int64_t* next_sig) noexcept nogil:
     """One check of a wait inside a recovery: 1 to stop it (shm_recover_cut set: `until`,
     the caller's deadline included, has passed, or a signal handler raised; then also
@@ -880,12 +613,6 @@ cdef int _participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
     return 1
 
 
-cdef inline void holder_forget(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
-    """Clear the lock's holder record if it names dead participant q (this occupant of the
-    slot, not a later one): a CAS, so it is redone harmlessly."""
-    cas32(&b.ctl.holder, participant_hid(rm, q), 0)
-
-
 cdef void recover_verdict(rmap_t* rm, shm_body* b, uint32_t q, uint32_t op) noexcept nogil:
     """[V] (docs/design.md §6.4) Dead participant q holds the lock (the kind's recovery
     decided it), at step `op`: say what its hold leaves behind, then end it.
@@ -933,9 +660,6 @@ cdef inline void token_wake_all(rmap_t* rm, uint32_t slot) noexcept nogil:
     shm_futex_wake(<uint32_t*>&rm.part[slot].token.m, 0x7fffffff)
 
 
-ctypedef bint (*midstep_fn)(shm_body* b, uint32_t x) noexcept nogil
-
-
 cdef bint participants_settle(rmap_t* rm, shm_body* b, uint32_t q, uint32_t step,
                               midstep_fn midstep) noexcept nogil:
     """Recovery by elimination needs the live participants that are between two steps of
@@ -965,23 +689,6 @@ cdef inline bint _op_is(uint32_t op, uint32_t step) noexcept nogil:
     if step == SHM_OP_WAITING:
         return op == SHM_OP_TAKING or op == SHM_OP_WAITING
     return op == step
-
-
-cdef inline bint participant_dead(rmap_t* rm, uint32_t slot) noexcept nogil:
-    """Cheap liveness check from the token's futex word (no syscall, no lock): dead, or
-    free with its recovery pending."""
-    cdef uint32_t w = ld32_acq(<uint32_t*>&rm.part[slot].token.m)
-    if w & FUTEX_OWNER_DIED_:
-        return 1
-    return (w & FUTEX_TID_MASK_) == 0 and ld32_acq(&rm.part[slot].pending) != 0
-
-
-cdef inline uint32_t participant_op(rmap_t* rm, uint32_t slot, uint32_t lock1) noexcept nogil:
-    """The step a participant published for lock (index + 1) lock1, or 0."""
-    cdef shm_participant* p = &rm.part[slot]
-    if ld32_acq(&p.op_lock) != lock1:
-        return 0
-    return ld32_acq(&p.op_step)
 
 
 cdef int participant_state(rmap_t* rm, uint32_t slot) noexcept nogil:

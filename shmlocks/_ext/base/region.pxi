@@ -96,6 +96,17 @@ cdef _check_count(value, what, uint32_t hi):
     return value
 
 
+cdef void _init_body(shm_body* b, uint32_t code) noexcept nogil:
+    """A new lock body of kind `code` (the caller zeroed it): ctl, the repair mutex, then
+    the kind's own words (its init)."""
+    cdef kind_ops_t* ops = kind_ops(code)
+    b.ctl.kind = code
+    _robust_mutex_init(&b.ctl.repair.m, 0)
+    if ops != NULL and ops.init != NULL:
+        ops.init(b)
+    b.ctl.magic = SHM_BODY_MAGIC
+
+
 cdef int _init_pshared_mutex(pthread_mutex_t* m, bint pi) except -1:
     cdef int rc = _robust_mutex_init(m, pi)
     if rc != 0:
@@ -331,10 +342,6 @@ cdef class Region:
     has the region open, and is unlinked when the last one closes it (or exits, or dies),
     unless it was created with ``persist=True``.
     """
-    cdef rmap_t* rm
-    cdef readonly str name
-    cdef object __weakref__
-
     def __cinit__(self):
         self.rm = NULL
 
@@ -708,7 +715,7 @@ cdef class Region:
             b = shm_body_at(self.rm.base, self.rm.locks_off + slot * self.rm.stride,
                             self.rm.P, slot)
             memset(b.ctl, 0, self.rm.stride)
-            kind_init_body(&b, code)
+            _init_body(&b, code)
             if setup is not None:
                 setup(self, slot)                  # a toolbox object's arguments (toolbox.pxi)
             memset(d.name, 0, SHM_NAME_MAX)
@@ -799,7 +806,7 @@ cdef class Region:
         return o
 
     cdef _lock_at(self, uint32_t i, name=None):
-        """The lock object of entry i, made through the kind registry (participants.pxi)."""
+        """The lock object of entry i, made through the kind registry (base/kind.pxd)."""
         cdef shm_dirent* d = &self.rm.dir[i]
         cdef uint32_t code = ld32_acq(&d.kind)
         obj = kind_new_object(code, self, i, name)

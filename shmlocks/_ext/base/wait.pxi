@@ -41,21 +41,6 @@
 # it is released (wait_nogil) before the first yield, park or blocking call, and re-taken
 # by the caller (wait_regil) after _wait returns. Otherwise _wait runs without it.
 
-# The one set of result codes: what a kind's step returns (the kinds' internal interface,
-# lockbase.pxi), what park() returns, and what the wait layer's steps below return.
-cdef enum:
-    R_TIMEOUT = 0      # the deadline passed (or a deadlock's victim gives up)
-    R_ACQ = 1          # acquired; for a wait: what it waited for holds (ready said READY)
-    R_ACQ_DIED = 2     # acquired, after the holder died
-    R_PENDING = 3      # _fast: enqueued, _wait goes on
-    R_BUSY = 4         # _fast, _try: held by another, nothing changed
-    R_CONT = 5         # the wait layer: go on (poll again; a check found nothing)
-    R_PARK = 6         # the wait layer: spinning and yielding are over, park
-    R_TICK = 7         # the wait layer: a park slice ended, tick and wait again
-    R_SIGNAL = -1      # a Python signal handler raised
-    R_NOTREC = -2      # the lock is not recoverable
-    R_CORRUPT = -3     # its shared state is corrupt
-
 cdef double _FOREVER_S = 1e9          # timeouts beyond ~31 years mean "wait forever"
 cdef int64_t SPIN_NS = 4000          # first budget: about one cross-core hand-off
 cdef int64_t SPIN_MIN_NS = 200
@@ -101,82 +86,7 @@ def _wait_policy(spin_ns=None, yield_rounds=None, backoff_max=None):
         BACKOFF_MAX = max(1, int(backoff_max))
     return (SPIN_NS, YIELD_ROUNDS, PARK_SLICE_NS, BACKOFF_MAX)
 
-# A ready function answers READY (1), NEAR (0: not yet, but next in line or unknown) or
-# FAR (2: at least one other waiter is ahead, so the lock cannot come within one hand-off).
-ctypedef int (*ready_fn)(void* ctx) noexcept nogil
 
-cdef enum:
-    Q_NEAR = 0
-    Q_READY = 1
-    Q_FAR = 2
-
-cdef struct node_wait_t:   # a queue lock's ready-function context (MCS, CLH)
-    shm_qnode* n           # the node whose state the waiter watches
-    shm_qnode* nodes       # the lock's nodes, for the far hint (an id read from shm)
-    uint32_t count         # how many: ids 1..count
-
-cdef struct wait_t:
-    PyThreadState* saved    # the GIL, released by wait_nogil (NULL: not released here)
-    int gil                 # 1 while the caller's GIL is still held (see wait_nogil)
-    int64_t deadline        # absolute CLOCK_MONOTONIC ns; -1 = wait forever; 0 = do not wait
-    int64_t t0              # when the wait began (its first clock read; 0 = not yet)
-    int64_t spin_until
-    int64_t spin_ns         # this wait's spin budget
-    int phase               # 0 spin, 1 yield, 2 park
-    int yields
-    uint32_t polls          # spin polls so far (the clock is read every SPIN_CLOCK_EVERY)
-    int64_t far_until       # end of the far-waiter yield phase (0 = not started)
-    int far                 # 1 once this wait yielded as a far waiter
-    int switched            # 1 once a yield of this wait let another task run here
-    uint32_t backoff        # barging kinds: pauses between polls, doubling to BACKOFF_MAX
-                            # (0: FIFO kinds, one pause per poll)
-    int64_t dl_next         # when to look for a deadlock next (deadlock.pxi); -1: never
-    uint32_t dl_slot        # the waiting participant's slot (in region rm)
-    int dl_hit              # 1: a deadlock's victim, withdrawing as on a timeout
-    rmap_t* rm              # the waiter's region: hidden while Python code runs (its
-                            # re-entry window, participants.pxi); NULL: none
-
-
-cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) noexcept nogil:
-    w.saved = NULL
-    w.gil = 0
-    w.deadline = deadline
-    w.spin_ns = SPIN_NS
-    if budget != NULL and budget[0] != 0:
-        w.spin_ns = budget[0]
-    w.t0 = 0
-    w.spin_until = 0
-    w.phase = 0
-    w.yields = 0
-    w.polls = 0
-    w.far_until = 0
-    w.far = 0
-    w.switched = 0
-    w.backoff = 0
-    w.dl_next = -1
-    w.dl_slot = 0
-    w.dl_hit = 0
-    w.rm = NULL
-
-
-cdef inline void wait_nogil(wait_t* w) noexcept nogil:
-    """Release the GIL if the caller still holds it: before the first yield, far yield,
-    park or blocking call. The spin phase keeps it (a release and re-take would add two
-    GIL transfers to every contended hand-off); the caller re-takes it with wait_regil."""
-    if w.gil:
-        w.gil = 0
-        w.saved = PyEval_SaveThread()
-
-
-cdef inline void wait_regil(wait_t* w) noexcept nogil:
-    if w.saved != NULL:
-        PyEval_RestoreThread(w.saved)
-        w.saved = NULL
-
-
-# The look for a deadlock a long wait makes (deadlock.pxi sets it to its dl_look at import,
-# so this layer names nothing above it): 1 this waiter must give up, 0 go on, -1 a signal.
-ctypedef int (*look_fn)(wait_t* w, int64_t now) noexcept nogil
 cdef look_fn wait_look = NULL
 
 
@@ -283,38 +193,6 @@ cdef int wait_far(wait_t* w) noexcept nogil:
     return R_PARK if now >= w.far_until else R_CONT
 
 
-# ---- what a parked waiter sleeps on ----
-#
-# A sleep is one futex_waitv on the park word and on the words of what the waiter depends
-# on (docs/design.md §5): the liveness token of the participant it waits behind (the
-# holder, or its predecessor in a queue), armed with FUTEX_WAITERS so that the kernel, which
-# rewrites the token at that participant's death (FUTEX_OWNER_DIED), wakes a waiter on it;
-# and the words whose change means "the one I depend on is no longer that one" (a queue
-# predecessor's node state, a ticket's abandon marker), which their writers wake.
-cdef struct watch_t:
-    uint32_t* words[SHM_WAITV_MAX]
-    uint32_t vals[SHM_WAITV_MAX]
-    int n
-    int token               # the index of the armed liveness token in words, or -1
-    uint32_t slot           # whose token it is
-
-cdef enum:
-    DEP_UNKNOWN = 0   # whom we depend on is not known now (a step in flight): sleep a slice
-    DEP_ARMED = 1     # they are watched: sleep until woken, the deadline or the next look
-    DEP_CHANGED = 2   # one died and was recovered, or left: look again before sleeping
-
-
-cdef inline bint watch_word(watch_t* ws, uint32_t* word, uint32_t val) noexcept nogil:
-    """Also sleep on word while it holds val (read by the caller BEFORE the state it decided
-    on). 0 if the set is full: the caller then answers DEP_UNKNOWN."""
-    if ws.n >= SHM_WAITV_MAX:
-        return 0
-    ws.words[ws.n] = word
-    ws.vals[ws.n] = val
-    ws.n += 1
-    return 1
-
-
 cdef int watch_participant(rmap_t* rm, uint32_t slot, watch_t* ws) noexcept nogil:
     """Sleep until participant `slot` dies (or its token changes): arm its token with
     FUTEX_WAITERS. DEP_ARMED; DEP_CHANGED if it is dead (recovered here if that is ours to
@@ -344,22 +222,6 @@ cdef int watch_participant(rmap_t* rm, uint32_t slot, watch_t* ws) noexcept nogi
     ws.slot = slot
     watch_word(ws, tw, v)
     return DEP_ARMED
-
-
-cdef struct park_t
-# The dependency callback of a park: fill the watch set (word 0, the park word, is there
-# already), checking (and recovering) whom the waiter depends on: DEP_*.
-ctypedef int (*dep_fn)(park_t* pk, watch_t* ws) noexcept nogil
-
-cdef struct park_t:
-    ready_fn ready          # is the wait over? Q_READY, Q_NEAR or Q_FAR
-    void* ctx               # ready's argument
-    uint32_t* word          # the futex word the waker changes ...
-    uint32_t* parked        # ... and wakes if this count of parked waiters is not 0
-    dep_fn dep              # whom we depend on: armed before each sleep (NULL: nobody)
-    rmap_t* rm              # dep's arguments
-    shm_body* b
-    uint32_t arg
 
 
 cdef int park_sleep(watch_t* ws, int64_t until) noexcept nogil:
@@ -481,35 +343,3 @@ cdef int park(park_t* pk, wait_t* w) noexcept nogil:
             return r
 
 
-cdef inline void wait_adapt(wait_t* w, uint32_t* budget) noexcept nogil:
-    """After a successful wait: spin longer next time if a spin would have caught the lock,
-    else less. It would have when the wait ended while spinning; or when no yield of it let
-    another task run here (so the holder ran on another CPU) and either it ended while
-    yielding, or the whole wait, park and wake-up included, took less than PARKED_SHORT_NS.
-    A wake-up can cost more than a short critical section: without that last test, a
-    section about as long as a wake-up made every wait park once the budget was halved for
-    it, and kept it parking, doubling the hand-off time."""
-    cdef int64_t s = w.spin_ns
-    cdef int64_t took = 0
-    cdef bint longer
-    if w.far and w.phase == 0:
-        return                              # it yielded behind others: says nothing of spinning
-    if w.far or w.switched:
-        longer = 0                          # it waited behind others, or shared this CPU
-    elif w.phase < 2:
-        longer = 1
-    else:
-        took = shm_now_ns() - w.t0 if w.t0 != 0 else PARKED_SHORT_NS
-        longer = took < PARKED_SHORT_NS
-    if longer:
-        # double, and at least half again what this wait took (it may have parked)
-        s = s * 2 if s * 2 > took + took // 2 else took + took // 2
-        s = s if s < SPIN_MAX_NS else SPIN_MAX_NS
-    else:
-        s = s // 2 if s // 2 > SPIN_MIN_NS else SPIN_MIN_NS
-    budget[0] = <uint32_t>s
-
-
-cdef inline void wake_if_parked(uint32_t* word, uint32_t* parked) noexcept nogil:
-    if ld32_seq(parked) != 0:
-        shm_futex_wake(word, 0x7fffffff)

@@ -108,18 +108,6 @@ def get_deadlock_timeout():
     return g_dl_timeout
 
 
-cdef inline void dl_arm(wait_t* w, rmap_t* rm, uint32_t me, int64_t now) noexcept nogil:
-    """Slow path, before op_step = WAITING: publish in participant `me` of region rm (the
-    wait's w.rm) since when (`now`) it waits and whether it looks for deadlocks, and
-    schedule the first look."""
-    cdef shm_participant* p = &rm.part[me]
-    st64_rlx(&p.wait_since, <uint64_t>now)
-    st32_rlx(&p.detects, g_dl_timeout_ns >= 0)
-    if g_dl_timeout_ns >= 0:
-        w.dl_next = now + g_dl_timeout_ns
-        w.dl_slot = me
-
-
 cdef int dl_look(wait_t* w, int64_t now) noexcept with gil:
     """Called with the wait's deadline not yet reached, once w.dl_next has come: is this
     thread (participant w.dl_slot of region w.rm) the one member of a cycle that must give

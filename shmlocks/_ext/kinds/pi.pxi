@@ -12,6 +12,10 @@
 # contended hand-off the spin catches skips two system calls and a cross-CPU wake-up
 # (commit 1849df4 has the measurements).
 
+cdef void _pi_init(shm_body* b) noexcept nogil:
+    _robust_mutex_init(&b.wa.m, 1)
+
+
 cdef class PIMutex(_PthreadMutexLock):
     """Priority-inheritance robust mutex: waiters are served in priority order and the
     holder runs at the highest waiter's priority."""
@@ -21,11 +25,11 @@ cdef class PIMutex(_PthreadMutexLock):
     recovery = "kernel"
     priority_inheritance = True
 
-    cdef _bind(self, Region region, uint32_t i, name):
+    cdef _bind(self, object region, uint32_t i, name):
         _Lock._bind(self, region, i, name)
-        if other_pidns(region.rm.hdr.creator_pidns):
+        if other_pidns(self.rm.hdr.creator_pidns):
             raise NamespaceError(
-                f"pi lock {name!r} of region {region.name!r} belongs to another PID "
+                f"pi lock {name!r} of region {self._region.name!r} belongs to another PID "
                 "namespace: the kernel names a "
                 "priority-inheritance futex's owner by thread id, and thread ids differ "
                 "between namespaces, so it cannot be shared across them (every other kind "

@@ -8,17 +8,6 @@
 # several nodes in a row died between their tail CAS and publishing their pred (the next
 # joiner's help, which publishes its predecessor's pred from the tail word, dies too then).
 
-cdef enum:
-    QUEUE_NONE = 0xfffffffe    # no successor found (an id never stored in a node)
-    QUEUE_UNKNOWN = SHM_ID_UNKNOWN  # a pred not yet published (M_UNKNOWN, C_UNKNOWN)
-
-
-cdef inline uint32_t queue_link(shm_qnode* n) noexcept nogil:
-    """A node's predecessor as far as is known: published, else its guess (right once it
-    joined). An id read from shared memory: the caller bounds-checks it."""
-    cdef uint32_t p = ld32_acq(&n.pred)
-    return ld32_acq(&n.guess) if p == QUEUE_UNKNOWN else p
-
 
 cdef uint32_t queue_named_succ(shm_qnode* nodes, uint32_t count,
                                uint32_t target, uint32_t queued) noexcept nogil:
@@ -32,34 +21,6 @@ cdef uint32_t queue_named_succ(shm_qnode* nodes, uint32_t count,
         if st < 32 and (queued >> st) & 1 and ld32_acq(&nodes[x].pred) == target:
             return x + 1
     return QUEUE_NONE
-
-
-# The queue tail (word A of MCS and CLH): last | prev << 32, the last node to join and ITS
-# predecessor (node ids: index + 1). One encoder, one decoder per part.
-cdef inline uint64_t tail_encode(uint32_t last, uint32_t prev) noexcept nogil:
-    return last | (<uint64_t>prev << 32)
-
-
-cdef inline uint32_t tail_last(uint64_t t) noexcept nogil:
-    return <uint32_t>(t & 0xffffffffU)
-
-
-cdef inline uint32_t tail_prev(uint64_t t) noexcept nogil:
-    return <uint32_t>(t >> 32)
-
-
-# The pass record a participant publishes in op_value while it passes the lock on or
-# reclaims a node (MCS, CLH): node id | the node's round << 32.
-cdef inline uint64_t pass_encode(uint32_t node, uint32_t round) noexcept nogil:
-    return node | (<uint64_t>round << 32)
-
-
-cdef inline uint32_t pass_node(uint64_t v) noexcept nogil:
-    return <uint32_t>(v & 0xffffffffU)
-
-
-cdef inline uint32_t pass_round(uint64_t v) noexcept nogil:
-    return <uint32_t>(v >> 32)
 
 
 cdef uint32_t queue_succ_of(uint64_t* tail, shm_qnode* nodes, uint32_t count,

@@ -24,10 +24,6 @@ cdef void _robust_init(shm_body* b) noexcept nogil:
     _robust_mutex_init(&b.wa.m, 0)
 
 
-cdef void _pi_init(shm_body* b) noexcept nogil:
-    _robust_mutex_init(&b.wa.m, 1)
-
-
 cdef void _pmutex_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     """Dead participant q: the kernel marked a mutex it held OWNER_DIED (the next locker
     gets EOWNERDEAD); only its holder id is left to clear."""
@@ -192,6 +188,11 @@ cdef class _PthreadMutexLock(_Lock):
     cdef bint _is_locked(self) noexcept nogil:
         # the glibc mutex's first word is its futex: holder TID | FUTEX_WAITERS | OWNER_DIED
         return ld32_acq(<uint32_t*>&self.b.wa.m) != 0
+
+    cdef bint _held_by_tid(self, uint32_t tid) noexcept nogil:
+        # the futex word: its owner's TID, or OWNER_DIED once the kernel saw the owner die
+        cdef uint32_t w = ld32_acq(<uint32_t*>&self.b.wa.m)
+        return (w & FUTEX_OWNER_DIED_) != 0 or (w & FUTEX_TID_MASK_) == tid
 
 
 cdef class RobustMutex(_PthreadMutexLock):

@@ -34,10 +34,6 @@
 # behalf (owner_died if it had returned from acquire), a dead waiter's ticket is abandoned
 # on its behalf, so no one behind it waits for it.
 
-cdef struct _ticket_ctx:
-    uint64_t* serving
-    uint64_t t
-
 
 cdef int _ticket_ready(void* c) noexcept nogil:
     cdef _ticket_ctx* x = <_ticket_ctx*>c

@@ -1,22 +1,10 @@
-# lockbase.pxi -- the one internal interface every kind implements, and the Python API
-# built once on top of it (README.md "Usage"; docs/design.md §4).
-#
-# A kind subclasses _Lock and provides, all `noexcept nogil` so they run with or without
-# the GIL:
-#   _fast(me, armed)   uncontended attempt. R_ACQ, or R_PENDING (enqueued, _wait goes on),
-#                      or R_BUSY (nothing changed). Must return R_BUSY without side effects
-#                      when `me` is already engaged on this lock (holding or queued).
-#   _try(me)           non-blocking attempt that leaves no trace: R_ACQ or R_BUSY.
-#   _wait(me, rc, w)   the slow path, after _fast returned rc (R_PENDING or R_BUSY), under
-#                      the wait policy w: R_ACQ / R_ACQ_DIED / R_TIMEOUT / R_SIGNAL, leaving
-#                      the lock fully usable for others whatever the outcome.
-#   _unlock(me, armed) release by the holder `me` (holder field already cleared).
-#                      `armed`: crash points are armed (shm_crash_armed, read once per
-#                      Python call), so the fast path tests no global at each point.
-#   _is_locked(), _waiters()   snapshots for locked() and inspect.
-# The base class owns everything the kinds share: argument checks, participant lookup,
-# holder identity (ctl.holder, DeadlockError, NotOwnerError), owner_died/mark_consistent/
-# not-recoverable, pickling, close.
+# lockbase.pxi -- _Lock, the base of every kind: declared with the hooks each kind
+# implements in base/kind.pxd (the kind contract); here the Python API built once on those
+# hooks (README.md "Usage"; docs/design.md §4). The base class owns everything the kinds
+# share: argument checks, participant lookup, holder identity (ctl.holder, DeadlockError,
+# NotOwnerError), owner_died/mark_consistent/not-recoverable, pickling, close.
+
+import time as _time
 
 cdef object _NEG1 = -1
 cdef double _TIMEOUT_MAX = __import__("threading").TIMEOUT_MAX   # larger: OverflowError
@@ -32,17 +20,6 @@ cdef _raise_code(_Lock lk, int rc):
 
 cdef class _Lock:
     """Base of every lock kind; not instantiated directly."""
-    cdef Region _region
-    cdef rmap_t* rm
-    cdef shm_body b
-    cdef bint _closed
-    cdef bint _standalone
-    cdef str _name
-    cdef uint32_t _code
-    cdef uint32_t _lock1              # lock index + 1, as published in op_lock
-    cdef object __weakref__           # caches keyed by lock (WeakKeyDictionary), as for threading.Lock
-    cdef str _ldcls                   # its lockdep class, once asked (lockdep.pxi)
-
     # The kind registry: what every layer above needs to know of a kind (tests, torture,
     # bench and the CLI read these, never a list of names of their own).
     kind_name = None              # the `kind` string, a key of shmlocks.KINDS
@@ -111,12 +88,13 @@ cdef class _Lock:
                 if _time.monotonic() > deadline:
                     raise
 
-    cdef _bind(self, Region region, uint32_t i, name):
-        cdef rmap_t* rm = region.rm
+    cdef _bind(self, object region, uint32_t i, name):
+        cdef Region reg = region
+        cdef rmap_t* rm = reg.rm
         cdef shm_body b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
         cdef uint32_t code = kind_code_of(type(self))
         if b.ctl.magic != SHM_BODY_MAGIC or b.ctl.kind != code:
-            raise CorruptRegionError(f"region {region.name!r}: lock {name!r} body does not "
+            raise CorruptRegionError(f"region {reg.name!r}: lock {name!r} body does not "
                                      "match its directory entry")
         self._region = region
         self.rm = rm
@@ -182,6 +160,9 @@ cdef class _Lock:
         return n
 
     cdef int _consistent(self) noexcept nogil:
+        return 0
+
+    cdef bint _held_by_tid(self, uint32_t tid) noexcept nogil:
         return 0
 
     # -- acquire ------------------------------------------------------------------------
@@ -764,7 +745,7 @@ cdef class _Lock:
         once, without owner_died (docs/design.md §6.4 [V]). Such a lock is shown free,
         with ``stale_step``. A dead holder the kernel reports (robust, pi), or a user-kind
         holder that died in its critical section (no step), is shown as the holder."""
-        cdef uint32_t i, op, h, w, tid
+        cdef uint32_t i, op, h
         cdef uint32_t dead1 = 0
         cdef bint live = 0
         cdef bint stale = 0
@@ -788,11 +769,8 @@ cdef class _Lock:
                 stale = not kernel and participant_op(self.rm, h - 1, self._lock1) != 0
             elif h == 0 and dead1 != 0:
                 if kernel:
-                    # the futex word: its owner's TID, or OWNER_DIED once the kernel saw
-                    # the owner die (the word is the mutex's first, pthread's __lock)
-                    w = ld32_acq(<uint32_t*>&self.b.wa.m)
-                    tid = ld32_rlx(&self.rm.part[dead1 - 1].tid)
-                    if w & FUTEX_OWNER_DIED_ or (w & FUTEX_TID_MASK_) == tid:
+                    # the kind's word names its owner's thread, or says the owner died
+                    if self._held_by_tid(ld32_rlx(&self.rm.part[dead1 - 1].tid)):
                         h = dead1                    # it died holding: owner_died next
                 elif not live:
                     stale = 1                        # only a dead thread's step: free
@@ -800,7 +778,7 @@ cdef class _Lock:
             locked = False
             h = 0
         return {"name": self._name, "kind": self.kind_name, "locked": locked,
-                "holder": self._region._participant(h) if locked else None,
+                "holder": (<Region>self._region)._participant(h) if locked else None,
                 "waiters": self._waiters(),
                 "owner_died": bool(f & SHM_F_OWNER_DIED),
                 "not_recoverable": bool(f & SHM_F_NOTRECOVERABLE),
@@ -837,7 +815,7 @@ cdef class _Lock:
 
 
 cdef object _lock_bind(type cls, object region, uint32_t index, object name):
-    """The region's way to a lock object (kind_new_lock, participants.pxi)."""
+    """The region's way to a lock object (kind_new_lock, base/kind.pxi)."""
     cdef _Lock lk = cls.__new__(cls)
     lk._bind(region, index, name)
     return lk

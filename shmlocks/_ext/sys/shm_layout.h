@@ -133,7 +133,7 @@ typedef struct shm_lockctl {
     uint32_t kind;
     uint32_t flags;            /* SHM_F_* */
     uint32_t holder;           /* holder id: (index + 1) | generation << 13, 0 = none (a
-                                  snapshot; participants.pxi holder_id) */
+                                  snapshot; participants.pxd holder_id) */
     uint32_t magic;            /* SHM_BODY_MAGIC once initialised */
     uint64_t acquisitions;     /* holds begun */
     uint64_t handoffs;         /* holds begun by another process than the last holder's */

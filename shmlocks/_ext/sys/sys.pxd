@@ -1,4 +1,4 @@
-# sys.pxi -- every foreign declaration in one place: the layout ABI (shm_layout.h), atomics,
+# sys.pxd -- every foreign declaration in one place: the layout ABI (shm_layout.h), atomics,
 # futex(2), clocks, crash points and the per-thread state of waits and recoveries
 # (shm_sys.h), the debug build's assertions (shm_debug.h), pthread robust/PI mutexes, mmap,
 # the CPython calls. The bottom layer: it uses nothing of the core (docs/design.md §1).

@@ -1,0 +1,203 @@
+# kind.pxd -- the kind contract: what a lock kind provides, and what it may use.
+#
+# A kind (ticket, mcs, clh, futex, robust, pi: one unit each in kinds/) is
+#   1. a cdef class deriving from _Lock (below) that sets the class facts (kind_name, a key
+#      of shmlocks.KINDS; kind_code, its SHM_KIND_* code, stored in the directory and the
+#      body; fifo; recovery, "user" or "kernel"; priority_inheritance) and overrides the
+#      hooks marked HOOK below, all `noexcept nogil`, so they run with or without the GIL;
+#   2. the lock body's words A and B (shm_body.wa, .wb) and, if it queues, its node lines
+#      (shm_qnode, shm_tslot, shm_prec: shm_layout.h), used as the word table at the top
+#      of its .pxi says;
+#   3. registered at the end of its .pxi: _register_kind(cls, init, recover, repair).
+#
+# Every hook returns one of the result codes (R_*, below). A blocking wait is park() (with
+# the ready and dep callbacks below: base/wait.pxd), so that every kind sleeps, wakes, runs
+# signal handlers and looks for deadlocks alike.
+#
+# What a kind may use, besides this file and the system ABI (sys/sys.pxd: the body's
+# layout, the atomics, futex, crash points, dassert, trace):
+#   base/participants.pxd  rmap_t (the region's validated geometry: P, part[]), the holder
+#                          ids, participant_op/_dead/_try_recover, participants_settle,
+#                          recover_verdict ([V]), holder_forget, recover_wait_check
+#   base/wait.pxd          wait_t (the policy's state: deadline, backoff), park(),
+#                          watch_word, watch_participant, wake_if_parked, and for a kind
+#                          that sleeps in its own way (robust, pi) the policy's steps
+#   kinds/queue.pxd        (a queue lock) the tail word and pass record codecs, a
+#                          successor found from the tail
+# and nothing of diag/, lock/ or another kind (tests/test_layers.py).
+#
+# rmap_t, reg_t (base/participants.pxd) and wait_t (base/wait.pxd) are opaque here: this
+# file only names them.
+
+cdef struct rmap_t
+cdef struct reg_t
+cdef struct wait_t
+
+# ---- the result codes: every hook, park() and the wait policy's steps return one -------
+cdef enum:
+    R_TIMEOUT = 0      # the deadline passed (or a deadlock's victim gives up)
+    R_ACQ = 1          # acquired; for a wait: what it waited for holds (ready said READY)
+    R_ACQ_DIED = 2     # acquired, after the holder died
+    R_PENDING = 3      # _fast: enqueued, _wait goes on
+    R_BUSY = 4         # _fast, _try: held by another, nothing changed
+    R_CONT = 5         # the wait layer: go on (poll again; a check found nothing)
+    R_PARK = 6         # the wait layer: spinning and yielding are over, park
+    R_TICK = 7         # the wait layer: a park slice ended, tick and wait again
+    R_SIGNAL = -1      # a Python signal handler raised
+    R_NOTREC = -2      # the lock is not recoverable
+    R_CORRUPT = -3     # its shared state is corrupt
+
+# ---- the ops table: what the layers below the kinds need of one -------------------------
+# Filled by _register_kind, indexed by kind code; no layer below names a kind.
+#   init(b)           a new lock body, after ctl and the repair mutex (NULL: all zero will do)
+#   recover(rm, b, q) complete dead participant q's protocol on this lock (docs/design.md §6),
+#                     under the lock's repair mutex if `repair` is set (a user-recovered
+#                     kind); a kind whose owner deaths the kernel reports (robust, pi) only
+#                     forgets q's holder id (holder_forget), with repair 0.
+ctypedef void (*kind_init_fn)(shm_body* b) noexcept nogil
+ctypedef void (*kind_recover_fn)(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil
+
+cdef struct kind_ops_t:
+    kind_init_fn init
+    kind_recover_fn recover
+    bint repair
+
+cdef int _register_kind(type cls, kind_init_fn init, kind_recover_fn recover,
+                        bint repair) except -1
+cdef kind_ops_t* kind_ops(uint32_t code) noexcept nogil
+cdef uint32_t kind_code_of(kind) except 0
+cdef object kind_new_lock(uint32_t code, object region, uint32_t index, object name)
+cdef list _KIND_CLASSES                 # the registered classes, in registration order
+
+# The synchronization toolbox's objects (docs/design.md §12) live in the directory beside
+# the locks, with kind codes of their own and entries in the same ops table, but are not
+# locks (not in KINDS): the toolbox layer registers them with _register_object and fills
+# g_tb_api with what Region's toolbox methods call.
+cdef dict _OBJ_BY_CODE                  # object kind code -> its class
+cdef dict g_tb_api                      # Region method name -> the toolbox's function
+cdef int _register_object(type cls, kind_init_fn init, kind_recover_fn recover,
+                          bint repair) except -1
+cdef object kind_new_object(uint32_t code, object region, uint32_t index, object name)
+
+# How a lock object is made for a directory entry (kind_new_lock): the lock layer's binder,
+# set by lock/lockbase.pxi, called with the class registered for the entry's kind.
+ctypedef object (*kind_bind_fn)(type cls, object region, uint32_t index, object name)
+cdef kind_bind_fn g_kind_bind
+
+# ---- waiting: park()'s callbacks (park() itself: base/wait.pxd) --------------------------
+# ready(ctx): is the wait over? READY, or not yet: NEAR (next in line, or unknown), FAR (at
+# least one other waiter is ahead: the lock cannot come within one hand-off, so the
+# policy yields rather than spins).
+ctypedef int (*ready_fn)(void* ctx) noexcept nogil
+
+cdef enum:
+    Q_NEAR = 0
+    Q_READY = 1
+    Q_FAR = 2
+
+# What a parked waiter sleeps on (docs/design.md §5): one futex_waitv on the park word and
+# on the words of what it depends on: the liveness token of the participant it waits
+# behind (watch_participant: armed with FUTEX_WAITERS, so that the kernel, which rewrites
+# the token at that participant's death, wakes it), and the words whose change means "the
+# one I depend on is no longer that one" (watch_word), which their writers wake.
+cdef struct watch_t:
+    uint32_t* words[SHM_WAITV_MAX]
+    uint32_t vals[SHM_WAITV_MAX]
+    int n
+    int token               # the index of the armed liveness token in words, or -1
+    uint32_t slot           # whose token it is
+
+cdef enum:
+    DEP_UNKNOWN = 0   # whom we depend on is not known now (a step in flight): sleep a slice
+    DEP_ARMED = 1     # they are watched: sleep until woken, the deadline or the next look
+    DEP_CHANGED = 2   # one died and was recovered, or left: look again before sleeping
+
+cdef struct park_t
+# dep(pk, ws): fill the watch set (word 0, the park word, is there already) with whom the
+# waiter depends on, checking it first: a dead one is recovered here
+# (participant_try_recover) and answers DEP_CHANGED; DEP_ARMED once watched; DEP_UNKNOWN
+# when it cannot be known now (the sleep is then one slice). Each word's value is read
+# BEFORE the state it is read to mean, so that a change after the read wakes the sleep.
+ctypedef int (*dep_fn)(park_t* pk, watch_t* ws) noexcept nogil
+
+cdef struct park_t:
+    ready_fn ready          # is the wait over? Q_READY, Q_NEAR or Q_FAR
+    void* ctx               # ready's argument
+    uint32_t* word          # the futex word the waker changes ...
+    uint32_t* parked        # ... and wakes if this count of parked waiters is not 0
+    dep_fn dep              # whom we depend on: armed before each sleep (NULL: nobody)
+    rmap_t* rm              # dep's arguments
+    shm_body* b
+    uint32_t arg
+
+# ---- the base class --------------------------------------------------------------------
+cdef class _Lock:
+    # what a kind reads: its region's geometry (rm.P, rm.part) and its lock's body (b.ctl,
+    # b.wa, b.wb, the node lines), its kind code and its index + 1 (as published in op_lock)
+    cdef object _region               # the Region (lock/lockbase.pxi casts it)
+    cdef rmap_t* rm
+    cdef shm_body b
+    cdef bint _closed
+    cdef bint _standalone
+    cdef str _name
+    cdef uint32_t _code
+    cdef uint32_t _lock1
+    cdef object __weakref__           # caches keyed by lock (WeakKeyDictionary)
+    cdef str _ldcls                   # its lockdep class, once asked (diag/lockdep.pxi)
+
+    # HOOK _fast(me, armed): the uncontended attempt by participant `me`. R_ACQ, R_PENDING
+    #   (enqueued: _wait goes on) or R_BUSY (nothing changed); R_BUSY without side effects
+    #   when `me` is already engaged on this lock (holding or queued). `armed`: crash points
+    #   are armed (shm_crash_armed, read once per Python call): pass it to crashpoint_at.
+    cdef int _fast(self, uint32_t me, bint armed) noexcept nogil
+    # HOOK _try(me): a non-blocking attempt that leaves no trace: R_ACQ (R_ACQ_DIED) or
+    #   R_BUSY; R_NOTREC, R_CORRUPT.
+    cdef int _try(self, uint32_t me) noexcept nogil
+    # HOOK _wait(me, rc, w): the slow path, after _fast returned rc (R_PENDING or R_BUSY),
+    #   under the wait policy w (a deadline of 0: leave at once): R_ACQ, R_ACQ_DIED,
+    #   R_TIMEOUT, R_SIGNAL, R_NOTREC or R_CORRUPT, leaving the lock fully usable for
+    #   others whatever the outcome.
+    cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil
+    # HOOK _unlock(me, armed): release by the holder `me` (the holder record is already
+    #   cleared): 0, or R_CORRUPT.
+    cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil
+    # HOOK _is_locked(): a snapshot, for locked() and inspect (default: a holder record).
+    cdef bint _is_locked(self) noexcept nogil
+    # _waiters(): live participants that published that they wait (not a hook).
+    cdef int _waiters(self) noexcept nogil
+    # HOOK _consistent(): make the kind's own state consistent after an owner death, before
+    #   a release with OWNER_DIED (robust, pi: pthread_mutex_consistent; default nothing).
+    cdef int _consistent(self) noexcept nogil
+    # HOOK _held_by_tid(tid): (kernel-recovered kinds) does the lock word name thread `tid`
+    #   as its owner, or say its owner died? For inspect's view of a dead holder.
+    cdef bint _held_by_tid(self, uint32_t tid) noexcept nogil
+
+    # -- the base's own: the Python API on the hooks (lock/lockbase.pxi); a kind neither
+    #    calls nor overrides these, except _bind (pi checks its namespace there) --
+    cdef _bind(self, object region, uint32_t i, name)
+    cdef inline reg_t* _me(self) except NULL
+    cdef reg_t* _me_by(self, int64_t deadline) except NULL
+    cdef inline reg_t* _me_fast(self) noexcept nogil
+    cdef inline bint _got_fast(self, reg_t* r, int rc, bint armed) noexcept nogil
+    cdef object _got(self, reg_t* r, int rc, bint armed)
+    cdef inline int _take_fast(self, reg_t* r, bint armed) noexcept nogil
+    cdef object _acquire_rest(self, reg_t* r, int rc)
+    cdef object _got_flags(self, reg_t* r, int rc)
+    cdef str _lockdep_class(self)
+    cdef object _acquire_lockdep(self, blocking, timeout)
+    cdef object _acquire_forever(self, reg_t* r)
+    cdef object _acquire_args(self, blocking, timeout)
+    cdef int _withdraw(self, reg_t* r, int rc) except? -100
+    cdef bint _waiting_via_other_view(self, reg_t* r) noexcept nogil
+    cdef bint _held_via_other_view(self, reg_t* r) noexcept nogil
+    cdef _raise_deadlock(self)
+    cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline)
+    cdef inline reg_t* _holding_me(self) noexcept nogil
+    cdef inline int _unhold(self, reg_t* r, bint armed) noexcept nogil
+    cdef int _release(self) except -1
+    cdef int _release_rest(self, reg_t* r, int rc) except -1
+    cdef int _check_held_across_close(self) except -1
+    cdef int _not_owner(self, reg_t* r) except -1
+    cdef int _release_handing_on(self) except -1
+    cdef int _check(self) except -1
+    cdef bint _handing_on(self)

@@ -1,0 +1,228 @@
+# participants.pxd -- who is who (docs/design.md §3): the interface of participants.pxi.
+#
+# A participant is one thread of one process using a region, named by its slot and, in a
+# lock's holder record, by slot and generation (the holder id). Its liveness is its
+# token's: a robust mutex it holds for as long as it owns the slot, which the kernel
+# marks OWNER_DIED at its death. Here too: this process's views of regions (rmap_t) and
+# the calling thread's registrations (reg_t), the re-entry windows, and the recovery
+# driver that completes a dead participant's protocol on every lock (each kind's recover,
+# through the ops table of base/kind.pxd) and the verdict [V] every kind's holding case
+# cites.
+
+cdef struct rmap_t:
+    char* base
+    size_t size
+    shm_header* hdr
+    shm_dirent* dir
+    shm_participant* part
+    uint64_t locks_off
+    uint64_t stride
+    uint32_t P                # validated copies: never re-read from the segment
+    uint32_t L
+    int closed                # no new use from this process
+    int nthreads              # threads of this process holding a token in this mapping
+    int pins                  # threads inside a call that touches the mapping unregistered
+    int pyalive               # the Region object is alive
+    int fd                    # the segment's file, open as long as the mapping (-1: none)
+    int named                 # fd holds flock(LOCK_SH): this view keeps the name alive
+    int persist               # the segment was created with persist=True
+    int fork_fd               # between fork's prepare and parent/child: the child's fd
+    char path[224]            # "/dev/shm/<name>" (names are at most 200 bytes)
+    rmap_t* gnext
+
+
+cdef struct reg_t:
+    reg_t* next
+    rmap_t* rm
+    uint32_t slot
+    uint32_t hid              # holder_id(slot, generation): what ctl.holder names us by
+    uint32_t pid              # = part[slot].pid, kept here so a hold's count reads no shm
+    uint32_t* op              # &part[slot].op_lock: where this thread publishes its steps
+    int held                  # locks this thread holds in this region
+
+
+# How many regions a thread may take part in at once. Each keeps one liveness token locked
+# on the thread's glibc robust list, and so does each robust or pi lock the thread holds;
+# at the thread's death the kernel walks at most ROBUST_LIST_LIMIT (2,048) entries of that
+# list, newest first (glibc pushes at the head), so past it the OLDEST entries (the first
+# regions' tokens) are never marked OWNER_DIED: the thread would look alive there forever.
+# 1,024 tokens leave the other 1,024 entries to the robust/pi locks it holds at once (and
+# to any other library's robust mutexes). Tokens of regions closed in this process are
+# given back at close (the closing thread's) or at the next registration (another
+# thread's: reg_leave_closed), so they do not count.
+cdef enum:
+    REGIONS_PER_THREAD = 1024
+
+# A lock's holder record (ctl.holder) names a participant by slot AND generation, so a record
+# left by one occupant of a slot can never be taken for the next occupant's: slot + 1 in
+# the low HOLDER_SLOT_BITS (SHM_MAX_PARTICIPANTS + 1 fits), the generation's low bits above.
+cdef enum:
+    HOLDER_SLOT_BITS = 13
+    HOLDER_SLOT_MASK = (1 << HOLDER_SLOT_BITS) - 1
+
+# Linux robust futex word bits (include/uapi/linux/futex.h)
+cdef enum:
+    FUTEX_TID_MASK_ = 0x3fffffff
+    FUTEX_OWNER_DIED_ = 0x40000000
+    FUTEX_WAITERS_ = 0x80000000
+
+# Re-entry windows (docs/design.md §4). Python code runs inside a blocked acquire only where
+# the wait checks signals or looks for a deadlock (wait_signals, wait_look_due: handlers,
+# and the look's own code, which may run finalizers) and in the same check inside a
+# recovery (recover_wait_check). The thread's
+# participant in that region is mid-step there (WAITING, or recovering someone): a lock call
+# from that code would publish its own step over it. For the length of the window the
+# participant is hidden: its reg_t is unlinked from the thread's list, so any lock call on
+# that region misses reg_lookup (the fast path is untouched) and reaches a slow path that
+# refuses it with ReentryError (window_busy). Nested windows (a handler's wait on another
+# region) stack, at most WINDOW_MAX deep, per thread: the stack (shm_win_*) is C
+# thread-local state, as shm_recovering and shm_recover_sig are (shm_sys.h).
+cdef enum:
+    WINDOW_MAX = SHM_WINDOW_MAX
+
+
+# -- process-local bookkeeping: the views, the SIGTERM-safe sections (docs/design.md §2) --
+cdef pthread_mutex_t g_mutex            # guards every rmap_t's counters and the view list
+# A fatal SIGTERM leaves the names as a normal end does (region.pxi: _sigterm_leave). Its
+# handler can interrupt any thread anywhere, so it must never act on bookkeeping caught
+# half-changed: every section that changes what this process's views keep alive (g_mutex
+# held, through gm_lock/gm_unlock; a view made between its file's flock and its entry in
+# g_rmaps, region.pxi) counts itself in g_lc_busy. A handler that finds a section running
+# only records its signal in g_lc_pending and returns; the last thread out of a section
+# then leaves the names and ends the process with it (lc_end). docs/design.md §2.
+cdef uint32_t g_lc_busy
+cdef uint32_t g_lc_pending
+cdef void lc_end() noexcept nogil
+cdef int _robust_mutex_init(pthread_mutex_t* m, bint pi) noexcept nogil
+cdef int participants_init() except -1
+cdef void rmap_link(rmap_t* rm) noexcept nogil
+cdef void rmap_maybe_unmap(rmap_t* rm) noexcept nogil
+cdef void rmap_maybe_free(rmap_t* rm) noexcept nogil
+cdef void rmap_leave_all_names() noexcept nogil
+cdef int rmap_pin(rmap_t* rm) except -1
+cdef void rmap_unpin(rmap_t* rm) noexcept nogil
+
+
+cdef inline void lc_enter() noexcept nogil:
+    fadd32(&g_lc_busy, 1)
+
+
+cdef inline void lc_exit() noexcept nogil:
+    # seq_cst both sides: the handler stores g_lc_pending then loads g_lc_busy, we store
+    # g_lc_busy then load g_lc_pending, so at least one of the two sees the other
+    if fsub32(&g_lc_busy, 1) == 1 and ld32_seq(&g_lc_pending) != 0:
+        lc_end()
+
+
+cdef inline void gm_lock() noexcept nogil:
+    lc_enter()
+    pthread_mutex_lock(&g_mutex)
+
+
+cdef inline void gm_unlock() noexcept nogil:
+    pthread_mutex_unlock(&g_mutex)
+    lc_exit()
+
+
+# -- holder ids, namespaces -------------------------------------------------------------
+cdef uint64_t my_pidns() noexcept nogil
+
+
+cdef inline uint32_t holder_id(uint32_t slot, uint64_t generation) noexcept nogil:
+    return (slot + 1) | <uint32_t>(generation << HOLDER_SLOT_BITS)
+
+
+cdef inline uint32_t participant_hid(rmap_t* rm, uint32_t slot) noexcept nogil:
+    """The holder id of the participant now in `slot` (its generation as published)."""
+    return holder_id(slot, ld64_acq(&rm.part[slot].generation))
+
+
+cdef inline uint32_t holder_slot(rmap_t* rm, uint32_t h) noexcept nogil:
+    """The slot + 1 that holder record h names, or 0 if none, out of range, or left by an
+    earlier occupant of the slot (stale)."""
+    cdef uint32_t s1 = h & HOLDER_SLOT_MASK
+    if h == 0 or s1 == 0 or s1 > rm.P or participant_hid(rm, s1 - 1) != h:
+        return 0
+    return s1
+
+
+cdef inline bint other_pidns(uint64_t ns) noexcept nogil:
+    """Is namespace id `ns` (a record's) known and not ours?"""
+    cdef uint64_t mine = my_pidns()
+    return ns != 0 and mine != 0 and ns != mine
+
+
+
+# -- registration and the re-entry windows (docs/design.md §4) ------------------------
+cdef reg_t* reg_register(rmap_t* rm) except NULL
+cdef int reg_unregister(rmap_t* rm) noexcept nogil
+cdef reg_t* reg_find(rmap_t* rm) noexcept nogil
+cdef int window_enter(rmap_t* rm) noexcept nogil
+cdef void window_exit(int entered) noexcept nogil
+cdef object reentry_error(str what)
+cdef int _raise_pending() except -1
+
+
+cdef inline reg_t* reg_lookup(rmap_t* rm) noexcept nogil:
+    cdef reg_t* r = <reg_t*>shm_tls_get()
+    while r != NULL:
+        if r.rm == rm:
+            return r
+        r = r.next
+    return NULL
+
+
+cdef inline bint window_busy(rmap_t* rm) noexcept nogil:
+    """Is this thread inside a window on region rm (a lock call now is a re-entry)?"""
+    cdef int i
+    for i in range(shm_win_n):
+        if shm_win_rm[i] == <void*>rm:
+            return 1
+    return 0
+
+
+
+# -- liveness and recovery (docs/design.md §6) ------------------------------------------
+# 5 ms: how often a wait inside a recovery (short, bounded: a repair mutex, a live
+# participant finishing a step) checks the deadline and signals; it polls, unlike a park
+cdef int64_t RECOVER_CHECK_NS
+ctypedef bint (*midstep_fn)(shm_body* b, uint32_t x) noexcept nogil
+cdef int participant_state(rmap_t* rm, uint32_t slot) noexcept nogil
+cdef void participant_try_recover(rmap_t* rm, uint32_t slot) noexcept nogil
+cdef void recover_verdict(rmap_t* rm, shm_body* b, uint32_t q, uint32_t op) noexcept nogil
+cdef bint participants_settle(rmap_t* rm, shm_body* b, uint32_t q, uint32_t step,
+                              midstep_fn midstep) noexcept nogil
+cdef int recover_wait_check(rmap_t* rm, int64_t until, int64_t* next_sig) noexcept nogil
+
+
+cdef inline int64_t recover_until(int64_t cap_ns) noexcept nogil:
+    """When a wait inside a recovery must end: cap_ns from now, or the calling thread's
+    acquire deadline if that comes first."""
+    cdef int64_t until = shm_now_ns() + cap_ns
+    if 0 <= shm_recover_deadline < until:
+        until = shm_recover_deadline
+    return until
+
+
+cdef inline void holder_forget(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+    """Clear the lock's holder record if it names dead participant q (this occupant of the
+    slot, not a later one): a CAS, so it is redone harmlessly."""
+    cas32(&b.ctl.holder, participant_hid(rm, q), 0)
+
+
+cdef inline bint participant_dead(rmap_t* rm, uint32_t slot) noexcept nogil:
+    """Cheap liveness check from the token's futex word (no syscall, no lock): dead, or
+    free with its recovery pending."""
+    cdef uint32_t w = ld32_acq(<uint32_t*>&rm.part[slot].token.m)
+    if w & FUTEX_OWNER_DIED_:
+        return 1
+    return (w & FUTEX_TID_MASK_) == 0 and ld32_acq(&rm.part[slot].pending) != 0
+
+
+cdef inline uint32_t participant_op(rmap_t* rm, uint32_t slot, uint32_t lock1) noexcept nogil:
+    """The step a participant published for lock (index + 1) lock1, or 0."""
+    cdef shm_participant* p = &rm.part[slot]
+    if ld32_acq(&p.op_lock) != lock1:
+        return 0
+    return ld32_acq(&p.op_step)
+

@@ -1,0 +1,132 @@
+# wait.pxd -- the one waiting policy every kind uses (docs/design.md §5): the interface of
+# wait.pxi. A kind waits with park() (its callbacks, park_t, watch_t and the result codes
+# are the kind contract's: base/kind.pxd); the pthread kinds, which sleep in glibc's
+# mutex, drive the policy's steps themselves (wait_pause, wait_until, wait_signals,
+# wait_look_due, park_sleep).
+
+cdef struct wait_t:
+    PyThreadState* saved    # the GIL, released by wait_nogil (NULL: not released here)
+    int gil                 # 1 while the caller's GIL is still held (see wait_nogil)
+    int64_t deadline        # absolute CLOCK_MONOTONIC ns; -1 = wait forever; 0 = do not wait
+    int64_t t0              # when the wait began (its first clock read; 0 = not yet)
+    int64_t spin_until
+    int64_t spin_ns         # this wait's spin budget
+    int phase               # 0 spin, 1 yield, 2 park
+    int yields
+    uint32_t polls          # spin polls so far (the clock is read every SPIN_CLOCK_EVERY)
+    int64_t far_until       # end of the far-waiter yield phase (0 = not started)
+    int far                 # 1 once this wait yielded as a far waiter
+    int switched            # 1 once a yield of this wait let another task run here
+    uint32_t backoff        # barging kinds: pauses between polls, doubling to BACKOFF_MAX
+                            # (0: FIFO kinds, one pause per poll)
+    int64_t dl_next         # when to look for a deadlock next (deadlock.pxi); -1: never
+    uint32_t dl_slot        # the waiting participant's slot (in region rm)
+    int dl_hit              # 1: a deadlock's victim, withdrawing as on a timeout
+    rmap_t* rm              # the waiter's region: hidden while Python code runs (its
+                            # re-entry window, participants.pxi); NULL: none
+
+
+cdef double _FOREVER_S                  # timeouts beyond ~31 years mean "wait forever"
+cdef int64_t SPIN_NS                    # the first spin budget
+cdef int64_t SPIN_MIN_NS
+cdef int64_t SPIN_MAX_NS
+cdef int64_t PARKED_SHORT_NS
+cdef int g_wait_waitv                   # 1: sleeps are futex_waitv (wait_mode_init)
+cdef unsigned long g_main_ident         # the thread that runs Python's signal handlers
+
+# The look for a deadlock a long wait makes (deadlock.pxi sets it to its dl_look at import,
+# so this layer names nothing above it): 1 this waiter must give up, 0 go on, -1 a signal.
+ctypedef int (*look_fn)(wait_t* w, int64_t now) noexcept nogil
+cdef look_fn wait_look
+
+cdef str wait_mode_init(str forced)
+cdef bint wait_signals(wait_t* w) noexcept nogil
+cdef int wait_look_due(wait_t* w, int64_t now) noexcept nogil
+cdef int64_t wait_until(wait_t* w, bint sliced) noexcept nogil
+cdef int wait_pause(wait_t* w) noexcept nogil
+cdef int watch_participant(rmap_t* rm, uint32_t slot, watch_t* ws) noexcept nogil
+cdef int park_sleep(watch_t* ws, int64_t until) noexcept nogil
+cdef void park_woken(watch_t* ws) noexcept nogil
+cdef int park(park_t* pk, wait_t* w) noexcept nogil
+
+
+cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) noexcept nogil:
+    w.saved = NULL
+    w.gil = 0
+    w.deadline = deadline
+    w.spin_ns = SPIN_NS
+    if budget != NULL and budget[0] != 0:
+        w.spin_ns = budget[0]
+    w.t0 = 0
+    w.spin_until = 0
+    w.phase = 0
+    w.yields = 0
+    w.polls = 0
+    w.far_until = 0
+    w.far = 0
+    w.switched = 0
+    w.backoff = 0
+    w.dl_next = -1
+    w.dl_slot = 0
+    w.dl_hit = 0
+    w.rm = NULL
+
+
+cdef inline void wait_nogil(wait_t* w) noexcept nogil:
+    """Release the GIL if the caller still holds it: before the first yield, far yield,
+    park or blocking call. The spin phase keeps it (a release and re-take would add two
+    GIL transfers to every contended hand-off); the caller re-takes it with wait_regil."""
+    if w.gil:
+        w.gil = 0
+        w.saved = PyEval_SaveThread()
+
+
+cdef inline void wait_regil(wait_t* w) noexcept nogil:
+    if w.saved != NULL:
+        PyEval_RestoreThread(w.saved)
+        w.saved = NULL
+
+
+cdef inline void wait_adapt(wait_t* w, uint32_t* budget) noexcept nogil:
+    """After a successful wait: spin longer next time if a spin would have caught the lock,
+    else less. It would have when the wait ended while spinning; or when no yield of it let
+    another task run here (so the holder ran on another CPU) and either it ended while
+    yielding, or the whole wait, park and wake-up included, took less than PARKED_SHORT_NS.
+    A wake-up can cost more than a short critical section: without that last test, a
+    section about as long as a wake-up made every wait park once the budget was halved for
+    it, and kept it parking, doubling the hand-off time."""
+    cdef int64_t s = w.spin_ns
+    cdef int64_t took = 0
+    cdef bint longer
+    if w.far and w.phase == 0:
+        return                              # it yielded behind others: says nothing of spinning
+    if w.far or w.switched:
+        longer = 0                          # it waited behind others, or shared this CPU
+    elif w.phase < 2:
+        longer = 1
+    else:
+        took = shm_now_ns() - w.t0 if w.t0 != 0 else PARKED_SHORT_NS
+        longer = took < PARKED_SHORT_NS
+    if longer:
+        # double, and at least half again what this wait took (it may have parked)
+        s = s * 2 if s * 2 > took + took // 2 else took + took // 2
+        s = s if s < SPIN_MAX_NS else SPIN_MAX_NS
+    else:
+        s = s // 2 if s // 2 > SPIN_MIN_NS else SPIN_MIN_NS
+    budget[0] = <uint32_t>s
+
+
+cdef inline bint watch_word(watch_t* ws, uint32_t* word, uint32_t val) noexcept nogil:
+    """Also sleep on word while it holds val (read by the caller BEFORE the state it decided
+    on). 0 if the set is full: the caller then answers DEP_UNKNOWN."""
+    if ws.n >= SHM_WAITV_MAX:
+        return 0
+    ws.words[ws.n] = word
+    ws.vals[ws.n] = val
+    ws.n += 1
+    return 1
+
+
+cdef inline void wake_if_parked(uint32_t* word, uint32_t* parked) noexcept nogil:
+    if ld32_seq(parked) != 0:
+        shm_futex_wake(word, 0x7fffffff)

@@ -1,0 +1,21 @@
+# ticket.pxd -- FIFO ticket lock with abandonable tickets: the interface of ticket.pxi
+# (the kind contract it implements: base/kind.pxd; its word table: the top of ticket.pxi).
+
+cdef struct _ticket_ctx:
+    uint64_t* serving
+    uint64_t t
+
+
+cdef class TicketLock(_Lock):
+    cdef inline uint64_t* _next(self) noexcept nogil
+    cdef inline uint64_t* _serving(self) noexcept nogil
+    cdef int _fast(self, uint32_t me, bint armed) noexcept nogil
+    cdef bint _take_back(self, uint32_t me) noexcept nogil
+    cdef int _park(self, ready_fn ready, dep_fn dep, _ticket_ctx* ctx, shm_tslot* nd,
+                   wait_t* w) noexcept nogil
+    cdef int _settle_inherited(self, uint32_t me, wait_t* w) noexcept nogil
+    cdef int _abandon(self, uint32_t me, uint64_t t) noexcept nogil
+    cdef int _try(self, uint32_t me) noexcept nogil
+    cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil
+    cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil
+    cdef bint _is_locked(self) noexcept nogil

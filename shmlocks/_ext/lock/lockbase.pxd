@@ -1,0 +1,3 @@
+# lockbase.pxd -- the lock layer declares nothing of its own: its class, _Lock, is declared
+# with the hooks each kind implements in base/kind.pxd (the kind contract), which the
+# layers below need to name; lockbase.pxi defines it and the Python API on it.
