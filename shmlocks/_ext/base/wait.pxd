@@ -31,6 +31,7 @@ cdef int64_t SPIN_NS                    # the first spin budget
 cdef int64_t SPIN_MIN_NS
 cdef int64_t SPIN_MAX_NS
 cdef int64_t PARKED_SHORT_NS
+cdef int64_t PARK_SLICE_NS                # a sleep that cannot watch whom it depends on
 cdef int g_wait_waitv                   # 1: sleeps are futex_waitv (wait_mode_init)
 cdef unsigned long g_main_ident         # the thread that runs Python's signal handlers
 

@@ -1,3 +1,5 @@
-# lockbase.pxd -- the lock layer declares nothing of its own: its class, _Lock, is declared
-# with the hooks each kind implements in base/kind.pxd (the kind contract), which the
-# layers below need to name; lockbase.pxi defines it and the Python API on it.
+# lockbase.pxd -- the lock layer: its class, _Lock, is declared with the hooks each kind
+# implements in base/kind.pxd (the kind contract), which the layers below need to name;
+# lockbase.pxi defines it and the Python API on it.
+
+cdef double _TIMEOUT_MAX                # a timeout above threading.TIMEOUT_MAX: OverflowError

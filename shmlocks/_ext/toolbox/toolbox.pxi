@@ -23,10 +23,6 @@
 # watch than fit, or no futex_waitv, it sleeps a PARK_SLICE_NS slice and looks again.
 
 
-cdef enum:
-    TB_WATCH_MAX = SHM_WAITV_MAX
-    R_BOUND = -10                 # a bounded semaphore released past its initial value
-
 cdef int64_t TB_GUARD_SLICE_NS = 100000000
 
 
@@ -58,18 +54,6 @@ cdef void tb_undo(shm_body* b) noexcept nogil:
     st32_seq(&j.n, 0)
 
 
-cdef inline void tb_set(shm_body* b, uint32_t* p, uint32_t v) noexcept nogil:
-    """Under the guard: journal *p's old value, then store v (docs/design.md §12)."""
-    cdef shm_tbjournal* j = shm_tb_journal(b)
-    cdef uint32_t n = j.n
-    dassert(n < TB_JMAX, "toolbox: a change fits the journal")
-    if n < TB_JMAX:
-        j.e[n].off = <uint32_t>(<char*>p - <char*>b.ctl)
-        j.e[n].old = ld32_rlx(p)
-        st32_seq(&j.n, n + 1)              # the entry is there before the store
-    st32_seq(p, v)
-
-
 cdef int tb_lock(shm_body* b, int64_t until) noexcept nogil:
     """Take the object's guard by `until` (-1: no end): 0, ETIMEDOUT, or an error (a
     mutex that is not one of ours). After its holder's death, undo its change first."""
@@ -96,49 +80,11 @@ cdef int tb_lock(shm_body* b, int64_t until) noexcept nogil:
     return rc
 
 
-cdef inline void tb_unlock(shm_body* b) noexcept nogil:
-    """Commit the change (empty the journal) and let go of the guard."""
-    st32_seq(&shm_tb_journal(b).n, 0)
-    pm_unlock(shm_tb_guard(b), 0)
-
-
 cdef void tb_init(shm_body* b) noexcept nogil:
     _robust_mutex_init(shm_tb_guard(b), 0)
 
 
-cdef inline void tb_bump(shm_body* b, int n) noexcept nogil:
-    """After a change a waiter waits for (guard held): change the word it sleeps on. The
-    caller wakes after letting go of the guard (tb_wake)."""
-    fadd32(&shm_tb_word(b).seq, 1)
-
-
-cdef inline void tb_wake(shm_body* b, int n) noexcept nogil:
-    if ld32_seq(&shm_tb_word(b).parked) != 0:
-        shm_futex_wake(&shm_tb_word(b).seq, n)
-
-
 # ---- sleeping on a word and on participants' lives ----
-
-cdef struct tb_watch_t:
-    watch_t ws
-    uint32_t slots[TB_WATCH_MAX]   # whose token ws.words[i] is (i >= 1)
-    int full                       # a token did not fit: sleep a slice
-
-
-cdef inline void tb_watch_init(tb_watch_t* t, uint32_t* word, uint32_t val) noexcept nogil:
-    t.ws.words[0] = word
-    t.ws.vals[0] = val
-    t.ws.n = 1
-    t.ws.token = -1
-    t.full = 0
-    t.slots[0] = 0xffffffff
-
-
-cdef inline void tb_watch_word(tb_watch_t* t, uint32_t* word, uint32_t val) noexcept nogil:
-    """Also sleep on word while it holds val (not a token: no death to look for)."""
-    if t.ws.n < SHM_WAITV_MAX:
-        t.slots[t.ws.n] = 0xffffffff
-        watch_word(&t.ws, word, val)
 
 
 cdef int tb_watch(rmap_t* rm, tb_watch_t* t, uint32_t slot) noexcept nogil:
@@ -263,14 +209,6 @@ cdef int64_t tb_deadline(timeout) except -2:
 
 cdef class _TbObject:
     """Base of the toolbox's shared-memory objects; not instantiated directly."""
-    cdef Region _region
-    cdef rmap_t* rm
-    cdef shm_body b
-    cdef bint _closed
-    cdef bint _standalone
-    cdef str _name
-    cdef object __weakref__
-
     kind_name = None              # what `shmlocks inspect` shows as its kind
     kind_code = 0
 
