@@ -342,6 +342,24 @@ def test_what_a_unit_uses_of_another_is_in_its_pxd():
     assert not missing, "\n".join(sorted(set(missing)))
 
 
+def test_the_kinds_read_words_a_and_b_through_named_views():
+    """Words A and B of a lock body are anonymous lines (shm_body.wa, .wb); each kind
+    names the parts it uses in its .pxd (ticket_next, queue_tail, fx_state, pm_mutex...),
+    and its .pxi, like every unit but the raw dump of lockbase's _raw, goes through
+    those names."""
+    order, files, texts = load_units()
+    raw = re.compile(r"(?<![\w])(?:b|self\.b|pk\.b)?(?:\.|->)w[ab]\b|\bw[ab]\.(?:u32|u64|m)\b")
+    found = []
+    for rel, text in texts.items():
+        if rel.endswith(".pxd") or rel.startswith(("_core", os.path.join("_ext", "sys"))):
+            continue
+        code = strip(text)
+        if rel.endswith(os.path.join("lock", "lockbase.pxi")):
+            code = code.replace("self.b.wa.u64[0]), ", "").replace("self.b.wb.u64[0])", "")
+        found += [f"{rel}: {m.group(0)}" for m in raw.finditer(code)]
+    assert not found, "words A/B used without a named view:\n" + "\n".join(found)
+
+
 def test_design_section_1_names_every_unit():
     order, _, _ = load_units()
     order = [u for u in order if u not in (ROOT_PRE, ROOT_POST)]

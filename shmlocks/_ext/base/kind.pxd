@@ -5,9 +5,11 @@
 #      of shmlocks.KINDS; kind_code, its SHM_KIND_* code, stored in the directory and the
 #      body; fifo; recovery, "user" or "kernel"; priority_inheritance) and overrides the
 #      hooks marked HOOK below, all `noexcept nogil`, so they run with or without the GIL;
-#   2. the lock body's words A and B (shm_body.wa, .wb) and, if it queues, its node lines
-#      (shm_qnode, shm_tslot, shm_prec: shm_layout.h), used as the word table at the top
-#      of its .pxi says;
+#   2. a named view of the lock body's words A and B it uses (shm_body.wa, .wb: anonymous
+#      lines), in its .pxd, as qspinlock_types.h names the parts of its word (ticket_next,
+#      ticket_serving; queue_tail with tail_last/tail_prev; fx_state; pm_mutex, pm_word),
+#      with the word table at the top of its .pxi saying what each part means; and the
+#      node lines if it queues (shm_qnode, shm_tslot, shm_prec: shm_layout.h);
 #   3. registered at the end of its .pxi: _register_kind(cls, init, recover, repair).
 #
 # Every hook returns one of the result codes (R_*, below). A blocking wait is park() (with

@@ -2,7 +2,6 @@
 # base/kind.pxd; its word table: the top of clh.pxi).
 
 cdef class CLHLock(_Lock):
-    cdef inline uint64_t* _tail(self) noexcept nogil
     cdef inline int _enqueue(self, uint32_t me, bint armed) noexcept nogil
     cdef int _fast(self, uint32_t me, bint armed) noexcept nogil
     cdef int _try(self, uint32_t me) noexcept nogil

@@ -10,7 +10,8 @@
 # pred, guess, mine, prec.pred, op_value) are index + 1, as every id in the segment
 # (shm_layout.h): 1..P+1, P+1 the lock's own node; _clh_ok() checks one before use.
 #
-#   word A    u64 tail      last | prev << 32: the last node and ITS predecessor (UNKNOWN
+#   word A    u64 tail      (queue.pxd: queue_tail, tail_last, tail_prev)
+#                           last | prev << 32: the last node and ITS predecessor (UNKNOWN
 #                           after an abort stepped out), taken by CAS, so a joiner's
 #                           predecessor is known the instant it joins
 #   qnode[i]  state  FREE 0 (released) | BUSY 1 (owner waiting or holding)
@@ -79,7 +80,7 @@ cdef void _clh_init(shm_body* b) noexcept nogil:
     for i in range(b.P):
         b.precs[i].mine = i + 1
         b.precs[i].pred = i + 1                      # idle: mine == pred, as after a release
-    b.wa.u64[0] = tail_encode(b.P + 1, C_UNKNOWN)  # the lock's own node, FREE
+    queue_tail(b)[0] = tail_encode(b.P + 1, C_UNKNOWN)  # the lock's own node, FREE
 
 
 cdef void _clh_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint32_t pn) noexcept nogil:
@@ -115,8 +116,8 @@ cdef int _clh_abort_as(rmap_t* rm, shm_body* b, uint32_t q, bint dead) noexcept 
     cdef shm_qnode* x = &b.qnodes[X - 1]
     cdef uint64_t t
     st32_rel(&x.pred, p)
-    t = ld64_seq(&b.wa.u64[0])
-    if tail_last(t) == X and cas64(&b.wa.u64[0], t, tail_encode(p, C_UNKNOWN)):
+    t = ld64_seq(queue_tail(b))
+    if tail_last(t) == X and cas64(queue_tail(b), t, tail_encode(p, C_UNKNOWN)):
         trace("clh.abort.out", q | (<uint64_t>dead << 32), X, p)
         crashpoint("clh.abort.stepped_out")
         st32_rel(&x.state, C_RECLAIMED)              # nobody behind us: our node is ours
@@ -149,7 +150,7 @@ cdef uint32_t _clh_succ_of(shm_body* b, uint32_t X) noexcept nogil:
     cdef uint32_t y = queue_named_succ(b.qnodes, b.P + 1, X, C_QUEUED)
     if y != QUEUE_NONE:
         return y
-    return queue_succ_of(&b.wa.u64[0], b.qnodes, b.P + 1, X, C_QUEUED)
+    return queue_succ_of(queue_tail(b), b.qnodes, b.P + 1, X, C_QUEUED)
 
 
 cdef bint _clh_in_queue(shm_body* b, uint32_t X) noexcept nogil:
@@ -164,7 +165,7 @@ cdef bint _clh_in_queue(shm_body* b, uint32_t X) noexcept nogil:
     for look in range(3):
         if look:
             sched_yield()
-        t = ld64_seq(&b.wa.u64[0])
+        t = ld64_seq(queue_tail(b))
         if tail_last(t) == X or tail_prev(t) == X:
             return 1
         if _clh_succ_of(b, X) != QUEUE_NONE:
@@ -193,11 +194,11 @@ cdef bint _clh_still_queued_as(shm_body* b, uint32_t X, uint32_t rnd) noexcept n
 cdef void _clh_redo_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint64_t v) noexcept nogil:
     """q died reclaiming an abandoned node (op_value v = node id | round << 32): finish it
     if that node is still in the same passage; a later passage is someone else's."""
-    cdef uint32_t pn = pass_node(v)
-    if not _clh_ok(pn, b.P):
+    cdef pass_t p = pass_decode(v)
+    if not _clh_ok(p.node, b.P):
         return
-    if ld32_acq(&b.qnodes[pn - 1].round) == pass_round(v):
-        _clh_reclaim(rm, b, q, pn)
+    if ld32_acq(&b.qnodes[p.node - 1].round) == p.round:
+        _clh_reclaim(rm, b, q, p.node)
 
 
 cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
@@ -242,7 +243,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         _clh_redo_reclaim(rm, b, q, v)               # [C4] finish the hand-back it was making
     p = ld32_acq(&xn.pred)
     if p == C_UNKNOWN:  # [C5]
-        t = ld64_seq(&b.wa.u64[0])
+        t = ld64_seq(queue_tail(b))
         if tail_last(t) == X:
             p = tail_prev(t)
         else:
@@ -252,8 +253,8 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
                 return
             p = ld32_acq(&xn.pred)
             if p == C_UNKNOWN:
-                if tail_last(ld64_seq(&b.wa.u64[0])) == X:
-                    p = tail_prev(ld64_seq(&b.wa.u64[0]))
+                if tail_last(ld64_seq(queue_tail(b))) == X:
+                    p = tail_prev(ld64_seq(queue_tail(b)))
                 elif _clh_in_queue(b, X):
                     p = ld32_acq(&xn.guess)          # it joined: its guess was right
                 else:
@@ -326,11 +327,11 @@ cdef int _clh_tend_abandoned(park_t* pk, watch_t* ws) noexcept nogil:
     cdef uint32_t s = X, st, guard
     if _clh_check_owner(rm, b, ld32_acq(&x.pred), NULL) == DEP_CHANGED:
         return DEP_CHANGED
-    t = ld64_seq(&b.wa.u64[0])
+    t = ld64_seq(queue_tail(b))
     p = ld32_acq(&x.pred)
     if tail_last(t) == X:
         if (_clh_ok(p, b.P) and ld32_seq(&x.state) == C_ABANDONED
-                and cas64(&b.wa.u64[0], t, tail_encode(p, C_UNKNOWN))):
+                and cas64(queue_tail(b), t, tail_encode(p, C_UNKNOWN))):
             trace("clh.tend.out", X, p, t)
             st32_seq(&x.state, C_RECLAIMED)          # out of the queue: ours again
             return DEP_CHANGED
@@ -355,9 +356,6 @@ cdef class CLHLock(_Lock):
     recovery = "user"
     priority_inheritance = False
 
-    cdef inline uint64_t* _tail(self) noexcept nogil:
-        return &self.b.wa.u64[0]
-
     cdef inline int _enqueue(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
         cdef uint32_t X = ld32_rlx(&r.mine)
@@ -371,9 +369,9 @@ cdef class CLHLock(_Lock):
         st32_rlx(&self.b.qnodes[X - 1].pred, C_UNKNOWN)
         st32_rel(&self.b.qnodes[X - 1].state, C_BUSY)         # after the round (see above)
         while True:                                  # join: tail := (X, old last)
-            old = ld64_seq(self._tail())
+            old = ld64_seq(queue_tail(&self.b))
             st32_rel(&self.b.qnodes[X - 1].guess, tail_last(old))  # pred if won
-            if cas64(self._tail(), old, tail_encode(X, tail_last(old))):
+            if cas64(queue_tail(&self.b), old, tail_encode(X, tail_last(old))):
                 break
         crashpoint_at(armed, "clh.acquire.joined")
         trace("clh.joined", me, X, old)
@@ -481,13 +479,13 @@ cdef class CLHLock(_Lock):
         dassert(r.mine != r.pred, "clh: the holder waited on another node than its own")
         dassert(ld32_acq(&self.b.qnodes[r.mine - 1].state) == C_BUSY, "clh: the holder's node is BUSY")
         dassert(ld32_acq(&self.b.qnodes[r.pred - 1].state) == C_FREE, "clh: the holder's pred is FREE")
-        dassert(_clh_ok(tail_last(ld64_acq(self._tail())), self.b.P),
+        dassert(_clh_ok(tail_last(ld64_acq(queue_tail(&self.b))), self.b.P),
                 "clh: tail index in range")
         _clh_release_as(&self.b, me, armed)
         return 0
 
     cdef bint _is_locked(self) noexcept nogil:
-        cdef uint32_t t = tail_last(ld64_acq(self._tail()))
+        cdef uint32_t t = tail_last(ld64_acq(queue_tail(&self.b)))
         if not _clh_ok(t, self.b.P):
             return 1
         return ld32_acq(&self.b.qnodes[t - 1].state) != C_FREE

@@ -1,12 +1,13 @@
 # futex.pxi -- three-state futex mutex with the owner in the word (Drepper, "Futexes Are
 # Tricky", mutex #3, with the owner id in place of the 1 as robust futexes do).
 #
-# Invariant: word A is 0 (free) or (holder participant index + 1) | W, where W (bit 31)
-# means "a waiter may be parked". Lockers CAS 0 -> me+1; a waiter that will park first sets
-# W, so the unlocker, finding W in what it swapped out, wakes one waiter. Because the atomic
-# that takes the lock also names the taker, a dead holder is known exactly: a waiter that
-# finds the owner's token OWNER_DIED recovers it (participant_recover) and the lock is
-# released on its behalf, with owner_died set when the owner had returned from acquire.
+# Invariant: word A (its view: futex.pxd fx_state) is 0 (free) or (holder participant
+# index + 1) | W, where W (bit 31) means "a waiter may be parked". Lockers CAS 0 -> me+1;
+# a waiter that will park first sets W, so the unlocker, finding W in what it swapped out,
+# wakes one waiter. Because the atomic that takes the lock also names the taker, a dead
+# holder is known exactly: a waiter that finds the owner's token OWNER_DIED recovers it
+# (participant_recover) and the lock is released on its behalf, with owner_died set when
+# the owner had returned from acquire.
 # A parked waiter sleeps on the word and on the holder's token (_fx_dep): that death
 # wakes it.
 # Barging, not FIFO: a running thread may take the lock before a woken one. A waiter that
@@ -27,7 +28,7 @@ cdef inline uint32_t _fx_owner1(uint32_t v) noexcept nogil:
 cdef void _futex_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     """Participant q is dead and ours to recover (repair mutex held): release the lock on
     its behalf if it holds it. owner_died unless it was still inside acquire or release."""
-    cdef uint32_t* word = &b.wa.u32[0]
+    cdef uint32_t* word = fx_state(b)
     cdef uint32_t v = ld32_seq(word)
     cdef uint32_t op
     if _fx_owner1(v) != q + 1:
@@ -85,19 +86,16 @@ cdef class FutexMutex(_Lock):
     recovery = "user"
     priority_inheritance = False
 
-    cdef inline uint32_t* _word(self) noexcept nogil:
-        return &self.b.wa.u32[0]
-
     cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
-        return R_ACQ if cas32(self._word(), 0, me + 1) else R_BUSY
+        return R_ACQ if cas32(fx_state(&self.b), 0, me + 1) else R_BUSY
 
     cdef int _try(self, uint32_t me) noexcept nogil:
-        return R_ACQ if cas32(self._word(), 0, me + 1) else R_BUSY
+        return R_ACQ if cas32(fx_state(&self.b), 0, me + 1) else R_BUSY
 
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         cdef _fx_ctx c
         cdef park_t pk
-        c.word = self._word()
+        c.word = fx_state(&self.b)
         c.me1 = me + 1
         c.keep_w = 0
         c.parked = 0
@@ -113,7 +111,7 @@ cdef class FutexMutex(_Lock):
         return park(&pk, w)
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
-        cdef uint32_t* word = self._word()
+        cdef uint32_t* word = fx_state(&self.b)
         cdef uint32_t v
         dassert(_fx_owner1(ld32_acq(word)) == me + 1, "futex: the word names its holder")
         v = xchg32(word, 0)
@@ -123,7 +121,7 @@ cdef class FutexMutex(_Lock):
         return 0 if _fx_owner1(v) == me + 1 else R_CORRUPT
 
     cdef bint _is_locked(self) noexcept nogil:
-        return ld32_acq(self._word()) != 0
+        return ld32_acq(fx_state(&self.b)) != 0
 
 
 _register_kind(FutexMutex, NULL, _futex_recover, 1)

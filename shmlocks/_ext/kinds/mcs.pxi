@@ -6,7 +6,8 @@
 # state once. Participant p's node is qnode[p]; node ids are index + 1, 0 = none (as every
 # id in the segment: shm_layout.h).
 #
-#   word A   u64 tail    last | prev << 32: the last node, and ITS predecessor. Taking the
+#   word A   u64 tail    (queue.pxd: queue_tail, tail_last, tail_prev)
+#                        last | prev << 32: the last node, and ITS predecessor. Taking the
 #                        tail by CAS records who came before, so a node's predecessor is
 #                        known the instant it joins: from the tail word while it is last,
 #                        after that from its own `pred` (it publishes it, and the next
@@ -78,7 +79,7 @@ cdef enum:
 
 cdef inline uint32_t _mcs_walk_succ(shm_body* b, uint32_t s) noexcept nogil:
     """The node (index + 1) that joined right after node s-1, from the tail back."""
-    return queue_succ_of(&b.wa.u64[0], b.qnodes, b.P, s, M_QUEUED)
+    return queue_succ_of(queue_tail(b), b.qnodes, b.P, s, M_QUEUED)
 
 
 cdef uint32_t _mcs_scan_succ(shm_body* b, uint32_t q) noexcept nogil:
@@ -90,7 +91,7 @@ cdef uint32_t _mcs_scan_succ(shm_body* b, uint32_t q) noexcept nogil:
     v = ld32_acq(&b.qnodes[q].next)
     if _mcs_is_succ(b, v, q):
         return v
-    t = ld64_seq(&b.wa.u64[0])
+    t = ld64_seq(queue_tail(b))
     if tail_prev(t) == q + 1 and tail_last(t) != 0 and tail_last(t) != q + 1:
         return tail_last(t)
     v = queue_named_succ(b.qnodes, b.P, q + 1, M_QUEUED)
@@ -150,7 +151,7 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
         if s == 0 or s > b.P:
             return R_CORRUPT
         m = &b.qnodes[s - 1]
-        dassert(tail_last(ld64_acq(&b.wa.u64[0])) <= b.P, "mcs: tail index in range")
+        dassert(tail_last(ld64_acq(queue_tail(b))) <= b.P, "mcs: tail index in range")
         st64_rel(&rm.part[q].op_value, pass_encode(s, ld32_acq(&m.round)))
         st = ld32_seq(&m.state)
         if st == M_GRANT:
@@ -167,9 +168,9 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
             return R_CORRUPT
         nx = ld32_acq(&m.next)                       # m is ours to pass through
         if not _mcs_is_succ(b, nx, s - 1):
-            t = ld64_seq(&b.wa.u64[0])
+            t = ld64_seq(queue_tail(b))
             if tail_last(t) == s:
-                if cas64(&b.wa.u64[0], t, 0):        # the abandoned node was last: now free
+                if cas64(queue_tail(b), t, 0):        # the abandoned node was last: now free
                     st32_seq(&m.state, M_IDLE)
                     wake_if_parked(&m.state, &m.parked)
                     return 0
@@ -204,9 +205,9 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
         succ = ld32_acq(&n.next)
         if _mcs_is_succ(b, succ, q):
             break
-        t = ld64_seq(&b.wa.u64[0])
+        t = ld64_seq(queue_tail(b))
         if tail_last(t) == q + 1:
-            if cas64(&b.wa.u64[0], t, 0):            # no one behind: free
+            if cas64(queue_tail(b), t, 0):            # no one behind: free
                 crashpoint_at(armed, "mcs.release.emptied")
                 st32_rel(&n.state, M_IDLE)
                 return 0
@@ -241,14 +242,14 @@ cdef void _mcs_finish_pass(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     """A release of q's (by q, or on its behalf) died passing the lock on: op_value names
     the node it was at. Nodes it had already passed through and not yet freed are still
     PASSING (it was the only releaser): free them, then go on from where it was."""
-    cdef uint64_t v = ld64_acq(&rm.part[q].op_value)
-    cdef uint32_t s = pass_node(v)
+    cdef pass_t v = pass_decode(ld64_acq(&rm.part[q].op_value))
+    cdef uint32_t s = v.node
     cdef uint32_t x
     for x in range(b.P):
         if x + 1 != s and ld32_acq(&b.qnodes[x].state) == M_PASSING:
             st32_seq(&b.qnodes[x].state, M_IDLE)
             wake_if_parked(&b.qnodes[x].state, &b.qnodes[x].parked)
-    if s != 0 and s <= b.P and ld32_acq(&b.qnodes[s - 1].round) == pass_round(v):
+    if s != 0 and s <= b.P and ld32_acq(&b.qnodes[s - 1].round) == v.round:
         _mcs_pass(rm, b, s, q)
 
 
@@ -280,7 +281,7 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
                                                      # owner waits for it)
     pred = ld32_acq(&n.pred)
     if st == M_WAIT and pred == M_UNKNOWN:  # [M3]
-        t = ld64_seq(&b.wa.u64[0])
+        t = ld64_seq(queue_tail(b))
         if tail_last(t) == q + 1:
             pred = tail_prev(t)
             cas32(&n.pred, M_UNKNOWN, pred)
@@ -290,14 +291,14 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             if not _mcs_settle_joiners(rm, b, q):
                 return
             pred = ld32_acq(&n.pred)
-            if pred == M_UNKNOWN and tail_last(ld64_seq(&b.wa.u64[0])) != q + 1:
+            if pred == M_UNKNOWN and tail_last(ld64_seq(queue_tail(b))) != q + 1:
                 if _mcs_walk_succ(b, q + 1) == QUEUE_NONE:
                     st32_rel(&n.state, M_IDLE)       # it never joined the queue
                     return
                 pred = ld32_acq(&n.guess)            # it joined: its guess was right
                 cas32(&n.pred, M_UNKNOWN, pred)
             if pred == M_UNKNOWN:
-                pred = tail_prev(ld64_seq(&b.wa.u64[0]))
+                pred = tail_prev(ld64_seq(queue_tail(b)))
     if st == M_GRANT or pred == 0:                   # [M4] it holds the lock
         recover_verdict(rm, b, q, op)                # [V] (op is not RELEASING here)
         crashpoint("mcs.recover.flagged")
@@ -352,9 +353,6 @@ cdef class MCSLock(_Lock):
     recovery = "user"
     priority_inheritance = False
 
-    cdef inline uint64_t* _tail(self) noexcept nogil:
-        return &self.b.wa.u64[0]
-
     cdef inline int _enqueue(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_qnode* n = &self.b.qnodes[me]
         cdef uint64_t old = 0, seen
@@ -365,7 +363,7 @@ cdef class MCSLock(_Lock):
         st32_rlx(&n.state, M_WAIT)
         while True:                                  # join: tail := (me, old last)
             st32_rel(&n.guess, tail_last(old))         # our pred, if this CAS wins
-            seen = cmpxchg64(self._tail(), old, tail_encode(me + 1, tail_last(old)))
+            seen = cmpxchg64(queue_tail(&self.b), old, tail_encode(me + 1, tail_last(old)))
             if seen == old:                          # (first guess: an empty queue)
                 break
             old = seen
@@ -403,7 +401,7 @@ cdef class MCSLock(_Lock):
         st32_rlx(&n.guess, 0)
         st32_seq(&n.state, M_WAIT)
         crashpoint("mcs.try.armed")
-        if cas64(self._tail(), 0, me + 1):
+        if cas64(queue_tail(&self.b), 0, me + 1):
             st32_rel(&n.pred, 0)
             st32_rlx(&n.state, M_GRANT)
             return R_ACQ
@@ -459,21 +457,21 @@ cdef class MCSLock(_Lock):
         cdef shm_qnode* n = &self.b.qnodes[me]
         cdef uint64_t t = tail_encode(me + 1, ld32_rlx(&n.pred))
         dassert(ld32_acq(&n.state) == M_GRANT, "mcs: the holder's node is GRANT")
-        dassert(tail_last(ld64_acq(self._tail())) != 0, "mcs: a held lock's queue is not empty")
-        if ld32_acq(&n.next) == 0 and ld64_seq(self._tail()) == t:
+        dassert(tail_last(ld64_acq(queue_tail(&self.b))) != 0, "mcs: a held lock's queue is not empty")
+        if ld32_acq(&n.next) == 0 and ld64_seq(queue_tail(&self.b)) == t:
             # No successor linked and we are still last (the tail word is (us, our pred)):
             # one CAS empties the queue (the first step of _mcs_release_as, inline). A
             # plain load first: a CAS bound to fail would still steal the joiner's line.
             # op_value (a pass record) is 0 here: every release, and the recovery of a
             # participant, clears it when done.
-            if cas64(self._tail(), t, 0):
+            if cas64(queue_tail(&self.b), t, 0):
                 crashpoint_at(armed, "mcs.release.emptied")
                 st32_rel(&n.state, M_IDLE)
                 return 0
         return _mcs_release_as(self.rm, &self.b, me, 0, armed)
 
     cdef bint _is_locked(self) noexcept nogil:
-        return ld64_acq(self._tail()) != 0
+        return ld64_acq(queue_tail(&self.b)) != 0
 
 
 _register_kind(MCSLock, NULL, _mcs_recover, 1)

@@ -13,7 +13,7 @@
 # (commit 1849df4 has the measurements).
 
 cdef void _pi_init(shm_body* b) noexcept nogil:
-    _robust_mutex_init(&b.wa.m, 1)
+    _robust_mutex_init(pm_mutex(b), 1)
 
 
 cdef class PIMutex(_PthreadMutexLock):

@@ -25,29 +25,54 @@ cdef inline uint32_t queue_link(shm_qnode* n) noexcept nogil:
     return ld32_acq(&n.guess) if p == QUEUE_UNKNOWN else p
 
 
-# The queue tail (word A of MCS and CLH): last | prev << 32, the last node to join and ITS
-# predecessor (node ids: index + 1). One encoder, one decoder per part.
-cdef inline uint64_t tail_encode(uint32_t last, uint32_t prev) noexcept nogil:
-    return last | (<uint64_t>prev << 32)
+# Two 32-bit ids in one 64-bit word, the first in the low half: the one codec of the queue
+# tail and the pass record below (node ids: index + 1).
+cdef inline uint64_t id_pair(uint32_t lo, uint32_t hi) noexcept nogil:
+    return lo | (<uint64_t>hi << 32)
 
 
-cdef inline uint32_t tail_last(uint64_t t) noexcept nogil:
-    return <uint32_t>(t & 0xffffffffU)
-
-
-cdef inline uint32_t tail_prev(uint64_t t) noexcept nogil:
-    return <uint32_t>(t >> 32)
-
-
-# The pass record a participant publishes in op_value while it passes the lock on or
-# reclaims a node (MCS, CLH): node id | the node's round << 32.
-cdef inline uint64_t pass_encode(uint32_t node, uint32_t round) noexcept nogil:
-    return node | (<uint64_t>round << 32)
-
-
-cdef inline uint32_t pass_node(uint64_t v) noexcept nogil:
+cdef inline uint32_t pair_lo(uint64_t v) noexcept nogil:
     return <uint32_t>(v & 0xffffffffU)
 
 
-cdef inline uint32_t pass_round(uint64_t v) noexcept nogil:
+cdef inline uint32_t pair_hi(uint64_t v) noexcept nogil:
     return <uint32_t>(v >> 32)
+
+
+# Word A of MCS and CLH, named as qspinlock_types.h names the parts of its word:
+#   word A  u64 tail   last | prev << 32: the last node to join, and ITS predecessor (CLH:
+#                      SHM_ID_UNKNOWN once an abort stepped the last node out); taken by
+#                      CAS, so a joiner's predecessor is known the instant it joins
+#   word B             unused
+cdef inline uint64_t* queue_tail(shm_body* b) noexcept nogil:
+    return &b.wa.u64[0]
+
+
+cdef inline uint64_t tail_encode(uint32_t last, uint32_t prev) noexcept nogil:
+    return id_pair(last, prev)
+
+
+cdef inline uint32_t tail_last(uint64_t t) noexcept nogil:
+    return pair_lo(t)
+
+
+cdef inline uint32_t tail_prev(uint64_t t) noexcept nogil:
+    return pair_hi(t)
+
+
+# The pass record a participant publishes in op_value while it passes the lock on or
+# reclaims a node: the node and the node's round (which passage of it), node | round << 32.
+cdef struct pass_t:
+    uint32_t node
+    uint32_t round
+
+
+cdef inline uint64_t pass_encode(uint32_t node, uint32_t round) noexcept nogil:
+    return id_pair(node, round)
+
+
+cdef inline pass_t pass_decode(uint64_t v) noexcept nogil:
+    cdef pass_t p
+    p.node = pair_lo(v)
+    p.round = pair_hi(v)
+    return p

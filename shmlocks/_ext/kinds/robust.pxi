@@ -1,8 +1,8 @@
 # robust.pxi -- robust, process-shared pthread mutex (and the base the pi kind shares).
 #
-# Invariant: the mutex in word A is PTHREAD_PROCESS_SHARED + PTHREAD_MUTEX_ROBUST, so
-# glibc links it into the holder thread's robust list and the kernel marks it OWNER_DIED
-# when that thread dies holding it. The next locker gets EOWNERDEAD, reported as
+# Invariant: the mutex in word A (robust.pxd: pm_mutex, its futex word pm_word) is
+# PTHREAD_PROCESS_SHARED + PTHREAD_MUTEX_ROBUST, so glibc links it into the holder
+# thread's robust list and the kernel marks it OWNER_DIED when that thread dies holding it. The next locker gets EOWNERDEAD, reported as
 # owner_died; mark_consistent() is pthread_mutex_consistent(); a release without it leaves
 # the mutex ENOTRECOVERABLE for everyone (LockNotRecoverableError).
 #
@@ -21,7 +21,7 @@ cdef int64_t PI_FOREVER_NS = 86400 * <int64_t>1000000000
 
 
 cdef void _robust_init(shm_body* b) noexcept nogil:
-    _robust_mutex_init(&b.wa.m, 0)
+    _robust_mutex_init(pm_mutex(b), 0)
 
 
 cdef void _pmutex_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
@@ -49,12 +49,12 @@ cdef class _PthreadMutexLock(_Lock):
         return 1
 
     cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
-        return _pm_code(pm_trylock(&self.b.wa.m, self._code == SHM_KIND_PI))
+        return _pm_code(pm_trylock(pm_mutex(&self.b), self._code == SHM_KIND_PI))
 
     cdef int _try(self, uint32_t me) noexcept nogil:
         if ld32_acq(&self.b.ctl.flags) & SHM_F_NOTRECOVERABLE:
             return R_NOTREC
-        return _pm_code(pm_trylock(&self.b.wa.m, self._code == SHM_KIND_PI))
+        return _pm_code(pm_trylock(pm_mutex(&self.b), self._code == SHM_KIND_PI))
 
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         cdef timespec ts
@@ -70,8 +70,8 @@ cdef class _PthreadMutexLock(_Lock):
         while spins:
             # read the futex word first (its owner TID; the kernel's flag bits above): a
             # trylock bound to fail would still take the holder's cache line from it
-            if ld32_rlx(<uint32_t*>&self.b.wa.m) & FUTEX_TID_MASK_ == 0:
-                rc = _pm_code(pm_trylock(&self.b.wa.m, self._code == SHM_KIND_PI))
+            if ld32_rlx(pm_word(&self.b)) & FUTEX_TID_MASK_ == 0:
+                rc = _pm_code(pm_trylock(pm_mutex(&self.b), self._code == SHM_KIND_PI))
                 if rc != R_BUSY:
                     return rc
             r = wait_pause(w)
@@ -90,7 +90,7 @@ cdef class _PthreadMutexLock(_Lock):
         main thread): announce with FUTEX_WAITERS, sleep to the deadline or the next
         deadlock look, take it with trylock. The holder's death wakes a waiter: the mutex
         is on the holder's robust list, and the kernel wakes one at FUTEX_OWNER_DIED."""
-        cdef uint32_t* word = <uint32_t*>&self.b.wa.m
+        cdef uint32_t* word = pm_word(&self.b)
         cdef watch_t ws
         cdef uint32_t v
         cdef int rc, r
@@ -101,7 +101,7 @@ cdef class _PthreadMutexLock(_Lock):
             v = ld32_seq(word)
             odd = 0
             if v & FUTEX_TID_MASK_ == 0:
-                rc = _pm_code(pm_trylock(&self.b.wa.m, 0))
+                rc = _pm_code(pm_trylock(pm_mutex(&self.b), 0))
                 if rc != R_BUSY:
                     if slept and (rc == R_ACQ or rc == R_ACQ_DIED):
                         # glibc's trylock took it without FUTEX_WAITERS: other waiters may
@@ -167,7 +167,7 @@ cdef class _PthreadMutexLock(_Lock):
             if until < 0:
                 until = shm_now_ns() + PI_FOREVER_NS
             ts = shm_ts_of_ns(until)
-            rc = _pm_code(pm_clocklock(&self.b.wa.m, 1, &ts))
+            rc = _pm_code(pm_clocklock(pm_mutex(&self.b), 1, &ts))
             if rc != R_TIMEOUT:
                 return rc
             if wait_signals(w):
@@ -180,18 +180,18 @@ cdef class _PthreadMutexLock(_Lock):
                 return r
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
-        return 0 if pm_unlock(&self.b.wa.m, self._code == SHM_KIND_PI) == 0 else R_CORRUPT
+        return 0 if pm_unlock(pm_mutex(&self.b), self._code == SHM_KIND_PI) == 0 else R_CORRUPT
 
     cdef int _consistent(self) noexcept nogil:
-        return pm_consistent(&self.b.wa.m, self._code == SHM_KIND_PI)
+        return pm_consistent(pm_mutex(&self.b), self._code == SHM_KIND_PI)
 
     cdef bint _is_locked(self) noexcept nogil:
         # the glibc mutex's first word is its futex: holder TID | FUTEX_WAITERS | OWNER_DIED
-        return ld32_acq(<uint32_t*>&self.b.wa.m) != 0
+        return ld32_acq(pm_word(&self.b)) != 0
 
     cdef bint _held_by_tid(self, uint32_t tid) noexcept nogil:
         # the futex word: its owner's TID, or OWNER_DIED once the kernel saw the owner die
-        cdef uint32_t w = ld32_acq(<uint32_t*>&self.b.wa.m)
+        cdef uint32_t w = ld32_acq(pm_word(&self.b))
         return (w & FUTEX_OWNER_DIED_) != 0 or (w & FUTEX_TID_MASK_) == tid
 
 

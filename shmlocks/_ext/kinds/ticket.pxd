@@ -1,14 +1,24 @@
 # ticket.pxd -- FIFO ticket lock with abandonable tickets: the interface of ticket.pxi
 # (the kind contract it implements: base/kind.pxd; its word table: the top of ticket.pxi).
 
+# The ticket lock's words, named as qspinlock_types.h names the parts of its word (what
+# each means: the word table at the top of ticket.pxi):
+#   word A  u64 next      the next ticket to take: fetch_add takes one
+#   word B  u64 serving   the ticket being served; moves by CAS only, s - 1 -> s
+cdef inline uint64_t* ticket_next(shm_body* b) noexcept nogil:
+    return &b.wa.u64[0]
+
+
+cdef inline uint64_t* ticket_serving(shm_body* b) noexcept nogil:
+    return &b.wb.u64[0]
+
+
 cdef struct _ticket_ctx:
     uint64_t* serving
     uint64_t t
 
 
 cdef class TicketLock(_Lock):
-    cdef inline uint64_t* _next(self) noexcept nogil
-    cdef inline uint64_t* _serving(self) noexcept nogil
     cdef int _fast(self, uint32_t me, bint armed) noexcept nogil
     cdef bint _take_back(self, uint32_t me) noexcept nogil
     cdef int _park(self, ready_fn ready, dep_fn dep, _ticket_ctx* ctx, shm_tslot* nd,

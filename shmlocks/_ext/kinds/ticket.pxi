@@ -4,8 +4,8 @@
 # and each participant owns at most one outstanding ticket per lock (active or abandoned),
 # so at most P are outstanding and t % P names a per-ticket slot tslot[t % P] unambiguously.
 #
-#   word A    u64 next       fetch_add takes a ticket
-#   word B    u64 serving    written by the holder only, when it releases
+#   word A    u64 next       fetch_add takes a ticket                  (ticket.pxd: ticket_next)
+#   word B    u64 serving    moved by the releaser only, by CAS        (ticket_serving)
 #   tslot[i]  grants         grant counter: bumped (then FUTEX_WAKE) when serving reaches a
 #                            parked ticket = i (mod P), so a release wakes one waiter, not a herd
 #             parked         waiters of that ticket announced as parking
@@ -67,8 +67,8 @@ cdef void _ticket_grant(shm_body* b, uint64_t s, bint armed) noexcept nogil:
     releaser skipping an abandoned ticket, whose marker it has just cleared, and a
     recoverer that took that ticket for an unpublished one, [T4]) may race; the one that
     loses stops there, so a late store can never move `serving` back."""
-    dassert(s <= ld64_seq(&b.wa.u64[0]), "ticket: serving <= next")
-    if not cas64(&b.wb.u64[0], s - 1, s):            # grant ticket s ...
+    dassert(s <= ld64_seq(ticket_next(b)), "ticket: serving <= next")
+    if not cas64(ticket_serving(b), s - 1, s):            # grant ticket s ...
         return                                       # (someone else did: it goes on)
     crashpoint_at(armed, "ticket.release.served")
     _ticket_served(b, s, armed)
@@ -90,8 +90,8 @@ cdef void _ticket_served(shm_body* b, uint64_t s, bint armed) noexcept nogil:
             guard += 1                               # (winning the marker, we alone pass s)
             if guard > b.P:
                 return
-            dassert(s <= ld64_seq(&b.wa.u64[0]), "ticket: serving <= next")
-            if not cas64(&b.wb.u64[0], s - 1, s):
+            dassert(s <= ld64_seq(ticket_next(b)), "ticket: serving <= next")
+            if not cas64(ticket_serving(b), s - 1, s):
                 return                               # another granter passed it (above)
             crashpoint_at(armed, "ticket.release.served")
             continue
@@ -108,7 +108,7 @@ cdef void _ticket_abandon_for(rmap_t* rm, shm_body* b, uint32_t q, uint64_t t) n
     cdef shm_prec* r = &b.precs[q]
     if not cas64(&nd.abandoned, 0, t + 1) and ld64_seq(&nd.abandoned) != t + 1:
         return                                       # marker slot taken: corrupt; leave it
-    if ld64_seq(&b.wb.u64[0]) == t and cas64(&nd.abandoned, t + 1, 0):
+    if ld64_seq(ticket_serving(b)) == t and cas64(&nd.abandoned, t + 1, 0):
         _ticket_grant(b, t + 1, shm_crash_armed)                      # it had just been granted: pass it on
         return
     r.abandoned_gen = ld64_rlx(&rm.part[q].generation)   # the slot's next owner waits for it
@@ -126,7 +126,7 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     cdef bint seen
     if r.ticket != 0:
         t = r.ticket - 1
-        s = ld64_seq(&b.wb.u64[0])
+        s = ld64_seq(ticket_serving(b))
         if s == t:                                   # [T1] it holds the lock (or was just granted)
             # Granted just before it marked t abandoned (it died between the mark and its
             # serving check): the mark is its own and means nothing now. Left, it would
@@ -145,15 +145,15 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         return
     # It may have died between fetch_add and publishing its ticket. Let the live ones in
     # that same window publish theirs, then serve or abandon whatever is unaccounted for.
-    n0 = ld64_seq(&b.wa.u64[0])
+    n0 = ld64_seq(ticket_next(b))
     if not participants_settle(rm, b, q, SHM_OP_WAITING, _ticket_unpublished):
         return                                       # out of time: decide nothing
-    s = ld64_seq(&b.wb.u64[0])
+    s = ld64_seq(ticket_serving(b))
     if n0 - s > b.P + 1:
         return                                       # more outstanding than possible: corrupt
     u = s
     while u < n0:
-        s = ld64_seq(&b.wb.u64[0])
+        s = ld64_seq(ticket_serving(b))
         if u < s:                                    # served or skipped meanwhile (a grant
             u = s                                    # below passes abandoned ones too):
             continue                                 # never mark a passed ticket again
@@ -163,7 +163,7 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             seen = ld64_acq(&b.precs[x].ticket) == u + 1
             x += 1
         if not seen:
-            s = ld64_seq(&b.wb.u64[0])
+            s = ld64_seq(ticket_serving(b))
             if u < s:                                # its live holder released it while we
                 u = s                                # looked (serving moves before the
                 continue                             # ticket is cleared): not the dead's
@@ -217,7 +217,7 @@ cdef int _ticket_dep(park_t* pk, watch_t* ws) noexcept nogil:
         if not watch_word(ws, _marker_word(nd), mark) or u == s:
             return DEP_UNKNOWN                       # (serving abandoned: a release skips it)
         u -= 1
-    if ld64_seq(&b.wa.u64[0]) == s:
+    if ld64_seq(ticket_next(b)) == s:
         return DEP_CHANGED                           # nobody holds it
     for x in range(b.P):                             # a taker died mid-step?
         if participant_dead(rm, x) and _taking(participant_op(rm, x, b.index + 1)):
@@ -231,7 +231,7 @@ cdef int _ticket_dep_serving(park_t* pk, watch_t* ws) noexcept nogil:
     the owner of `serving`, looked at each slice (DEP_UNKNOWN) and recovered if dead."""
     cdef shm_body* b = pk.b
     cdef rmap_t* rm = pk.rm
-    cdef uint64_t s = ld64_seq(&b.wb.u64[0])
+    cdef uint64_t s = ld64_seq(ticket_serving(b))
     cdef uint32_t x
     cdef uint32_t lock1 = b.index + 1
     for x in range(b.P):
@@ -242,7 +242,7 @@ cdef int _ticket_dep_serving(park_t* pk, watch_t* ws) noexcept nogil:
             return DEP_UNKNOWN
     if ld64_seq(&b.tslots[s % b.P].abandoned) == s + 1:
         return DEP_UNKNOWN                           # abandoned: a release will skip it
-    if ld64_seq(&b.wa.u64[0]) == s:
+    if ld64_seq(ticket_next(b)) == s:
         return DEP_UNKNOWN                           # nobody holds it
     for x in range(b.P):                             # unpublished: a taker died mid-step?
         if participant_dead(rm, x) and _taking(participant_op(rm, x, lock1)):
@@ -258,21 +258,15 @@ cdef class TicketLock(_Lock):
     recovery = "user"
     priority_inheritance = False
 
-    cdef inline uint64_t* _next(self) noexcept nogil:
-        return &self.b.wa.u64[0]
-
-    cdef inline uint64_t* _serving(self) noexcept nogil:
-        return &self.b.wb.u64[0]
-
     cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
         cdef uint64_t t
         if r.ticket != 0 or r.abandoned != 0:
             return R_BUSY                            # holding, or a ticket to take back
-        t = fadd64(self._next(), 1)                  # take a ticket
+        t = fadd64(ticket_next(&self.b), 1)                  # take a ticket
         crashpoint_at(armed, "ticket.acquire.took")
         st64_rel(&r.ticket, t + 1)                   # publish it
-        if ld64_acq(self._serving()) == t:
+        if ld64_acq(ticket_serving(&self.b)) == t:
             return R_ACQ
         return R_PENDING
 
@@ -325,7 +319,7 @@ cdef class TicketLock(_Lock):
         if not cas64(&nd.abandoned, 0, t + 1):
             return R_CORRUPT                         # the one-ticket-per-participant bound broke
         crashpoint("ticket.abandon.marked")
-        if ld64_seq(self._serving()) == t:           # granted while we were leaving?
+        if ld64_seq(ticket_serving(&self.b)) == t:           # granted while we were leaving?
             if cas64(&nd.abandoned, t + 1, 0):
                 return R_ACQ                         # we won the marker: we hold it
         st64_rlx(&r.ticket, 0)
@@ -348,11 +342,11 @@ cdef class TicketLock(_Lock):
                 pass
             else:
                 t = r.ticket - 1
-                if ld64_seq(self._serving()) == t:
+                if ld64_seq(ticket_serving(&self.b)) == t:
                     return R_ACQ
                 return R_ACQ if self._abandon(me, t) == R_ACQ else R_BUSY
-        s = ld64_acq(self._serving())
-        if cas64(self._next(), s, s + 1):            # next == serving: free, and now ours
+        s = ld64_acq(ticket_serving(&self.b))
+        if cas64(ticket_next(&self.b), s, s + 1):            # next == serving: free, and now ours
             st64_rlx(&r.ticket, s + 1)
             return R_ACQ
         return R_BUSY
@@ -371,12 +365,12 @@ cdef class TicketLock(_Lock):
                 if rc != 0:
                     return rc
             if r.abandoned == 0 or not self._take_back(me):
-                t = fadd64(self._next(), 1)
+                t = fadd64(ticket_next(&self.b), 1)
                 crashpoint("ticket.acquire.took")
                 st64_rel(&r.ticket, t + 1)
         t = r.ticket - 1
         nd = &self.b.tslots[t % self.b.P]
-        ctx.serving = self._serving()
+        ctx.serving = ticket_serving(&self.b)
         ctx.t = t
         res = self._park(_ticket_ready, _ticket_dep, &ctx, nd, w)
         if res == R_ACQ:
@@ -391,14 +385,14 @@ cdef class TicketLock(_Lock):
         cdef uint64_t s = r.ticket                   # = our ticket + 1: the next to serve
         if s == 0:
             return R_CORRUPT
-        dassert(ld64_acq(self._serving()) + 1 == s, "ticket: the holder owns ticket serving")
+        dassert(ld64_acq(ticket_serving(&self.b)) + 1 == s, "ticket: the holder owns ticket serving")
         _ticket_grant(&self.b, s, armed)
         crashpoint_at(armed, "ticket.release.granted")
         st64_rel(&r.ticket, 0)                       # last: a death before it is redone
         return 0
 
     cdef bint _is_locked(self) noexcept nogil:
-        return ld64_acq(self._next()) != ld64_acq(self._serving())
+        return ld64_acq(ticket_next(&self.b)) != ld64_acq(ticket_serving(&self.b))
 
 
 _register_kind(TicketLock, NULL, _ticket_recover, 1)
