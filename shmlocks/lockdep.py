@@ -36,9 +36,9 @@ _mode: str | None = None  # None (off), "error" or "warn"
 
 
 class _Held(threading.local):
-    """Per thread: the classes it holds, in order (lockdep.pxi pushes and pops). Thread
-    local, not keyed by thread ident: an ident is reused by the next thread once its
-    thread ends, and that thread holds nothing."""
+    """Per thread: the classes it holds, in order (the core's diag/lockdep.pxd pushes and
+    pops). Thread local, not keyed by thread ident: an ident is reused by the next thread
+    once its thread ends, and that thread holds nothing."""
 
     def __init__(self) -> None:
         self.stack: list[str] = []
