@@ -26,7 +26,10 @@
 #                          that sleeps in its own way (robust, pi) the policy's steps
 #   kinds/queue.pxd        (a queue lock) the tail word and pass record codecs, a
 #                          successor found from the tail
-# and nothing of diag/, lock/ or another kind (tests/test_layers.py).
+# It needs nothing of diag/ (the base class counts, checks lock order and looks for
+# deadlocks for every kind alike), nor of another kind but what it derives from (pi:
+# robust's _PthreadMutexLock); tests/test_layers.py checks that nothing below the kinds
+# uses them.
 #
 # rmap_t, reg_t (base/participants.pxd) and wait_t (base/wait.pxd) are opaque here: this
 # file only names them.

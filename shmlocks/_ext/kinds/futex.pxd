@@ -10,8 +10,5 @@ cdef inline uint32_t* fx_state(shm_body* b) noexcept nogil:
 
 
 cdef class FutexMutex(_Lock):
-    cdef int _fast(self, uint32_t me, bint armed) noexcept nogil
-    cdef int _try(self, uint32_t me) noexcept nogil
-    cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil
-    cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil
-    cdef bint _is_locked(self) noexcept nogil
+    # overrides _fast, _try, _wait, _unlock, _is_locked (base/kind.pxd)
+    pass

@@ -2,5 +2,6 @@
 # it implements: base/kind.pxd).
 
 cdef class PIMutex(_PthreadMutexLock):
-    cdef _bind(self, object region, uint32_t i, name)
-    cdef bint _spins(self) noexcept nogil
+    # overrides _bind (base/kind.pxd), to refuse another PID namespace, and _spins
+    # (robust.pxd), so that a real-time waiter blocks in FUTEX_LOCK_PI at once
+    pass

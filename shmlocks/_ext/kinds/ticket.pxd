@@ -19,13 +19,9 @@ cdef struct _ticket_ctx:
 
 
 cdef class TicketLock(_Lock):
-    cdef int _fast(self, uint32_t me, bint armed) noexcept nogil
+    # overrides _fast, _try, _wait, _unlock, _is_locked (base/kind.pxd); adds:
     cdef bint _take_back(self, uint32_t me) noexcept nogil
     cdef int _park(self, ready_fn ready, dep_fn dep, _ticket_ctx* ctx, shm_tslot* nd,
                    wait_t* w) noexcept nogil
     cdef int _settle_inherited(self, uint32_t me, wait_t* w) noexcept nogil
     cdef int _abandon(self, uint32_t me, uint64_t t) noexcept nogil
-    cdef int _try(self, uint32_t me) noexcept nogil
-    cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil
-    cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil
-    cdef bint _is_locked(self) noexcept nogil
