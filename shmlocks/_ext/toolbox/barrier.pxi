@@ -264,7 +264,6 @@ cdef class Barrier(_TbObject):
     mode=0o600, persist=False)``, ``open(name)``, ``close()``, ``unlink()`` as for locks."""
     kind_name = "barrier"
     kind_code = SHM_KIND_BARRIER
-    cdef public object _action
 
     def __init__(self, parties, action=None, timeout=None, name=None, *,
                  max_participants=64, mode=0o600, persist=False):

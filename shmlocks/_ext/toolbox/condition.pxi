@@ -258,8 +258,6 @@ cdef class Condition(_TbObject):
     opens its lock too), ``close()``, ``unlink()``; pickled with its lock."""
     kind_name = "condition"
     kind_code = SHM_KIND_CONDITION
-    cdef public object _lock
-    cdef bint _owns_lock
 
     def __init__(self, lock=None, name=None, *, max_participants=64, mode=0o600,
                  persist=False):
