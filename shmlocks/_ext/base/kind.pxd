@@ -150,6 +150,15 @@ cdef class _Lock:
     cdef object __weakref__           # caches keyed by lock (WeakKeyDictionary)
     cdef str _ldcls                   # its lockdep class, once asked (diag/lockdep.pxi)
 
+    # (This order is the vtable's, kept as it was before this file: _bind, _me, _me_by, the
+    # hooks, the rest; a method added since, as _held_by_tid, goes last. The fast path's
+    # calls through the vtable then stay the same instructions.)
+    # -- the base's own: the Python API on the hooks (lock/lockbase.pxi); a kind neither
+    #    calls nor overrides these, except _bind (pi checks its namespace there) --
+    cdef _bind(self, object region, uint32_t i, name)
+    cdef inline reg_t* _me(self) except NULL
+    cdef reg_t* _me_by(self, int64_t deadline) except NULL
+
     # HOOK _fast(me, armed): the uncontended attempt by participant `me`. R_ACQ, R_PENDING
     #   (enqueued: _wait goes on) or R_BUSY (nothing changed); R_BUSY without side effects
     #   when `me` is already engaged on this lock (holding or queued). `armed`: crash points
@@ -173,15 +182,7 @@ cdef class _Lock:
     # HOOK _consistent(): make the kind's own state consistent after an owner death, before
     #   a release with OWNER_DIED (robust, pi: pthread_mutex_consistent; default nothing).
     cdef int _consistent(self) noexcept nogil
-    # HOOK _held_by_tid(tid): (kernel-recovered kinds) does the lock word name thread `tid`
-    #   as its owner, or say its owner died? For inspect's view of a dead holder.
-    cdef bint _held_by_tid(self, uint32_t tid) noexcept nogil
-
-    # -- the base's own: the Python API on the hooks (lock/lockbase.pxi); a kind neither
-    #    calls nor overrides these, except _bind (pi checks its namespace there) --
-    cdef _bind(self, object region, uint32_t i, name)
-    cdef inline reg_t* _me(self) except NULL
-    cdef reg_t* _me_by(self, int64_t deadline) except NULL
+    # -- the base's own, continued --
     cdef inline reg_t* _me_fast(self) noexcept nogil
     cdef inline bint _got_fast(self, reg_t* r, int rc, bint armed) noexcept nogil
     cdef object _got(self, reg_t* r, int rc, bint armed)
@@ -206,3 +207,7 @@ cdef class _Lock:
     cdef int _release_handing_on(self) except -1
     cdef int _check(self) except -1
     cdef bint _handing_on(self)
+
+    # HOOK _held_by_tid(tid): (kernel-recovered kinds) does the lock word name thread `tid`
+    #   as its owner, or say its owner died? For inspect's view of a dead holder.
+    cdef bint _held_by_tid(self, uint32_t tid) noexcept nogil
