@@ -122,7 +122,6 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     cdef uint32_t lock1 = b.index + 1
     cdef uint32_t op = participant_op(rm, q, lock1)
     cdef uint64_t t, s, n0, u
-    cdef uint32_t x
     cdef bint seen
     if r.ticket != 0:
         t = r.ticket - 1
@@ -157,11 +156,8 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         if u < s:                                    # served or skipped meanwhile (a grant
             u = s                                    # below passes abandoned ones too):
             continue                                 # never mark a passed ticket again
-        seen = ld64_seq(&b.tslots[u % b.P].abandoned) == u + 1
-        x = 0
-        while not seen and x < b.P:
-            seen = ld64_acq(&b.precs[x].ticket) == u + 1
-            x += 1
+        seen = (ld64_seq(&b.tslots[u % b.P].abandoned) == u + 1
+                or _ticket_owner(b, u) >= 0)
         if not seen:
             s = ld64_seq(ticket_serving(b))
             if u < s:                                # its live holder released it while we
@@ -187,6 +183,28 @@ cdef inline void _marker_wake(shm_tslot* nd) noexcept nogil:
     shm_futex_wake(_marker_word(nd), 0x7fffffff)
 
 
+cdef int _ticket_owner(shm_body* b, uint64_t u) noexcept nogil:
+    """The participant that published ticket u (its record's ticket is u + 1), or -1."""
+    cdef uint32_t x
+    for x in range(b.P):
+        if ld64_acq(&b.precs[x].ticket) == u + 1:
+            return <int>x
+    return -1
+
+
+cdef bint _recover_dead_takers(rmap_t* rm, shm_body* b) noexcept nogil:
+    """A ticket nobody published may be a dead taker's, killed between fetch_add and
+    publishing: recover every dead participant that was taking this lock ([T4]). 1 if
+    there was one."""
+    cdef uint32_t x
+    cdef bint any = 0
+    for x in range(b.P):
+        if participant_dead(rm, x) and _taking(participant_op(rm, x, b.index + 1)):
+            participant_try_recover(rm, x)
+            any = 1
+    return any
+
+
 cdef int _ticket_dep(park_t* pk, watch_t* ws) noexcept nogil:
     """park()'s dependency: the owner of the nearest ticket ahead of ours that is not
     abandoned (the holder, for the next in line), watched with the abandon markers of the
@@ -199,19 +217,19 @@ cdef int _ticket_dep(park_t* pk, watch_t* ws) noexcept nogil:
     cdef rmap_t* rm = pk.rm
     cdef uint64_t s = ld64_seq(c.serving)
     cdef uint64_t u = c.t - 1
-    cdef uint32_t x, mark
+    cdef uint32_t mark
+    cdef int x
     cdef shm_tslot* nd
-    cdef bint dead_taker = 0
     if c.t - s == 0 or c.t - s > b.P:
         return DEP_CHANGED                           # served (or a corrupt distance)
     while True:
         nd = &b.tslots[u % b.P]
         mark = ld32_seq(_marker_word(nd))            # before what it is read to mean
-        for x in range(b.P):
-            if ld64_acq(&b.precs[x].ticket) == u + 1:
-                if not watch_word(ws, _marker_word(nd), mark):
-                    return DEP_UNKNOWN
-                return watch_participant(rm, x, ws)
+        x = _ticket_owner(b, u)
+        if x >= 0:
+            if not watch_word(ws, _marker_word(nd), mark):
+                return DEP_UNKNOWN
+            return watch_participant(rm, <uint32_t>x, ws)
         if ld64_seq(&nd.abandoned) != u + 1:
             break                                    # unpublished
         if not watch_word(ws, _marker_word(nd), mark) or u == s:
@@ -219,11 +237,7 @@ cdef int _ticket_dep(park_t* pk, watch_t* ws) noexcept nogil:
         u -= 1
     if ld64_seq(ticket_next(b)) == s:
         return DEP_CHANGED                           # nobody holds it
-    for x in range(b.P):                             # a taker died mid-step?
-        if participant_dead(rm, x) and _taking(participant_op(rm, x, b.index + 1)):
-            participant_try_recover(rm, x)
-            dead_taker = 1
-    return DEP_CHANGED if dead_taker else DEP_UNKNOWN
+    return DEP_CHANGED if _recover_dead_takers(rm, b) else DEP_UNKNOWN
 
 
 cdef int _ticket_dep_serving(park_t* pk, watch_t* ws) noexcept nogil:
@@ -232,21 +246,17 @@ cdef int _ticket_dep_serving(park_t* pk, watch_t* ws) noexcept nogil:
     cdef shm_body* b = pk.b
     cdef rmap_t* rm = pk.rm
     cdef uint64_t s = ld64_seq(ticket_serving(b))
-    cdef uint32_t x
-    cdef uint32_t lock1 = b.index + 1
-    for x in range(b.P):
-        if ld64_acq(&b.precs[x].ticket) == s + 1:
-            if participant_dead(rm, x):
-                participant_try_recover(rm, x)
-                return DEP_CHANGED
-            return DEP_UNKNOWN
+    cdef int x = _ticket_owner(b, s)
+    if x >= 0:
+        if participant_dead(rm, <uint32_t>x):
+            participant_try_recover(rm, <uint32_t>x)
+            return DEP_CHANGED
+        return DEP_UNKNOWN
     if ld64_seq(&b.tslots[s % b.P].abandoned) == s + 1:
         return DEP_UNKNOWN                           # abandoned: a release will skip it
     if ld64_seq(ticket_next(b)) == s:
         return DEP_UNKNOWN                           # nobody holds it
-    for x in range(b.P):                             # unpublished: a taker died mid-step?
-        if participant_dead(rm, x) and _taking(participant_op(rm, x, lock1)):
-            participant_try_recover(rm, x)
+    _recover_dead_takers(rm, b)                      # unpublished: a taker died mid-step?
     return DEP_UNKNOWN
 
 
