@@ -1,8 +1,8 @@
 # wait.pxd -- the one waiting policy every kind uses (docs/design.md §5): the interface of
 # wait.pxi. A kind waits with park() (its callbacks, park_t, watch_t and the result codes
 # are the kind contract's: base/kind.pxd); the pthread kinds, which sleep in glibc's
-# mutex, drive the policy's steps themselves (wait_pause, wait_until, wait_signals,
-# wait_look_due, park_sleep).
+# mutex, drive the policy's steps themselves (wait_pause, then wait_due and wait_sleep
+# around their own sleep or lock call).
 
 cdef struct wait_t:
     PyThreadState* saved    # the GIL, released by wait_nogil (NULL: not released here)
@@ -44,6 +44,8 @@ cdef str wait_mode_init(str forced)
 cdef bint wait_signals(wait_t* w) noexcept nogil
 cdef int wait_look_due(wait_t* w, int64_t now) noexcept nogil
 cdef int64_t wait_until(wait_t* w, bint sliced) noexcept nogil
+cdef int wait_due(wait_t* w) noexcept nogil
+cdef int wait_sleep(wait_t* w, watch_t* ws, bint sliced) noexcept nogil
 cdef int wait_pause(wait_t* w) noexcept nogil
 cdef int watch_participant(rmap_t* rm, uint32_t slot, watch_t* ws) noexcept nogil
 cdef int park_sleep(watch_t* ws, int64_t until) noexcept nogil

@@ -134,6 +134,31 @@ cdef int64_t wait_until(wait_t* w, bint sliced) noexcept nogil:
     return until
 
 
+cdef int wait_due(wait_t* w) noexcept nogil:
+    """After a sleep that did not end the wait: R_TIMEOUT once the deadline has passed,
+    else the deadlock look if it is due (R_TIMEOUT for its victim, R_SIGNAL), else R_CONT
+    (look at the lock again)."""
+    cdef int64_t now = shm_now_ns()
+    if w.deadline >= 0 and now >= w.deadline:
+        return R_TIMEOUT
+    return wait_look_due(w, now)
+
+
+cdef int wait_sleep(wait_t* w, watch_t* ws, bint sliced) noexcept nogil:
+    """One sleep of a blocked wait, the same for park() and the pthread kinds: the signals
+    that came before it (main thread), the sleep on ws to the deadline, the next look or
+    (sliced) one slice, a watched death passed on (park_woken), the signal that woke it.
+    R_CONT: look at the lock again; R_SIGNAL: a handler raised."""
+    cdef int r
+    if wait_signals(w):
+        return R_SIGNAL
+    r = park_sleep(ws, wait_until(w, sliced))
+    park_woken(ws)
+    if r == -EINTR and wait_signals(w):
+        return R_SIGNAL
+    return R_CONT
+
+
 cdef int wait_pause(wait_t* w) noexcept nogil:
     """One step of the spin and yield phases: R_CONT (poll again), R_PARK or R_TIMEOUT."""
     cdef int64_t now, t
@@ -276,7 +301,6 @@ cdef int park(park_t* pk, wait_t* w) noexcept nogil:
     global shm_recover_sig
     cdef int r, q, d, changed = 0
     cdef uint32_t v
-    cdef int64_t now, until
     cdef watch_t ws
     if SHM_DEBUG_BUILT:
         dassert(pk.ready != NULL and pk.word != NULL and pk.parked != NULL,
@@ -324,21 +348,13 @@ cdef int park(park_t* pk, wait_t* w) noexcept nogil:
                 return R_TIMEOUT
             continue
         changed = 0
-        if wait_signals(w):                 # (main thread: one that came before the sleep)
-            fsub32(pk.parked, 1)
-            return R_SIGNAL
-        until = wait_until(w, d != DEP_ARMED or not g_wait_waitv)
-        r = park_sleep(&ws, until)
+        r = wait_sleep(w, &ws, d != DEP_ARMED or not g_wait_waitv)
         fsub32(pk.parked, 1)
-        park_woken(&ws)
-        if r == -EINTR and wait_signals(w):
-            return R_SIGNAL
+        if r != R_CONT:
+            return r
         if pk.ready(pk.ctx) == Q_READY:
             return R_ACQ
-        now = shm_now_ns()
-        if w.deadline >= 0 and now >= w.deadline:
-            return R_TIMEOUT
-        r = wait_look_due(w, now)
+        r = wait_due(w)
         if r != R_CONT:
             return r
 

@@ -94,7 +94,6 @@ cdef class _PthreadMutexLock(_Lock):
         cdef watch_t ws
         cdef uint32_t v
         cdef int rc, r
-        cdef int64_t now
         cdef bint slept = 0
         cdef bint odd
         while True:
@@ -113,22 +112,16 @@ cdef class _PthreadMutexLock(_Lock):
                 # word glibc never writes (FUTEX_WAITERS alone: the segment's bytes are
                 # not ours to trust). Never spin on it: the deadline, then a short sleep.
                 odd = ld32_seq(word) == v
-            now = shm_now_ns()
-            if w.deadline >= 0 and now >= w.deadline:
-                return R_TIMEOUT
-            r = wait_look_due(w, now)
+            r = wait_due(w)
             if r != R_CONT:
                 return r
+            ws.n = 0
             if odd:
-                ws.words[0] = word
-                ws.vals[0] = v
-                ws.n = 1
                 ws.token = -1
-                if wait_signals(w):
-                    return R_SIGNAL
-                r = park_sleep(&ws, wait_until(w, 1))
-                if r == -EINTR and wait_signals(w):
-                    return R_SIGNAL
+                watch_word(&ws, word, v)
+                r = wait_sleep(w, &ws, 1)
+                if r != R_CONT:
+                    return r
                 continue
             if v & FUTEX_TID_MASK_ == 0:
                 continue                             # it changed: look again
@@ -136,17 +129,12 @@ cdef class _PthreadMutexLock(_Lock):
                 if not cas32(word, v, v | FUTEX_WAITERS_):
                     continue
                 v = v | FUTEX_WAITERS_
-            ws.words[0] = word
-            ws.vals[0] = v
-            ws.n = 1
             ws.token = 0                             # (see park_woken)
-            if wait_signals(w):
-                return R_SIGNAL
-            r = park_sleep(&ws, wait_until(w, not g_wait_waitv))
+            watch_word(&ws, word, v)
+            r = wait_sleep(w, &ws, not g_wait_waitv)
             slept = 1
-            park_woken(&ws)
-            if r == -EINTR and wait_signals(w):
-                return R_SIGNAL
+            if r != R_CONT:
+                return r
 
     cdef int _sleep_pi(self, wait_t* w) noexcept nogil:
         """FUTEX_LOCK_PI (through glibc) to the deadline or the next deadlock look: the
@@ -156,7 +144,7 @@ cdef class _PthreadMutexLock(_Lock):
         wake before their time."""
         cdef timespec ts
         cdef int rc, r
-        cdef int64_t until, now, t
+        cdef int64_t until, t
         cdef bint main = PyThread_get_thread_ident() == g_main_ident
         while True:
             until = wait_until(w, not g_wait_waitv)
@@ -172,10 +160,7 @@ cdef class _PthreadMutexLock(_Lock):
                 return rc
             if wait_signals(w):
                 return R_SIGNAL
-            now = shm_now_ns()
-            if w.deadline >= 0 and now >= w.deadline:
-                return R_TIMEOUT
-            r = wait_look_due(w, now)
+            r = wait_due(w)
             if r != R_CONT:
                 return r
 
