@@ -89,13 +89,18 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
     cdef shm_tbword* w = shm_tb_word(b)
     cdef shm_tbrec* mine = shm_tb_rec(b, me)
     cdef uint32_t s, cyc
-    cdef int r
+    cdef int r, g
     cdef int64_t outer = shm_recover_deadline
     shm_recover_deadline = deadline
     cdef bint joined = 0
     r = BAR_ERR
     while True:                                   # _enter: wait for a drain or reset to end
-        if tb_lock(b, -1) != 0:
+        g = tb_guard(b, deadline, 1)              # (nothing of ours in the state yet)
+        if g != R_ACQ:
+            if g == R_TIMEOUT:
+                r = BAR_BROKEN                    # threading's timeout result; unchanged
+            elif g == R_SIGNAL:
+                r = R_SIGNAL
             break
         if mine.member != hid:
             # a new party: the waiters look again at whom they watch (its token too)
@@ -138,20 +143,18 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
             break
         cyc = w.cycle
         r = R_CONT
-        if joined:
-            tb_unlock(b)                          # wake them (not under the guard) ...
-            tb_wake(b, 0x7fffffff)
-            joined = 0
-            if tb_lock(b, -1) != 0:               # ... and go on as if just arrived
-                r = BAR_ERR
-                break
         while True:                               # _wait: until released, reset or broken
             if w.value != TB_B_FILLING or w.cycle != cyc:
                 break
             s = w.seq
             tb_unlock(b)
+            if joined:                            # a new party: wake them (not under the
+                tb_wake(b, 0x7fffffff)            # guard) to watch it too
+                joined = 0
             r = _bar_sleep(rm, b, me, s, deadline)
-            if tb_lock(b, -1) != 0:
+            # inside the barrier: leaving needs the guard, however long it takes (as
+            # threading's wait takes its lock back to leave)
+            if tb_guard(b, -1, 0) != R_ACQ:
                 r = BAR_ERR
                 break
             if r == R_CONT:
@@ -186,7 +189,7 @@ cdef int _bar_release(shm_body* b, uint32_t me, bint ok) noexcept nogil:
     raised). BAR_PASSED, BAR_BROKEN (reset or aborted while it ran), BAR_ERR."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef int r = BAR_PASSED
-    if tb_lock(b, -1) != 0:
+    if tb_guard(b, -1, 0) != R_ACQ:              # inside: it must leave
         return BAR_ERR
     if not ok:
         _bar_set_state(b, TB_B_BROKEN)

@@ -56,13 +56,15 @@ cdef void _cv_poke_oldest(rmap_t* rm, shm_body* b, uint32_t skip) noexcept nogil
         shm_futex_wake(&shm_tb_rec(b, x).poke, 1)
 
 
-cdef int _cv_enter(shm_body* b, uint32_t me) noexcept nogil:
-    """Take a ticket (the caller holds the user's lock): 0 or R_CORRUPT."""
+cdef int _cv_enter(shm_body* b, uint32_t me, int64_t deadline) noexcept nogil:
+    """Take a ticket (the caller holds the user's lock): R_ACQ, or R_TIMEOUT, R_SIGNAL,
+    R_CORRUPT with no ticket taken (the guard not had by the wait's deadline)."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef shm_tbrec* r = shm_tb_rec(b, me)
     cdef uint32_t t
-    if tb_lock(b, -1) != 0:
-        return R_CORRUPT
+    cdef int g = tb_guard(b, deadline, 1)
+    if g != R_ACQ:
+        return g
     t = w.value
     if t == 0:
         t = 1
@@ -70,7 +72,7 @@ cdef int _cv_enter(shm_body* b, uint32_t me) noexcept nogil:
     tb_set(b, &r.notified, 0)
     tb_set(b, &r.ticket, t)
     tb_unlock(b)
-    return 0
+    return R_ACQ
 
 
 cdef int _cv_sleep(rmap_t* rm, shm_body* b, uint32_t me, int64_t deadline) noexcept nogil:
@@ -126,11 +128,13 @@ cdef void _cv_pass_on(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
 
 cdef int _cv_leave(rmap_t* rm, shm_body* b, uint32_t me, bint passing) noexcept nogil:
     """The waiter has the lock back: consume its record. 1 if it was notified, 0 if not,
-    R_CORRUPT. `passing`: it leaves by an exception, so a notification goes on ([N3])."""
+    R_CORRUPT. `passing`: it leaves by an exception, so a notification goes on ([N3]).
+    It waits for the guard without end or signals: the record must go, or notify() would
+    pick a waiter that has left."""
     cdef shm_tbrec* r = shm_tb_rec(b, me)
     cdef int y
     cdef uint32_t was
-    if tb_lock(b, -1) != 0:
+    if tb_guard(b, -1, 0) != R_ACQ:
         return R_CORRUPT
     was = r.notified
     if r.ticket != 0:
@@ -150,11 +154,13 @@ cdef int _cv_leave(rmap_t* rm, shm_body* b, uint32_t me, bint passing) noexcept 
 
 
 cdef int _cv_notify(rmap_t* rm, shm_body* b, uint64_t n) noexcept nogil:
-    """Notify the n oldest live waiters not yet notified (the caller holds the lock)."""
+    """Notify the n oldest live waiters not yet notified (the caller holds the lock): 0,
+    R_SIGNAL (a handler raised while it waited for the guard: nobody notified), R_CORRUPT."""
     cdef int x
     cdef uint64_t k = 0
-    if tb_lock(b, -1) != 0:
-        return R_CORRUPT
+    cdef int g = tb_guard(b, -1, 1)
+    if g != R_ACQ:
+        return R_SIGNAL if g == R_SIGNAL else R_CORRUPT
     while k < n:
         x = _cv_oldest(rm, b, 0xffffffff)
         if x < 0:
@@ -346,8 +352,12 @@ cdef class Condition(_TbObject):
         r = self._me()
         me = r.slot
         with nogil:
-            rc = _cv_enter(&self.b, me)
-        if rc != 0:
+            rc = _cv_enter(&self.b, me, deadline)
+        if rc == R_TIMEOUT:
+            return False                         # no ticket, the lock never let go
+        if rc == R_SIGNAL:
+            return _raise_pending()
+        if rc != R_ACQ:
             raise CorruptRegionError(f"condition {self._name!r}: its guard is unusable")
         saved = self._release_save()
         try:
@@ -397,6 +407,8 @@ cdef class Condition(_TbObject):
         nn = min(n, 0xffffffff)
         with nogil:
             rc = _cv_notify(self.rm, &self.b, nn)
+        if rc == R_SIGNAL:
+            _raise_pending()
         if rc != 0:
             raise CorruptRegionError(f"condition {self._name!r}: its guard is unusable")
 

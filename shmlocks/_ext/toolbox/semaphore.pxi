@@ -55,8 +55,9 @@ cdef int _sem_acquire_loop(rmap_t* rm, shm_body* b, uint32_t me, bint owned,
     cdef tb_watch_t t
     if True:
         while True:
-            if tb_lock(b, -1) != 0:
-                return R_CORRUPT
+            r = tb_guard(b, deadline, 1)
+            if r != R_ACQ:
+                return r                       # R_TIMEOUT, R_SIGNAL, R_CORRUPT: nothing taken
             if _sem_take(b, me, owned):
                 tb_unlock(b)
                 return R_ACQ
@@ -89,11 +90,13 @@ cdef int _sem_acquire_loop(rmap_t* rm, shm_body* b, uint32_t me, bint owned,
 
 
 cdef int _sem_release(shm_body* b, uint32_t me, uint32_t n, bint owned) noexcept nogil:
-    """0, R_BOUND (past a bounded semaphore's initial value) or R_CORRUPT."""
+    """0, R_BOUND (past a bounded semaphore's initial value), R_SIGNAL (a handler raised
+    while it waited for the guard: nothing released) or R_CORRUPT."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef shm_tbrec* r = shm_tb_rec(b, me)
-    if tb_lock(b, -1) != 0:
-        return R_CORRUPT
+    cdef int g = tb_guard(b, -1, 1)
+    if g != R_ACQ:
+        return R_SIGNAL if g == R_SIGNAL else R_CORRUPT
     if w.flags & TB_F_BOUNDED and <uint64_t>w.value + n > w.limit:
         tb_unlock(b)
         return R_BOUND
@@ -203,6 +206,8 @@ cdef class Semaphore(_TbObject):
         nn = n
         with nogil:
             rc = _sem_release(&self.b, r.slot, nn, owned)
+        if rc == R_SIGNAL:
+            return _raise_pending()
         if rc == R_BOUND:
             raise ValueError("Semaphore released too many times")
         if rc == R_CORRUPT:

@@ -1,7 +1,7 @@
 # toolbox.pxd -- what the synchronization toolbox's objects share (docs/design.md §12): the
 # interface of toolbox.pxi (its invariant: the top of that file). Each primitive (event,
 # semaphore, barrier, condition) changes its shared state only under the object's guard
-# (tb_lock/tb_unlock), every multi-word change journaled (tb_set), and sleeps with tb_sleep
+# (tb_guard/tb_unlock), every multi-word change journaled (tb_set), and sleeps with tb_sleep
 # on a word and on the lives it depends on (tb_watch).
 
 cdef enum:
@@ -16,6 +16,7 @@ cdef struct tb_watch_t:
 
 
 cdef int tb_lock(shm_body* b, int64_t until) noexcept nogil
+cdef int tb_guard(shm_body* b, int64_t until, bint sig) noexcept nogil
 cdef void tb_init(shm_body* b) noexcept nogil
 cdef int tb_watch(rmap_t* rm, tb_watch_t* t, uint32_t slot) noexcept nogil
 cdef int tb_sleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline) noexcept nogil

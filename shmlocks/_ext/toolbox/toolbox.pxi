@@ -23,7 +23,8 @@
 # watch than fit, or no futex_waitv, it sleeps a PARK_SLICE_NS slice and looks again.
 
 
-cdef int64_t TB_GUARD_SLICE_NS = 100000000
+cdef int64_t TB_GUARD_SLICE_NS = 50000000    # 50 ms: Ctrl-C within 100 ms (tb_guard)
+cdef int64_t TB_GUARD_GRACE_NS = 20000000    # the least a call waits for a held guard
 
 
 # ---- the guard and its journal ----
@@ -54,9 +55,23 @@ cdef void tb_undo(shm_body* b) noexcept nogil:
     st32_seq(&j.n, 0)
 
 
+cdef int tb_got(shm_body* b, int rc) noexcept nogil:
+    """The guard's lock call returned rc: after its holder's death, undo its change first.
+    0 (held), or the error."""
+    cdef pthread_mutex_t* m = shm_tb_guard(b)
+    if rc == EOWNERDEAD:
+        tb_undo(b)
+        pm_consistent(m, 0)
+        rc = 0
+    elif rc == 0 and ld32_acq(&shm_tb_journal(b).n) != 0:
+        tb_undo(b)                         # (a guard made consistent by a recoverer that died)
+    return rc
+
+
 cdef int tb_lock(shm_body* b, int64_t until) noexcept nogil:
     """Take the object's guard by `until` (-1: no end): 0, ETIMEDOUT, or an error (a
-    mutex that is not one of ours). After its holder's death, undo its change first."""
+    mutex that is not one of ours). After its holder's death, undo its change first.
+    Runs no signal handler: recovery's (tb_recover_lock); the calls use tb_guard."""
     cdef pthread_mutex_t* m = shm_tb_guard(b)
     cdef int rc = pm_trylock(m, 0)
     cdef int64_t end
@@ -71,13 +86,41 @@ cdef int tb_lock(shm_body* b, int64_t until) noexcept nogil:
             if 0 <= until <= shm_now_ns():
                 return ETIMEDOUT
             rc = EBUSY
-    if rc == EOWNERDEAD:
-        tb_undo(b)
-        pm_consistent(m, 0)
-        rc = 0
-    elif rc == 0 and ld32_acq(&shm_tb_journal(b).n) != 0:
-        tb_undo(b)                         # (a guard made consistent by a recoverer that died)
-    return rc
+    return tb_got(b, rc)
+
+
+cdef int tb_guard(shm_body* b, int64_t until, bint sig) noexcept nogil:
+    """Take the object's guard for a call whose own deadline is `until` (-1: none; 0: a
+    non-blocking call): R_ACQ (held), R_TIMEOUT, R_SIGNAL, R_CORRUPT; nothing is changed
+    unless R_ACQ. A guard is held for a few stores, but its holder may be stopped (Ctrl-Z,
+    a debugger) or the word scribbled: the wait gives up at `until`, never sooner than
+    TB_GUARD_GRACE_NS after it began (a holder preempted mid-change is no reason to fail
+    a call), and, with `sig`, the main thread runs Python's handlers every
+    TB_GUARD_SLICE_NS (R_SIGNAL if one raised: Ctrl-C within 100 ms). A call that must
+    finish what it began under the guard (a waiter leaving) passes -1 and no `sig`."""
+    cdef pthread_mutex_t* m = shm_tb_guard(b)
+    cdef int rc = pm_trylock(m, 0)
+    cdef int64_t end, now
+    cdef timespec ts
+    cdef bint main
+    if rc == EBUSY:
+        main = sig and PyThread_get_thread_ident() == g_main_ident
+        now = shm_now_ns()
+        if 0 <= until < now + TB_GUARD_GRACE_NS:
+            until = now + TB_GUARD_GRACE_NS
+        while rc == EBUSY:
+            end = shm_now_ns() + TB_GUARD_SLICE_NS
+            if 0 <= until < end:
+                end = until
+            ts = shm_ts_of_ns(end)
+            rc = pm_clocklock(m, 0, &ts)
+            if rc == ETIMEDOUT:
+                if main and tb_signals():
+                    return R_SIGNAL
+                if 0 <= until <= shm_now_ns():
+                    return R_TIMEOUT
+                rc = EBUSY
+    return R_ACQ if tb_got(b, rc) == 0 else R_CORRUPT
 
 
 cdef void tb_init(shm_body* b) noexcept nogil:
@@ -295,13 +338,16 @@ cdef class _TbObject:
         return 0
 
     cdef int _guard(self) except -1:
-        """Take the guard (with the GIL released while it waits)."""
+        """Take the guard (with the GIL released while it waits; a Python signal handler
+        that raises there ends the wait with its exception, the guard not taken)."""
         cdef int rc
         with nogil:
-            rc = tb_lock(&self.b, -1)
-        if rc != 0:
+            rc = tb_guard(&self.b, -1, 1)
+        if rc == R_SIGNAL:
+            return _raise_pending()
+        if rc != R_ACQ:
             raise CorruptRegionError(f"{type(self).__name__} {self._name!r}: its guard is "
-                                     f"not a usable mutex ({rc})")
+                                     "not a usable mutex")
         return 0
 
     @property

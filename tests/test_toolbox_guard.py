@@ -1,0 +1,220 @@
+"""A toolbox object's guard held by a thread that does not let it go (docs/design.md §12).
+
+Every change of a toolbox object's shared state is made under its guard, a robust pthread
+mutex in the segment. A holder stopped mid-change (Ctrl-Z, a debugger), or a guard word
+scribbled to name a live thread that is in no change, keeps it: a timed wait must still
+end at its timeout with threading's result, and Ctrl-C of a main thread blocked there must
+raise KeyboardInterrupt, having changed nothing.
+
+The guard is held deterministically: the child writes into the guard's futex word (the
+body's line 2, shm_layout.h) the TID of a live ``sleep`` process this test starts; nothing
+but our own write can release it (a robust mutex's holder is only ever checked at its
+death). Each case runs in a child interpreter, so a hang is a subprocess timeout, not a
+stuck test run.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from support.common import shm_path, shm_remove, uniq
+
+LATE = 0.3  # a timed call ends within timeout + LATE; KeyboardInterrupt within LATE
+
+CHILD = r"""
+import os, signal, struct, sys, threading, time
+import shmlocks
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+what, mode, holder, name, path = sys.argv[1:6]
+holder = int(holder)
+if what == "semaphore":
+    obj = shmlocks.Semaphore(0, name=name)
+    call = lambda t: obj.acquire(timeout=t)
+elif what == "event":
+    obj = shmlocks.Event(name=name)
+    call = lambda t: obj.wait(t)
+elif what == "barrier":
+    obj = shmlocks.Barrier(2, name=name)
+    call = lambda t: obj.wait(timeout=t)
+else:
+    obj = shmlocks.Condition(shmlocks.RLock(), name=name)
+    obj.acquire()
+    call = lambda t: obj.wait(t)
+
+fd = os.open(path, os.O_RDWR)
+(_m, _v, _ln, _t, _L, _P, _d, _p, locks_off, _s) = struct.unpack_from(
+    "<QIIQIIQQQQ", os.pread(fd, 64, 0))
+GUARD = locks_off + 2 * 128          # body 0, word B: the guard (shm_toolbox.h)
+os.pwrite(fd, struct.pack("<I", holder), GUARD)
+
+t0 = time.monotonic()
+try:
+    if mode == "timeout":
+        res = repr(call(0.5))
+    else:
+        print("waiting", flush=True)
+        res = repr(call(None))
+except BaseException as e:
+    res = type(e).__name__
+took = time.monotonic() - t0
+print(res, flush=True)
+print(f"{took:.3f}", flush=True)
+
+os.pwrite(fd, struct.pack("<I", 0), GUARD)   # let go of the guard: the object works again
+os.close(fd)
+if what == "semaphore":
+    obj.release()
+    print(obj.acquire(timeout=2), obj.value, flush=True)
+elif what == "event":
+    obj.set()
+    print(obj.wait(2), flush=True)
+elif what == "barrier":
+    # nothing half done: nobody counted as waiting, not broken, and it still works
+    print(obj.n_waiting, obj.broken, flush=True)
+    th = threading.Thread(target=obj.wait, args=(5,))
+    th.start()
+    idx = obj.wait(5)
+    th.join()
+    print(idx in (0, 1), flush=True)
+else:
+    # the lock is held again (or still), no ticket left behind: a notify reaches nobody
+    recs = list(obj._raw().values())[-1]     # (units, inside, member, ticket, ...)
+    print(obj._is_owned(), max(r[3] for r in recs), flush=True)
+    obj.notify()
+    print(obj.wait(0.05), flush=True)
+    obj.release()
+obj.close()
+print("done", flush=True)
+"""
+
+#: each primitive's timed result, as threading gives it
+TIMED = {
+    "semaphore": "False",
+    "event": "False",
+    "barrier": "BrokenBarrierError",
+    "condition": "False",
+}
+
+#: what the child prints once the guard is back, per primitive
+AFTER = {
+    "semaphore": ["True 0"],
+    "event": ["True"],
+    "barrier": ["0 False", "True"],
+    "condition": ["True 0", "False"],
+}
+
+
+class _Holder:
+    """A live process whose TID (its PID: one thread) names the guard's holder."""
+
+    def __enter__(self):
+        self.p = subprocess.Popen(["sleep", "60"])
+        return self.p.pid
+
+    def __exit__(self, *exc):
+        self.p.kill()
+        self.p.wait(10)
+
+
+class _Child:
+    """A child interpreter running CHILD, whose stdout is read line by line with a
+    timeout (raw reads: nothing hides in a buffer from select)."""
+
+    def __init__(self, what: str, mode: str, holder: int, name: str):
+        self.p = subprocess.Popen(
+            [sys.executable, "-c", CHILD, what, mode, str(holder), name, shm_path(name)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+        )
+        self.buf = b""
+
+    def readline(self, timeout: float) -> str | None:
+        """The next line, or None if none comes within ``timeout`` (or the output ends)."""
+        end = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([self.p.stdout], [], [], left)[0]:
+                return None
+            data = os.read(self.p.stdout.fileno(), 4096)
+            if not data:
+                return None
+            self.buf += data
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode().strip()
+
+    def rest(self, timeout: float) -> list[str]:
+        """Every line up to the child's exit (0 expected) within ``timeout``."""
+        lines = []
+        end = time.monotonic() + timeout
+        while (line := self.readline(max(0.0, end - time.monotonic()))) is not None:
+            lines.append(line)
+        if self.p.poll() is None and time.monotonic() >= end:
+            self.kill()
+            pytest.fail(f"the call hung on the held guard (child killed): {lines}")
+        rc = self.p.wait(10)
+        err = self.p.stderr.read().decode()
+        assert rc == 0, (lines, err[-800:])
+        return lines
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait(10)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", sorted(TIMED))
+def test_timed_wait_ends_at_its_timeout_on_a_held_guard(what):
+    """sem.acquire(timeout=0.5), ev.wait(0.5), bar.wait(timeout=0.5), cond.wait(0.5) end
+    within 0.5 s + LATE with threading's timeout result, and leave nothing half done."""
+    name = uniq(f"tbg-{what}")
+    try:
+        with _Holder() as tid:
+            c = _Child(what, "timeout", tid, name)
+            try:
+                lines = c.rest(20)
+            finally:
+                c.kill()
+    finally:
+        shm_remove(name)
+    out = "\n".join(lines)
+    res, took = lines[0], float(lines[1])
+    print(f"\n{what}: {res} after {took * 1e3:.0f} ms")
+    assert res == TIMED[what], out
+    assert 0.45 <= took <= 0.5 + LATE, out
+    assert " ".join(lines[2:]) == " ".join([*AFTER[what], "done"]), out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", sorted(TIMED))
+def test_ctrl_c_of_a_wait_on_a_held_guard(what):
+    """A main thread blocked on the held guard (no timeout) gets KeyboardInterrupt within
+    LATE of SIGINT, and the object is whole afterwards."""
+    name = uniq(f"tbg-cc-{what}")
+    try:
+        with _Holder() as tid:
+            c = _Child(what, "sigint", tid, name)
+            try:
+                assert c.readline(20) == "waiting"
+                time.sleep(0.42)  # in the guard's wait by now (off its 50 ms slices)
+                t0 = time.monotonic()
+                c.p.send_signal(signal.SIGINT)
+                line = c.readline(5)
+                took = time.monotonic() - t0
+                assert line == "KeyboardInterrupt", f"no KeyboardInterrupt within 5 s: {line!r}"
+                lines = c.rest(20)
+            finally:
+                c.kill()
+    finally:
+        shm_remove(name)
+    print(f"\n{what}: KeyboardInterrupt {took * 1e3:.0f} ms after SIGINT")
+    assert took <= LATE, took
+    assert " ".join(lines[1:]) == " ".join([*AFTER[what], "done"]), lines
