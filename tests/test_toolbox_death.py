@@ -212,6 +212,8 @@ def test_party_dies_before_arriving_once_others_wait(procs):
         results = [out.get(timeout=10) for _ in live]
         assert time.monotonic() - t0 < 2.0
         assert results == ["broken", "broken"]
+        for p in live:  # ended on their own, before our close: not killed as last users
+            p.join(10)
         bar.reset()  # usable again: a replacement party completes a round
         victim_go.close()
     finally:
