@@ -53,6 +53,14 @@ def _sem_worker(sem, holds, i, stop):
 def torture_semaphore(seconds, workers=6, units=3):
     sem = shmlocks.BoundedSemaphore(units)
     stop = shmlocks.Event()
+    try:
+        return _torture_semaphore(sem, stop, seconds, workers, units)
+    finally:  # closed last by us, not left to a killed worker (its name would stay)
+        stop.close()
+        sem.close()
+
+
+def _torture_semaphore(sem, stop, seconds, workers, units):
     holds = CTX.RawArray("q", workers)
     ps = [CTX.Process(target=_sem_worker, args=(sem, holds, i, stop)) for i in range(workers)]
     for p in ps:
@@ -109,6 +117,14 @@ def _consumer(cond, jobs, taken):
 def torture_condition(seconds, consumers=4):
     lock = shmlocks.FutexMutex.create()
     cond = shmlocks.Condition(lock)
+    try:
+        return _torture_condition(lock, cond, seconds, consumers)
+    finally:  # closed last by us, not left to a killed consumer (its name would stay)
+        cond.close()
+        lock.close()
+
+
+def _torture_condition(lock, cond, seconds, consumers):
     jobs = CTX.RawValue("q", 0)
     taken = CTX.RawValue("q", 0)
     ps = [CTX.Process(target=_consumer, args=(cond, jobs, taken)) for _ in range(consumers)]
@@ -165,6 +181,13 @@ def _party(bar, out):
 
 def torture_barrier(seconds, parties=4):
     bar = shmlocks.Barrier(parties)
+    try:
+        return _torture_barrier(bar, seconds, parties)
+    finally:  # closed last by us, not left to a killed party (its name would stay)
+        bar.close()
+
+
+def _torture_barrier(bar, seconds, parties):
     out = CTX.Queue()
     rnd = random.Random(3)
     kills = rounds = 0
