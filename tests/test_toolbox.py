@@ -10,20 +10,12 @@ import threading
 import time
 
 import pytest
-from support.common import shm_exists, uniq
+from support.common import shm_exists, uniq, until
 
 import shmlocks
 from shmlocks import _segment
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _until(pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def _threads(n, target, *args):
@@ -143,7 +135,7 @@ def test_event_wakes_every_waiter_even_if_cleared_at_once(made):
     made.append(ev)
     res = []
     ts = _threads(5, lambda: res.append(ev.wait(20)))
-    _until(lambda: ev._raw()["parked"] == 5, what="five waiters asleep")
+    until(lambda: ev._raw()["parked"] == 5, what="five waiters asleep")
     ev.set()
     ev.clear()  # before they ran: each still returns True (threading's gh-57711)
     _join(ts)
@@ -232,9 +224,9 @@ def test_semaphore_contended_release_n_wakes_n(made):
                 got.append(1)
 
     ts = _threads(8, take)
-    _until(lambda: s._describe()["waiters"] == 8, what="eight waiters")
+    until(lambda: s._describe()["waiters"] == 8, what="eight waiters")
     s.release(3)
-    _until(lambda: len(got) == 3, what="three taken")
+    until(lambda: len(got) == 3, what="three taken")
     time.sleep(0.1)
     assert len(got) == 3 and s.value == 0
     s.release(5)
@@ -308,7 +300,7 @@ def test_barrier_abort_reset_timeout(made):
             res.append("broken")
 
     ts = _threads(2, f)
-    _until(lambda: bar.n_waiting == 2, what="two wait")
+    until(lambda: bar.n_waiting == 2, what="two wait")
     assert "waiters=2/3" in repr(bar)
     bar.abort()
     _join(ts)
@@ -319,7 +311,7 @@ def test_barrier_abort_reset_timeout(made):
     assert not bar.broken
     res.clear()
     ts = _threads(2, f)
-    _until(lambda: bar.n_waiting == 2, what="two wait again")
+    until(lambda: bar.n_waiting == 2, what="two wait again")
     bar.reset()  # resets while they wait: they are broken out, the barrier is not
     _join(ts)
     assert res == ["broken", "broken"] and not bar.broken
@@ -428,10 +420,10 @@ def test_condition_notify_counts(made):
             woke.append(r)
 
     ts = _threads(5, f)
-    _until(lambda: cond._describe()["waiters"] == 5, what="five wait")
+    until(lambda: cond._describe()["waiters"] == 5, what="five wait")
     with cond:
         cond.notify(2)
-    _until(lambda: len(woke) == 2, what="two woke")
+    until(lambda: len(woke) == 2, what="two woke")
     time.sleep(0.1)
     assert woke == [True, True]
     with cond:
@@ -641,7 +633,7 @@ def test_blocked_waiter_sleeps_without_polling(procs, what, made):
     }[what]()
     made.append(obj)
     p = procs.start(_wait_forever_in, obj, method="fork")
-    _until(
+    until(
         lambda: obj._describe()["waiters"] == 1 or (what == "event" and obj._raw()["parked"]),
         what="the waiter to sleep",
     )

@@ -9,19 +9,11 @@ import threading
 import time
 
 import pytest
-from support.common import kill, uniq
+from support.common import kill, uniq, until
 
 import shmlocks
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def _until(pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def _die():
@@ -94,7 +86,7 @@ def test_waiter_wakes_at_once_when_with_holder_dies(procs):
 
         t = threading.Thread(target=waiter)
         t.start()
-        _until(lambda: sem._describe()["waiters"] == 1, what="the waiter to sleep")
+        until(lambda: sem._describe()["waiters"] == 1, what="the waiter to sleep")
         t_kill = time.monotonic()
         os.kill(p.pid, signal.SIGKILL)
         t.join(30)
@@ -176,7 +168,7 @@ def test_party_dies_while_others_wait(procs, method):
     try:
         live = [procs.start(_barrier_party, bar, 1, out, method=method) for _ in range(2)]
         victim = procs.start(_barrier_party, bar, 1, out, method=method)
-        _until(lambda: bar.n_waiting == 3, 30, "three parties waiting")
+        until(lambda: bar.n_waiting == 3, 30, "three parties waiting")
         t0 = time.monotonic()
         kill(victim)
         results = [out.get(timeout=10) for _ in live]
@@ -206,7 +198,7 @@ def test_party_dies_before_arriving_once_others_wait(procs):
 
         v = procs.start(victim, bar, victim_go)
         live = [procs.start(_barrier_party, bar, 2, out) for _ in range(2)]
-        _until(lambda: bar.n_waiting == 2 and bar._raw()["cycle"] == 1, 30, "round 2 waits")
+        until(lambda: bar.n_waiting == 2 and bar._raw()["cycle"] == 1, 30, "round 2 waits")
         t0 = time.monotonic()
         kill(v)
         results = [out.get(timeout=10) for _ in live]
@@ -298,11 +290,11 @@ def test_notified_waiter_killed_passes_the_notification_on(procs):
     out = mp.get_context("fork").Queue()
     try:
         a = procs.start(_cond_waiter, cond, out, "a", 30)
-        _until(lambda: _waiting(cond, 1), what="a waits")
+        until(lambda: _waiting(cond, 1), what="a waits")
         b = procs.start(_cond_waiter, cond, out, "b", 30)
-        _until(lambda: _waiting(cond, 2), what="b waits")
+        until(lambda: _waiting(cond, 2), what="b waits")
         c = procs.start(_cond_waiter, cond, out, "c", 30)
-        _until(lambda: _waiting(cond, 3), what="c waits")
+        until(lambda: _waiting(cond, 3), what="c waits")
         with cond:
             cond.notify(1)  # -> a (oldest); a cannot take the lock back while we hold it
             kill(a)
@@ -329,9 +321,9 @@ def test_dead_waiter_never_counts_for_notify(procs):
     out = mp.get_context("fork").Queue()
     try:
         dead = procs.start(_cond_waiter, cond, out, "dead", 30)
-        _until(lambda: _waiting(cond, 1), what="dead waits")
+        until(lambda: _waiting(cond, 1), what="dead waits")
         live = [procs.start(_cond_waiter, cond, out, f"w{i}", 30) for i in range(3)]
-        _until(lambda: _waiting(cond, 4), what="all wait")
+        until(lambda: _waiting(cond, 4), what="all wait")
         kill(dead)
         with cond:
             cond.notify(2)
@@ -396,7 +388,7 @@ def test_event_waiters_survive_a_killed_waiter(procs):
 
     try:
         ps = [procs.start(w, ev, out) for _ in range(3)]
-        _until(lambda: ev._raw()["parked"] == 3, what="three sleep")
+        until(lambda: ev._raw()["parked"] == 3, what="three sleep")
         kill(ps[0])
         ev.set()
         assert [out.get(timeout=5), out.get(timeout=5)] == [True, True]

@@ -49,6 +49,7 @@ __all__ = [
     "shm_remove",
     "timed",
     "uniq",
+    "until",
     "wait_blocked",
     "wait_stopped",
 ]
@@ -220,6 +221,16 @@ def run_python(code: str, *args: str, timeout: float = 60.0, **kwargs):
         env=env,
         **kwargs,
     )
+
+
+def until(pred, timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll pred() every 5 ms until it is true; AssertionError naming `what` after
+    `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
 
 
 def wait_stopped(pid: int, timeout: float = 20.0) -> None:
