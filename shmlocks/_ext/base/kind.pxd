@@ -20,7 +20,8 @@
 # layout, the atomics, futex, crash points, dassert, trace):
 #   base/participants.pxd  rmap_t (the region's validated geometry: P, part[]), the holder
 #                          ids, participant_op/_dead/_try_recover, participants_settle,
-#                          recover_verdict ([V]), holder_forget, recover_wait_check
+#                          recover_verdict ([V]), holder_forget, and a recovery's context
+#                          (recov_t: recover_until, recover_wait_check)
 #   base/wait.pxd          wait_t (the policy's state: deadline, backoff), park(),
 #                          watch_word, watch_participant, wake_if_parked, and for a kind
 #                          that sleeps in its own way (robust, pi) the policy's steps
@@ -31,12 +32,13 @@
 # robust's _PthreadMutexLock); tests/test_layers.py checks that nothing below the kinds
 # uses them.
 #
-# rmap_t, reg_t (base/participants.pxd) and wait_t (base/wait.pxd) are opaque here: this
-# file only names them.
+# rmap_t, reg_t, recov_t (base/participants.pxd) and wait_t (base/wait.pxd) are opaque
+# here: this file only names them.
 
 cdef struct rmap_t
 cdef struct reg_t
 cdef struct wait_t
+cdef struct recov_t
 
 # ---- the result codes: every hook, park() and the wait policy's steps return one -------
 cdef enum:
@@ -55,12 +57,17 @@ cdef enum:
 # ---- the ops table: what the layers below the kinds need of one -------------------------
 # Filled by _register_kind, indexed by kind code; no layer below names a kind.
 #   init(b)           a new lock body, after ctl and the repair mutex (NULL: all zero will do)
-#   recover(rm, b, q) complete dead participant q's protocol on this lock (docs/design.md §6),
-#                     under the lock's repair mutex if `repair` is set (a user-recovered
-#                     kind); a kind whose owner deaths the kernel reports (robust, pi) only
-#                     forgets q's holder id (holder_forget), with repair 0.
+#   recover(rm, b, q, rc)
+#                     complete dead participant q's protocol on this lock (docs/design.md
+#                     §6), under the lock's repair mutex if `repair` is set (a user-recovered
+#                     kind), each wait inside bounded by the recoverer's context rc
+#                     (participants_settle, recover_until, recover_wait_check: a wait cut
+#                     short sets rc.cut, and the kind decides nothing more); a kind whose
+#                     owner deaths the kernel reports (robust, pi) only forgets q's holder id
+#                     (holder_forget), with repair 0.
 ctypedef void (*kind_init_fn)(shm_body* b) noexcept nogil
-ctypedef void (*kind_recover_fn)(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil
+ctypedef void (*kind_recover_fn)(rmap_t* rm, shm_body* b, uint32_t q,
+                                 recov_t* rc) noexcept nogil
 
 cdef struct kind_ops_t:
     kind_init_fn init
@@ -111,6 +118,8 @@ cdef struct watch_t:
     int n
     int token               # the index of the armed liveness token in words, or -1
     uint32_t slot           # whose token it is
+    recov_t* rec            # the sleeper's recovery context: a death found while filling
+                            # the set is recovered by the sleeper's deadline (park sets it)
 
 cdef enum:
     DEP_UNKNOWN = 0   # whom we depend on is not known now (a step in flight): sleep a slice
@@ -120,8 +129,8 @@ cdef enum:
 cdef struct park_t
 # dep(pk, ws): fill the watch set (word 0, the park word, is there already) with whom the
 # waiter depends on, checking it first: a dead one is recovered here
-# (participant_try_recover) and answers DEP_CHANGED; DEP_ARMED once watched; DEP_UNKNOWN
-# when it cannot be known now (the sleep is then one slice). Each word's value is read
+# (participant_try_recover, by ws.rec) and answers DEP_CHANGED; DEP_ARMED once watched;
+# DEP_UNKNOWN when it cannot be known now (the sleep is then one slice). Each word's value is read
 # BEFORE the state it is read to mean, so that a change after the read wakes the sleep.
 ctypedef int (*dep_fn)(park_t* pk, watch_t* ws) noexcept nogil
 

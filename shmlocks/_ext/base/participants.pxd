@@ -76,7 +76,7 @@ cdef enum:
 # that region misses reg_lookup (the fast path is untouched) and reaches a slow path that
 # refuses it with ReentryError (window_busy). Nested windows (a handler's wait on another
 # region) stack, at most WINDOW_MAX deep, per thread: the stack (shm_win_*) is C
-# thread-local state, as shm_recovering and shm_recover_sig are (shm_sys.h).
+# thread-local state (shm_sys.h).
 cdef enum:
     WINDOW_MAX = SHM_WINDOW_MAX
 
@@ -154,7 +154,7 @@ cdef inline bint other_pidns(uint64_t ns) noexcept nogil:
 
 
 # -- registration and the re-entry windows (docs/design.md §4) ------------------------
-cdef reg_t* reg_register(rmap_t* rm) except NULL
+cdef reg_t* reg_register(rmap_t* rm, int64_t deadline=*) except NULL
 cdef int reg_unregister(rmap_t* rm) noexcept nogil
 cdef reg_t* reg_find(rmap_t* rm) noexcept nogil
 cdef int window_enter(rmap_t* rm) noexcept nogil
@@ -186,21 +186,44 @@ cdef inline bint window_busy(rmap_t* rm) noexcept nogil:
 # 5 ms: how often a wait inside a recovery (short, bounded: a repair mutex, a live
 # participant finishing a step) checks the deadline and signals; it polls, unlike a park
 cdef int64_t RECOVER_CHECK_NS
+
+# A recovery's context (docs/design.md §6.3): a waiter that recovers a dead participant
+# does it on its own time, so what it brings travels with the recovery as an argument,
+# from the call that found the death (participant_try_recover) through the kind's recover
+# down to every wait inside (the repair mutex, live participants settling), and what they
+# found comes back in it. One per wait (wait_t.rec, a toolbox wait's, a registration's):
+# a handler that runs inside a recovery wait and recovers someone itself has its own.
+cdef struct recov_t:
+    int64_t deadline        # the recoverer's deadline: absolute CLOCK_MONOTONIC ns; -1: none
+                            # (each wait's own cap only); 0: now (a non-blocking call)
+    int cut                 # a wait inside ran out (or a handler raised) before a decision:
+                            # the recovery stopped there, left pending for the next waiter
+    int sig                 # a signal handler raised in a wait inside: its exception is
+                            # pending, and the caller returns R_SIGNAL (or raises it)
+
+
+cdef inline void recov_init(recov_t* rc, int64_t deadline) noexcept nogil:
+    rc.deadline = deadline
+    rc.cut = 0
+    rc.sig = 0
+
+
 ctypedef bint (*midstep_fn)(shm_body* b, uint32_t x) noexcept nogil
 cdef int participant_state(rmap_t* rm, uint32_t slot) noexcept nogil
-cdef void participant_try_recover(rmap_t* rm, uint32_t slot) noexcept nogil
+cdef void participant_try_recover(rmap_t* rm, uint32_t slot, recov_t* rc) noexcept nogil
 cdef void recover_verdict(rmap_t* rm, shm_body* b, uint32_t q, uint32_t op) noexcept nogil
 cdef bint participants_settle(rmap_t* rm, shm_body* b, uint32_t q, uint32_t step,
-                              midstep_fn midstep) noexcept nogil
-cdef int recover_wait_check(rmap_t* rm, int64_t until, int64_t* next_sig) noexcept nogil
+                              midstep_fn midstep, recov_t* rc) noexcept nogil
+cdef int recover_wait_check(rmap_t* rm, recov_t* rc, int64_t until,
+                            int64_t* next_sig) noexcept nogil
 
 
-cdef inline int64_t recover_until(int64_t cap_ns) noexcept nogil:
-    """When a wait inside a recovery must end: cap_ns from now, or the calling thread's
-    acquire deadline if that comes first."""
+cdef inline int64_t recover_until(recov_t* rc, int64_t cap_ns) noexcept nogil:
+    """When a wait inside a recovery must end: cap_ns from now, or the recoverer's
+    deadline if that comes first."""
     cdef int64_t until = shm_now_ns() + cap_ns
-    if 0 <= shm_recover_deadline < until:
-        until = shm_recover_deadline
+    if 0 <= rc.deadline < until:
+        until = rc.deadline
     return until
 
 

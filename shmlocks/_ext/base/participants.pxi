@@ -301,7 +301,7 @@ cdef void atfork_parent() noexcept nogil:
 
 cdef void atfork_child() noexcept nogil:
     """A forked child is one new thread that owns no slot: forget the parent's threads."""
-    global shm_win_n, shm_recovering, shm_recover_sig
+    global shm_win_n
     cdef rmap_t* rm = g_rmaps
     cdef reg_t* r = <reg_t*>shm_tls_get()
     cdef reg_t* nx
@@ -312,8 +312,6 @@ cdef void atfork_child() noexcept nogil:
     pthread_setspecific(g_key, NULL)
     shm_tls_set(NULL)
     shm_win_n = 0                       # a fork inside a window: the child has no wait
-    shm_recovering = 0
-    shm_recover_sig = 0
     # a signal the parent was deferring is not ours, nor are its other threads' sections:
     # the one running is prepare's, which the unlock below ends
     st32_seq(&g_lc_pending, 0)
@@ -375,10 +373,11 @@ cdef int reg_leave_closed() noexcept nogil:
     return n
 
 
-cdef reg_t* reg_register(rmap_t* rm) except NULL:
+cdef reg_t* reg_register(rmap_t* rm, int64_t deadline=-1) except NULL:
     """Claim a participant slot for the calling thread (slow path, first use). The mapping
-    is pinned meanwhile (the claim reads /proc and may recover a dead participant: another
-    thread can close the region then); a close that came first or meanwhile is ValueError.
+    is pinned meanwhile (the claim reads /proc and may recover a dead participant, by
+    `deadline`: another thread can close the region then); a close that came first or
+    meanwhile is ValueError.
     A thread keeps at most REGIONS_PER_THREAD tokens (see the enum's comment): past that,
     CapacityError."""
     cdef reg_t* r = NULL
@@ -391,7 +390,7 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
             "the kernel walks only so far at its death): close regions it no longer uses")
     rmap_pin(rm)
     try:
-        r = reg_claim(rm)
+        r = reg_claim(rm, deadline)
     finally:
         rmap_unpin(rm)
     if rm.closed:                            # closed while we registered: leave again
@@ -403,10 +402,10 @@ cdef reg_t* reg_register(rmap_t* rm) except NULL:
     return r
 
 
-cdef reg_t* reg_claim(rmap_t* rm) except NULL:
+cdef reg_t* reg_claim(rmap_t* rm, int64_t deadline) except NULL:
     """reg_register's work, on a pinned mapping. A slot whose token is not a mutex of ours
     (foreign bytes: its glibc fields would make glibc abort) is skipped, never locked."""
-    global shm_recover_sig
+    cdef recov_t rec
     cdef uint32_t i
     cdef int rc
     cdef int ncorrupt = 0
@@ -422,9 +421,9 @@ cdef reg_t* reg_claim(rmap_t* rm) except NULL:
             # The previous owner died. We are its recoverer: finish its business first
             # (by our deadline: cut short, the slot stays pending and we try the next;
             # cut short by a signal handler that raised, its exception propagates).
-            if participant_recover(rm, i) != 1:
-                if shm_recover_sig:
-                    shm_recover_sig = 0
+            recov_init(&rec, deadline)
+            if participant_recover(rm, i, &rec) != 1:
+                if rec.sig:
                     return NULL
                 continue
             rc = 0
@@ -490,39 +489,37 @@ cdef int reg_unregister(rmap_t* rm) noexcept nogil:
     return 0
 
 
-cdef int recover_wait_check(rmap_t* rm, int64_t until, int64_t* next_sig) noexcept nogil:
-    """One check of a wait inside a recovery: 1 to stop it (shm_recover_cut set: `until`,
-    the caller's deadline included, has passed, or a signal handler raised; then also
-    shm_recover_sig), 0 to go on. Signals are checked every RECOVER_CHECK_NS, inside a
-    re-entry window, as a park checks them before a sleep; a recovery cut short is left
-    pending and finished by the next waiter (docs/design.md §6.3)."""
-    global shm_recover_cut, shm_recover_sig
+cdef int recover_wait_check(rmap_t* rm, recov_t* rc, int64_t until,
+                            int64_t* next_sig) noexcept nogil:
+    """One check of a wait inside a recovery: 1 to stop it (rc.cut set: `until`, the
+    recoverer's deadline included, has passed, or a signal handler raised; then also
+    rc.sig), 0 to go on. Signals are checked every RECOVER_CHECK_NS, inside a re-entry
+    window, as a park checks them before a sleep; a recovery cut short is left pending and
+    finished by the next waiter (docs/design.md §6.3)."""
     cdef int64_t now = shm_now_ns()
-    cdef int rc = 0
-    cdef int entered, cut
+    cdef int r = 0
+    cdef int entered
     if now >= until:
-        shm_recover_cut = 1
+        rc.cut = 1
         return 1
     if now >= next_sig[0]:
         next_sig[0] = now + RECOVER_CHECK_NS
-        cut = shm_recover_cut              # a handler's own acquire (another region) may
-        entered = window_enter(rm)         # recover someone too: this one's state stays
-        with gil:
-            rc = PyErr_CheckSignals()
+        entered = window_enter(rm)         # (a handler's own acquire recovers with its own
+        with gil:                          # context: this one is untouched)
+            r = PyErr_CheckSignals()
         window_exit(entered)
-        shm_recover_cut = cut
-        if rc < 0:
-            shm_recover_cut = 1
-            shm_recover_sig = 1
+        if r < 0:
+            rc.cut = 1
+            rc.sig = 1
             return 1
     return 0
 
 
-cdef int repair_lock(rmap_t* rm, shm_body* b) noexcept nogil:
-    """Take a lock's repair mutex, waiting at most 2 s or to the caller's deadline, in
+cdef int repair_lock(rmap_t* rm, shm_body* b, recov_t* rec) noexcept nogil:
+    """Take a lock's repair mutex, waiting at most 2 s or to the recoverer's deadline, in
     slices that check signals (recover_wait_check). 0 on success, ETIMEDOUT (time ran
     out, or a handler raised), or another error (a corrupt mutex)."""
-    cdef int64_t until = recover_until(2000000000)
+    cdef int64_t until = recover_until(rec, 2000000000)
     cdef int64_t nsig = shm_now_ns() + RECOVER_CHECK_NS
     cdef int64_t end
     cdef timespec ts
@@ -533,7 +530,7 @@ cdef int repair_lock(rmap_t* rm, shm_body* b) noexcept nogil:
         rc = pm_clocklock(&b.ctl.repair.m, 0, &ts)
         if rc != ETIMEDOUT:
             break
-        if recover_wait_check(rm, until, &nsig):
+        if recover_wait_check(rm, rec, until, &nsig):
             return ETIMEDOUT
     if rc == EOWNERDEAD:
         pm_consistent(&b.ctl.repair.m, 0)             # a recoverer died: redo is idempotent
@@ -551,30 +548,25 @@ cdef void participant_leave_pending(rmap_t* rm, uint32_t slot) noexcept nogil:
     token_wake_all(rm, slot)
 
 
-cdef int participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
+cdef int participant_recover(rmap_t* rm, uint32_t slot, recov_t* rec) noexcept nogil:
     """We took a dead participant's token (EOWNERDEAD, or free and pending), so we alone
     recover it: complete its protocol on every lock of the region on its behalf.
-    Returns 1 if the slot may be reused (we still hold its token), -1 if the caller's
-    deadline cut the recovery short (the slot is left pending and its token free), 0 if
-    the slot is quarantined.
+    Returns 1 if the slot may be reused (we still hold its token), -1 if the recoverer's
+    deadline (rec) cut the recovery short (the slot is left pending and its token free;
+    rec.sig: a signal handler raised), 0 if the slot is quarantined.
 
     Robust and pi locks it held were marked OWNER_DIED by the kernel: only the holder
     identity is cleared. If a lock's repair mutex is unusable (a corrupt segment), the
     slot is quarantined (its token left ENOTRECOVERABLE) rather than handed to a new
     thread with a half-finished protocol."""
-    global shm_recover_cut, shm_recovering
     cdef shm_participant* p = &rm.part[slot]
-    cdef int rc
-    shm_recover_cut = 0
+    rec.cut = 0
     trace("recover.begin", slot, ld64_rlx(&p.generation),
           ld32_rlx(&p.op_lock) | (<uint64_t>ld32_rlx(&p.op_step) << 32))
-    shm_recovering += 1
-    rc = _participant_recover(rm, slot)
-    shm_recovering -= 1
-    return rc
+    return _participant_recover(rm, slot, rec)
 
 
-cdef int _participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
+cdef int _participant_recover(rmap_t* rm, uint32_t slot, recov_t* rec) noexcept nogil:
     cdef shm_participant* p = &rm.part[slot]
     cdef uint32_t i
     cdef int rc
@@ -588,9 +580,9 @@ cdef int _participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
             continue                             # not a kind of ours: nothing to complete
         b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
         if not ops.repair:
-            ops.recover(rm, &b, slot)            # the kernel recovers it (robust, pi)
+            ops.recover(rm, &b, slot, rec)       # the kernel recovers it (robust, pi)
             continue
-        rc = repair_lock(rm, &b)
+        rc = repair_lock(rm, &b, rec)
         if rc == ETIMEDOUT:                      # a live recoverer is slow, or our time
             participant_leave_pending(rm, slot)  # is up: the next waiter goes on
             return -1
@@ -599,9 +591,9 @@ cdef int _participant_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
             pm_unlock(&p.token.m, 0)             # without consistent(): unusable for good
             return 0
         crashpoint("recover.locked")
-        ops.recover(rm, &b, slot)
+        ops.recover(rm, &b, slot, rec)
         pm_unlock(&b.ctl.repair.m, 0)
-        if shm_recover_cut:                      # a settle wait ran out before a decision
+        if rec.cut:                      # a settle wait ran out before a decision
             participant_leave_pending(rm, slot)
             return -1
     crashpoint("recover.done")
@@ -637,16 +629,17 @@ cdef void recover_verdict(rmap_t* rm, shm_body* b, uint32_t q, uint32_t op) noex
     holder_forget(rm, b, q)
 
 
-cdef void participant_try_recover(rmap_t* rm, uint32_t slot) noexcept nogil:
+cdef void participant_try_recover(rmap_t* rm, uint32_t slot, recov_t* rec) noexcept nogil:
     """A waiter found participant `slot` dead (or suspects it): if its token comes back
     EOWNERDEAD, or free with a recovery pending, we are its one recoverer; recover it (by
-    our deadline) and free the slot."""
+    our deadline, rec) and free the slot. rec.sig set: a handler raised, the caller must
+    stop (its exception is pending)."""
     cdef int rc
     if slot >= rm.P:
         return
     rc = pm_trylock(&rm.part[slot].token.m, 0)
     if rc == EOWNERDEAD or (rc == 0 and ld32_acq(&rm.part[slot].pending)):
-        if participant_recover(rm, slot) == 1:
+        if participant_recover(rm, slot, rec) == 1:
             pm_unlock(&rm.part[slot].token.m, 0)
         token_wake_all(rm, slot)
     elif rc == 0:
@@ -661,24 +654,23 @@ cdef inline void token_wake_all(rmap_t* rm, uint32_t slot) noexcept nogil:
 
 
 cdef bint participants_settle(rmap_t* rm, shm_body* b, uint32_t q, uint32_t step,
-                              midstep_fn midstep) noexcept nogil:
+                              midstep_fn midstep, recov_t* rec) noexcept nogil:
     """Recovery by elimination needs the live participants that are between two steps of
     `step` on this lock (midstep(b, x): e.g. took a ticket but has not published it) to
     finish them. Waits for each, bounded by its progress (a death ends the wait), 5 s and
-    the caller's deadline, and ends early if a signal handler raises. Returns 1 once none
-    is mid-step; 0 if cut short first (shm_recover_cut set): the caller must then decide
+    the recoverer's deadline (rec), and ends early if a signal handler raises. Returns 1
+    once none is mid-step; 0 if cut short first (rec.cut set): the caller must then decide
     nothing and return."""
-    global shm_recover_cut
     cdef uint32_t x
     cdef uint32_t lock1 = b.index + 1
-    cdef int64_t until = recover_until(5 * <int64_t>1000000000)
+    cdef int64_t until = recover_until(rec, 5 * <int64_t>1000000000)
     cdef int64_t nsig = shm_now_ns() + RECOVER_CHECK_NS
     for x in range(b.P):
         if x == q:
             continue
         while (_op_is(participant_op(rm, x, lock1), step) and midstep(b, x)
                and not participant_dead(rm, x)):
-            if recover_wait_check(rm, until, &nsig):    # deadline, 5 s, or a signal
+            if recover_wait_check(rm, rec, until, &nsig):    # deadline, 5 s, or a signal
                 return 0
             sched_yield()
     return 1

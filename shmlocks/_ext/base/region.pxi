@@ -867,7 +867,7 @@ cdef class Region:
         """Recover every participant slot whose owner died (their tokens came back
         EOWNERDEAD to us). Returns how many. Normally done lazily, by the waiters that
         depend on a dead participant and by registration; this sweeps the rest."""
-        global shm_recover_sig
+        cdef recov_t rec
         cdef uint32_t i
         cdef int n = 0
         self._check_open()
@@ -875,11 +875,11 @@ cdef class Region:
         try:
             for i in range(self.rm.P):
                 if participant_dead(self.rm, i):
+                    recov_init(&rec, -1)
                     with nogil:
-                        participant_try_recover(self.rm, i)
-                    if shm_recover_sig:           # a handler raised: its exception
-                        shm_recover_sig = 0       # propagates (the recovery is pending)
-                        return _raise_pending()
+                        participant_try_recover(self.rm, i, &rec)
+                    if rec.sig:                   # a handler raised: its exception
+                        return _raise_pending()   # propagates (the recovery is pending)
                     n += not participant_dead(self.rm, i)
         finally:
             rmap_unpin(self.rm)

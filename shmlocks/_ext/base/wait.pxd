@@ -24,6 +24,8 @@ cdef struct wait_t:
     int dl_hit              # 1: a deadlock's victim, withdrawing as on a timeout
     rmap_t* rm              # the waiter's region: hidden while Python code runs (its
                             # re-entry window, participants.pxi); NULL: none
+    recov_t rec             # the recoveries this wait runs keep its deadline (park passes
+                            # it to dep through the watch set: watch_t.rec)
 
 
 cdef double _FOREVER_S                  # timeouts beyond ~31 years mean "wait forever"
@@ -73,6 +75,7 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
     w.dl_slot = 0
     w.dl_hit = 0
     w.rm = NULL
+    recov_init(&w.rec, deadline)
 
 
 cdef inline void wait_nogil(wait_t* w) noexcept nogil:

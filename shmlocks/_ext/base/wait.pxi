@@ -221,8 +221,8 @@ cdef int wait_far(wait_t* w) noexcept nogil:
 cdef int watch_participant(rmap_t* rm, uint32_t slot, watch_t* ws) noexcept nogil:
     """Sleep until participant `slot` dies (or its token changes): arm its token with
     FUTEX_WAITERS. DEP_ARMED; DEP_CHANGED if it is dead (recovered here if that is ours to
-    do: participant_try_recover); DEP_UNKNOWN if the slot is free now (it left: the caller's
-    view of whom it depends on is stale) or the set is full."""
+    do: participant_try_recover, by ws.rec's deadline); DEP_UNKNOWN if the slot is free
+    now (it left: the caller's view of whom it depends on is stale) or the set is full."""
     cdef uint32_t* tw
     cdef uint32_t v, seen
     if slot >= rm.P or ws.n >= SHM_WAITV_MAX or ws.token >= 0:
@@ -232,7 +232,7 @@ cdef int watch_participant(rmap_t* rm, uint32_t slot, watch_t* ws) noexcept nogi
     while True:
         if (v & FUTEX_OWNER_DIED_) or ((v & FUTEX_TID_MASK_) == 0
                                        and ld32_acq(&rm.part[slot].pending)):
-            participant_try_recover(rm, slot)
+            participant_try_recover(rm, slot, ws.rec)
             return DEP_CHANGED
         if (v & FUTEX_TID_MASK_) == 0:
             return DEP_UNKNOWN
@@ -298,7 +298,6 @@ cdef void park_woken(watch_t* ws) noexcept nogil:
 #     R_TIMEOUT  the deadline passed first     R_SIGNAL  a Python signal handler raised
 cdef int park(park_t* pk, wait_t* w) noexcept nogil:
     """Wait under the policy w until pk.ready says READY: R_ACQ, R_TIMEOUT or R_SIGNAL."""
-    global shm_recover_sig
     cdef int r, q, d, changed = 0
     cdef uint32_t v
     cdef watch_t ws
@@ -334,9 +333,10 @@ cdef int park(park_t* pk, wait_t* w) noexcept nogil:
         ws.vals[0] = v
         ws.n = 1
         ws.token = -1
+        ws.rec = &w.rec
         d = DEP_UNKNOWN if pk.dep == NULL else pk.dep(pk, &ws)
-        if shm_recover_sig:                 # a handler raised inside a recovery dep ran
-            shm_recover_sig = 0
+        if w.rec.sig:                       # a handler raised inside a recovery dep ran
+            w.rec.sig = 0
             fsub32(pk.parked, 1)
             return R_SIGNAL
         if d == DEP_CHANGED and changed < 8:

@@ -178,10 +178,11 @@ cdef bint _clh_pred_unknown(shm_body* b, uint32_t x) noexcept nogil:
     return _clh_ok(m, b.P) and ld32_acq(&b.qnodes[m - 1].pred) == C_UNKNOWN
 
 
-cdef inline bint _clh_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+cdef inline bint _clh_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q,
+                                     recov_t* rec) noexcept nogil:
     """Let live joiners (tail taken, pred not yet published) finish those two steps. 0 if
     time ran out first: decide nothing then."""
-    return participants_settle(rm, b, q, SHM_OP_TAKING, _clh_pred_unknown)
+    return participants_settle(rm, b, q, SHM_OP_TAKING, _clh_pred_unknown, rec)
 
 
 cdef bint _clh_still_queued_as(shm_body* b, uint32_t X, uint32_t rnd) noexcept nogil:
@@ -201,7 +202,7 @@ cdef void _clh_redo_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint64_t v) noe
         _clh_reclaim(rm, b, q, p.node)
 
 
-cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil:
     """Participant q is dead and ours to recover (repair mutex held)."""
     cdef shm_prec* r = &b.precs[q]
     cdef uint32_t lock1 = b.index + 1
@@ -249,7 +250,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         else:
             # Did it join? If so, whoever joined after it publishes its pred: let the live
             # joiners finish their two steps, then decide.
-            if not _clh_settle_joiners(rm, b, q):
+            if not _clh_settle_joiners(rm, b, q, rec):
                 return
             p = ld32_acq(&xn.pred)
             if p == C_UNKNOWN:
@@ -267,7 +268,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     if not _clh_ok(p, b.P):
         return
     if not _clh_in_queue(b, X):
-        if not _clh_settle_joiners(rm, b, q):
+        if not _clh_settle_joiners(rm, b, q, rec):
             return
         if not _clh_in_queue(b, X):                  # [C6] it had stepped out (abort) already
             trace("clh.recover.notinq", q, X, p)
@@ -292,23 +293,24 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     _clh_release_as(b, q, shm_crash_armed)
 
 
-cdef int _clh_check_owner(rmap_t* rm, shm_body* b, uint32_t pn, watch_t* ws) noexcept nogil:
-    """The owner of node pn, which we wait on: recovered if dead (DEP_CHANGED), else its
-    token armed (ws not NULL: DEP_ARMED). DEP_UNKNOWN if no participant owns pn now."""
+cdef int _clh_check_owner(rmap_t* rm, shm_body* b, uint32_t pn, watch_t* ws,
+                          bint arm) noexcept nogil:
+    """The owner of node pn, which we wait on: recovered if dead (DEP_CHANGED, by ws.rec),
+    else its token armed (arm: DEP_ARMED). DEP_UNKNOWN if no participant owns pn now."""
     cdef uint32_t y
     for y in range(b.P):
         if ld32_acq(&b.precs[y].mine) == pn:
             if participant_dead(rm, y):
-                participant_try_recover(rm, y)
+                participant_try_recover(rm, y, ws.rec)
                 return DEP_CHANGED
-            return DEP_UNKNOWN if ws == NULL else watch_participant(rm, y, ws)
+            return watch_participant(rm, y, ws) if arm else DEP_UNKNOWN
     return DEP_UNKNOWN
 
 
 cdef int _clh_dep(park_t* pk, watch_t* ws) noexcept nogil:
     """park()'s dependency: the owner of the node we wait on (pk.arg), whose state is the
     word we sleep on (its owner leaving changes it and wakes us: _clh_abort_as)."""
-    return _clh_check_owner(pk.rm, pk.b, pk.arg, ws)
+    return _clh_check_owner(pk.rm, pk.b, pk.arg, ws, 1)
 
 
 cdef int _clh_tend_abandoned(park_t* pk, watch_t* ws) noexcept nogil:
@@ -325,7 +327,7 @@ cdef int _clh_tend_abandoned(park_t* pk, watch_t* ws) noexcept nogil:
     cdef uint64_t t
     cdef uint32_t p
     cdef uint32_t s = X, st, guard
-    if _clh_check_owner(rm, b, ld32_acq(&x.pred), NULL) == DEP_CHANGED:
+    if _clh_check_owner(rm, b, ld32_acq(&x.pred), ws, 0) == DEP_CHANGED:
         return DEP_CHANGED
     t = ld64_seq(queue_tail(b))
     p = ld32_acq(&x.pred)
@@ -340,7 +342,7 @@ cdef int _clh_tend_abandoned(park_t* pk, watch_t* ws) noexcept nogil:
         s = _clh_succ_of(b, s)
         if s == QUEUE_NONE or not _clh_ok(s, b.P):
             return DEP_UNKNOWN
-        if _clh_check_owner(rm, b, s, NULL) == DEP_CHANGED:    # its owner: recovered if dead
+        if _clh_check_owner(rm, b, s, ws, 0) == DEP_CHANGED:    # its owner: recovered if dead
             return DEP_CHANGED
         st = ld32_acq(&b.qnodes[s - 1].state)
         if st != C_ABANDONED and st != C_RECLAIMING:

@@ -25,7 +25,7 @@ cdef inline uint32_t _fx_owner1(uint32_t v) noexcept nogil:
     return v & ~(<uint32_t>FX_W)
 
 
-cdef void _futex_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+cdef void _futex_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil:
     """Participant q is dead and ours to recover (repair mutex held): release the lock on
     its behalf if it holds it. owner_died unless it was still inside acquire or release."""
     cdef uint32_t* word = fx_state(b)

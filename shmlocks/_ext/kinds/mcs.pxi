@@ -101,11 +101,12 @@ cdef uint32_t _mcs_scan_succ(shm_body* b, uint32_t q) noexcept nogil:
     return 0 if v == QUEUE_NONE else v               # none of them lived to publish
 
 
-cdef uint32_t _mcs_find_succ(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+cdef uint32_t _mcs_find_succ(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil:
     """Node q is in the queue and not last, so it has a successor: wait for it to become
     visible (a joiner between two instructions). Bounded: 0 after 5 s (corrupt). Inside a
-    recovery also by the caller's deadline and signals (recover_wait_check): then 0 with
-    shm_recover_cut set, and the caller decides nothing more (docs/design.md §6.3)."""
+    recovery (rec not NULL) also by the recoverer's deadline and signals
+    (recover_wait_check): then 0 with rec.cut set, and the caller decides nothing more
+    (docs/design.md §6.3)."""
     cdef uint32_t v
     cdef int i = 0
     cdef int64_t until = 0
@@ -120,11 +121,11 @@ cdef uint32_t _mcs_find_succ(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil
             continue
         if until == 0:
             until = shm_now_ns() + 5 * <int64_t>1000000000
-            if shm_recovering:
-                until = recover_until(5 * <int64_t>1000000000)
+            if rec != NULL:
+                until = recover_until(rec, 5 * <int64_t>1000000000)
                 nsig = shm_now_ns() + RECOVER_CHECK_NS
-        if shm_recovering:
-            if recover_wait_check(rm, until, &nsig):
+        if rec != NULL:
+            if recover_wait_check(rm, rec, until, &nsig):
                 return 0
         elif shm_now_ns() > until:
             return 0
@@ -135,13 +136,15 @@ cdef bint _mcs_pred_unknown(shm_body* b, uint32_t x) noexcept nogil:
     return ld32_acq(&b.qnodes[x].pred) == M_UNKNOWN
 
 
-cdef inline bint _mcs_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+cdef inline bint _mcs_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q,
+                                     recov_t* rec) noexcept nogil:
     """Let live joiners (tail taken, pred not yet published) finish those two steps. 0 if
     time ran out first: decide nothing then."""
-    return participants_settle(rm, b, q, SHM_OP_TAKING, _mcs_pred_unknown)
+    return participants_settle(rm, b, q, SHM_OP_TAKING, _mcs_pred_unknown, rec)
 
 
-cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nogil:
+cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q,
+                   recov_t* rec) noexcept nogil:
     """Hand the lock to node s-1, passing through abandoned nodes; q is the releaser (live,
     or dead and being recovered), in whose slot progress is recorded."""
     cdef shm_qnode* m
@@ -175,8 +178,8 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
                     wake_if_parked(&m.state, &m.parked)
                     return 0
                 continue
-            nx = _mcs_find_succ(rm, b, s - 1)
-            if nx == 0 and shm_recovering and shm_recover_cut:
+            nx = _mcs_find_succ(rm, b, s - 1, rec)
+            if nx == 0 and rec != NULL and rec.cut:
                 return 0                             # cut short: the pass record stays,
                                                      # the next recoverer goes on ([M2])
         if nx == 0 or nx > b.P:
@@ -193,13 +196,14 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q) noexcept nog
 
 
 cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dead,
-                         bint armed) noexcept nogil:
-    """Release the lock held by node q (by q itself, or on behalf of dead q). For a dead q
-    that was releasing, it may already have emptied the queue: then nothing is left."""
+                         bint armed, recov_t* rec) noexcept nogil:
+    """Release the lock held by node q (by q itself: rec NULL; or on behalf of dead q,
+    in a recovery with context rec). For a dead q that was releasing, it may already have
+    emptied the queue: then nothing is left."""
     cdef shm_qnode* n = &b.qnodes[q]
     cdef uint32_t succ
     cdef uint64_t t
-    cdef int rc
+    cdef int r
     st64_rel(&rm.part[q].op_value, 0)
     while True:
         succ = ld32_acq(&n.next)
@@ -213,15 +217,15 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
                 return 0
             continue
         if releasing_dead:
-            if not _mcs_settle_joiners(rm, b, q):
+            if not _mcs_settle_joiners(rm, b, q, rec):
                 return 0                             # out of time: decide nothing
             succ = _mcs_scan_succ(b, q)
             if succ == 0:                            # it had emptied the queue itself
                 st32_rel(&n.state, M_IDLE)
                 return 0
         else:
-            succ = _mcs_find_succ(rm, b, q)
-            if succ == 0 and shm_recovering and shm_recover_cut:
+            succ = _mcs_find_succ(rm, b, q, rec)
+            if succ == 0 and rec != NULL and rec.cut:
                 return 0                             # cut short before any change
         break
     if succ == 0 or succ > b.P:
@@ -231,14 +235,14 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
     st32_rel(&n.state, M_IDLE)
     wake_if_parked(&n.state, &n.parked)
     crashpoint_at(armed, "mcs.release.idled")
-    rc = _mcs_pass(rm, b, succ, q)
-    if shm_recovering and shm_recover_cut:
-        return rc                                    # cut short: the record is the redo's
+    r = _mcs_pass(rm, b, succ, q, rec)
+    if rec != NULL and rec.cut:
+        return r                                     # cut short: the record is the redo's
     st64_rel(&rm.part[q].op_value, 0)                # the pass is over: no record is left
-    return rc
+    return r
 
 
-cdef void _mcs_finish_pass(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+cdef void _mcs_finish_pass(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil:
     """A release of q's (by q, or on its behalf) died passing the lock on: op_value names
     the node it was at. Nodes it had already passed through and not yet freed are still
     PASSING (it was the only releaser): free them, then go on from where it was."""
@@ -250,10 +254,10 @@ cdef void _mcs_finish_pass(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
             st32_seq(&b.qnodes[x].state, M_IDLE)
             wake_if_parked(&b.qnodes[x].state, &b.qnodes[x].parked)
     if s != 0 and s <= b.P and ld32_acq(&b.qnodes[s - 1].round) == v.round:
-        _mcs_pass(rm, b, s, q)
+        _mcs_pass(rm, b, s, q, rec)
 
 
-cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil:
     """Participant q is dead and ours to recover (repair mutex held)."""
     cdef shm_qnode* n = &b.qnodes[q]
     cdef uint32_t lock1 = b.index + 1
@@ -264,16 +268,16 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     if op == SHM_OP_RELEASING:
         if st == M_GRANT:                            # [M1] it still held the lock:
             recover_verdict(rm, b, q, op)            # [V] its release decides recoverability
-            _mcs_release_as(rm, b, q, 1, shm_crash_armed)
+            _mcs_release_as(rm, b, q, 1, shm_crash_armed, rec)
             return
         holder_forget(rm, b, q)
         if st == M_IDLE:                             # [M2] (docs/design.md §7.2)
-            _mcs_finish_pass(rm, b, q)               # it died passing the lock on
+            _mcs_finish_pass(rm, b, q, rec)               # it died passing the lock on
         return
     if st == M_IDLE and ld64_acq(&rm.part[q].op_value) != 0:  # [M2]
         # A recoverer releasing the lock on q's behalf died passing it on (q's own op is
         # not RELEASING then: q died holding or waiting): finish that pass.
-        _mcs_finish_pass(rm, b, q)
+        _mcs_finish_pass(rm, b, q, rec)
         return
     if st != M_WAIT and st != M_GRANT:
         return                                       # not queued (an abandoned place is
@@ -288,7 +292,7 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         else:
             # Did it join? If so, whoever joined after it publishes its pred: let the live
             # joiners finish their two steps, then decide.
-            if not _mcs_settle_joiners(rm, b, q):
+            if not _mcs_settle_joiners(rm, b, q, rec):
                 return
             pred = ld32_acq(&n.pred)
             if pred == M_UNKNOWN and tail_last(ld64_seq(queue_tail(b))) != q + 1:
@@ -303,11 +307,11 @@ cdef void _mcs_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
         recover_verdict(rm, b, q, op)                # [V] (op is not RELEASING here)
         crashpoint("mcs.recover.flagged")
         st32_rel(&n.state, M_GRANT)
-        _mcs_release_as(rm, b, q, 0, shm_crash_armed)
+        _mcs_release_as(rm, b, q, 0, shm_crash_armed, rec)
         return
     st64_rel(&n.left_gen, ld64_rlx(&rm.part[q].generation))
     if not cas32(&n.state, M_WAIT, M_ABANDONED):     # [M5] it waits: abandon its place for it
-        _mcs_release_as(rm, b, q, 0, shm_crash_armed)     # granted meanwhile: pass it on
+        _mcs_release_as(rm, b, q, 0, shm_crash_armed, rec)     # granted meanwhile: pass it on
     else:
         _mcs_left(n)
 
@@ -325,7 +329,7 @@ cdef int _mcs_dep(park_t* pk, watch_t* ws) noexcept nogil:
     while p != 0 and p <= b.P and guard <= b.P:
         st = ld32_seq(&b.qnodes[p - 1].state)            # before what it is read to mean
         if participant_dead(rm, p - 1):
-            participant_try_recover(rm, p - 1)
+            participant_try_recover(rm, p - 1, ws.rec)
             return DEP_CHANGED
         if not watch_word(ws, &b.qnodes[p - 1].state, st):
             return DEP_UNKNOWN
@@ -468,7 +472,7 @@ cdef class MCSLock(_Lock):
                 crashpoint_at(armed, "mcs.release.emptied")
                 st32_rel(&n.state, M_IDLE)
                 return 0
-        return _mcs_release_as(self.rm, &self.b, me, 0, armed)
+        return _mcs_release_as(self.rm, &self.b, me, 0, armed, NULL)
 
     cdef bint _is_locked(self) noexcept nogil:
         return ld64_acq(queue_tail(&self.b)) != 0

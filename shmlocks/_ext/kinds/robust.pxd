@@ -14,7 +14,7 @@ cdef inline uint32_t* pm_word(shm_body* b) noexcept nogil:
     return <uint32_t*>&b.wa.m
 
 
-cdef void _pmutex_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil
+cdef void _pmutex_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil
 
 
 cdef class _PthreadMutexLock(_Lock):

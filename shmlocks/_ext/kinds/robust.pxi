@@ -24,7 +24,7 @@ cdef void _robust_init(shm_body* b) noexcept nogil:
     _robust_mutex_init(pm_mutex(b), 0)
 
 
-cdef void _pmutex_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+cdef void _pmutex_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil:
     """Dead participant q: the kernel marked a mutex it held OWNER_DIED (the next locker
     gets EOWNERDEAD); only its holder id is left to clear."""
     holder_forget(rm, b, q)
@@ -116,6 +116,7 @@ cdef class _PthreadMutexLock(_Lock):
             if r != R_CONT:
                 return r
             ws.n = 0
+            ws.rec = &w.rec
             if odd:
                 ws.token = -1
                 watch_word(&ws, word, v)

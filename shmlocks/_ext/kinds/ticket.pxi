@@ -116,7 +116,7 @@ cdef void _ticket_abandon_for(rmap_t* rm, shm_body* b, uint32_t q, uint64_t t) n
     _marker_wake(nd)
 
 
-cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil:
     """Participant q is dead and ours to recover (repair mutex held)."""
     cdef shm_prec* r = &b.precs[q]
     cdef uint32_t lock1 = b.index + 1
@@ -145,7 +145,7 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     # It may have died between fetch_add and publishing its ticket. Let the live ones in
     # that same window publish theirs, then serve or abandon whatever is unaccounted for.
     n0 = ld64_seq(ticket_next(b))
-    if not participants_settle(rm, b, q, SHM_OP_WAITING, _ticket_unpublished):
+    if not participants_settle(rm, b, q, SHM_OP_WAITING, _ticket_unpublished, rec):
         return                                       # out of time: decide nothing
     s = ld64_seq(ticket_serving(b))
     if n0 - s > b.P + 1:
@@ -192,7 +192,7 @@ cdef int _ticket_owner(shm_body* b, uint64_t u) noexcept nogil:
     return -1
 
 
-cdef bint _recover_dead_takers(rmap_t* rm, shm_body* b) noexcept nogil:
+cdef bint _recover_dead_takers(rmap_t* rm, shm_body* b, recov_t* rec) noexcept nogil:
     """A ticket nobody published may be a dead taker's, killed between fetch_add and
     publishing: recover every dead participant that was taking this lock ([T4]). 1 if
     there was one."""
@@ -200,7 +200,7 @@ cdef bint _recover_dead_takers(rmap_t* rm, shm_body* b) noexcept nogil:
     cdef bint any = 0
     for x in range(b.P):
         if participant_dead(rm, x) and _taking(participant_op(rm, x, b.index + 1)):
-            participant_try_recover(rm, x)
+            participant_try_recover(rm, x, rec)
             any = 1
     return any
 
@@ -237,7 +237,7 @@ cdef int _ticket_dep(park_t* pk, watch_t* ws) noexcept nogil:
         u -= 1
     if ld64_seq(ticket_next(b)) == s:
         return DEP_CHANGED                           # nobody holds it
-    return DEP_CHANGED if _recover_dead_takers(rm, b) else DEP_UNKNOWN
+    return DEP_CHANGED if _recover_dead_takers(rm, b, ws.rec) else DEP_UNKNOWN
 
 
 cdef int _ticket_dep_serving(park_t* pk, watch_t* ws) noexcept nogil:
@@ -249,14 +249,14 @@ cdef int _ticket_dep_serving(park_t* pk, watch_t* ws) noexcept nogil:
     cdef int x = _ticket_owner(b, s)
     if x >= 0:
         if participant_dead(rm, <uint32_t>x):
-            participant_try_recover(rm, <uint32_t>x)
+            participant_try_recover(rm, <uint32_t>x, ws.rec)
             return DEP_CHANGED
         return DEP_UNKNOWN
     if ld64_seq(&b.tslots[s % b.P].abandoned) == s + 1:
         return DEP_UNKNOWN                           # abandoned: a release will skip it
     if ld64_seq(ticket_next(b)) == s:
         return DEP_UNKNOWN                           # nobody holds it
-    _recover_dead_takers(rm, b)                      # unpublished: a taker died mid-step?
+    _recover_dead_takers(rm, b, ws.rec)              # unpublished: a taker died mid-step?
     return DEP_UNKNOWN
 
 

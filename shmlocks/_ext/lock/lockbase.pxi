@@ -118,19 +118,13 @@ cdef class _Lock:
     cdef reg_t* _me_by(self, int64_t deadline) except NULL:
         """_me() for a timed or non-blocking acquire: a registration that recovers a dead
         participant does so by `deadline` (it leaves the rest to the next waiter)."""
-        global shm_recover_deadline
         cdef reg_t* r
         if self._closed or self.rm.closed:
             raise ValueError(f"lock {self._name!r} is closed")
-        cdef int64_t outer = shm_recover_deadline    # (a wait this call interrupts)
         r = reg_lookup(self.rm)
         if r != NULL:
             return r
-        shm_recover_deadline = deadline
-        try:
-            return reg_register(self.rm)
-        finally:
-            shm_recover_deadline = outer
+        return reg_register(self.rm, deadline)
 
     # -- the internal interface (overridden by each kind) ---------------------------------
 
@@ -387,10 +381,9 @@ cdef class _Lock:
                             "(shmlocks locks are not reentrant)")
 
     cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline):
-        global shm_recover_deadline
         cdef wait_t w
         cdef uint32_t me = r.slot
-        cdef int64_t t0, outer
+        cdef int64_t t0
         if rc == R_ACQ_DIED:
             return self._got(r, rc, shm_crash_armed)
         if rc < 0:
@@ -415,14 +408,12 @@ cdef class _Lock:
             # waits for: queued behind its own wait, it would never be served
             self._withdraw(r, rc)
             raise reentry_error(f"acquire() of {self.kind_name} lock {self._name!r}")
-        wait_init(&w, deadline, &self.b.precs[me].spin_ns)
+        wait_init(&w, deadline, &self.b.precs[me].spin_ns)   # (recoveries it runs keep it)
         w.rm = self.rm                               # hidden while handlers run
         t0 = shm_now_ns()                            # also the wait's start, for stats_waited
         dl_arm(&w, self.rm, me, t0)                  # the wait record: since when ...
         shm_op_set(r.op, self._lock1, SHM_OP_WAITING)     # "me waits for this lock"
         crashpoint("lock.wait.waiting")
-        outer = shm_recover_deadline                 # (a wait a handler of ours interrupts)
-        shm_recover_deadline = deadline              # recoveries we run keep our deadline
         if self.rm.nthreads <= 1:
             # no other thread of ours is registered here, so none can hold this lock and
             # need our GIL: spin with it, release it only to yield or park (wait.pxi)
@@ -432,7 +423,6 @@ cdef class _Lock:
         else:
             with nogil:
                 rc = self._wait(me, rc, &w)
-        shm_recover_deadline = outer
         if rc == R_ACQ or rc == R_ACQ_DIED:
             wait_adapt(&w, &self.b.precs[me].spin_ns)
             if PyErr_Occurred() != NULL:

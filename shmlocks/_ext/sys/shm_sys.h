@@ -186,17 +186,6 @@ static inline void shm_crashpoint(const char *name) { shm_crashpoint_at(shm_cras
 /* On the fast path the caller reads shm_crash_armed once per Python call and passes it down
  * as `armed`: each point is then a test of a register, not a load of the global. */
 
-/* ---- the deadline a recovery must keep ----
- * A waiter that recovers a dead participant does it on its own time: the calling thread's
- * acquire deadline (CLOCK_MONOTONIC ns, -1: none) bounds each wait inside the recovery (the
- * repair mutex, live participants settling); a wait cut short sets shm_recover_cut, and
- * the recovery stops there, leaving the rest to the next waiter (participants.pxi). Set on
- * the slow path only. */
-static __thread int64_t shm_recover_deadline = -1;
-static __thread int shm_recover_cut = 0;
-static __thread int shm_recover_sig = 0;   /* a handler raised inside a recovery wait */
-static __thread int shm_recovering = 0;    /* inside participant_recover */
-
 /* ---- re-entry windows (docs/design.md §4; participants.pxi window_enter) ----
  * The regions whose participant this thread hides while Python code runs inside its wait
  * or recovery, and that participant's registration: a stack, SHM_WINDOW_MAX deep. */

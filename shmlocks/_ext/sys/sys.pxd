@@ -279,10 +279,6 @@ cdef extern from "shm_sys.h" nogil:
     void crashpoint "shm_crashpoint"(const char* name)
     void crashpoint_at "shm_crashpoint_at"(bint armed, const char* name)
     void shm_op_set(uint32_t* op_lock, uint32_t lock1, uint32_t step)
-    int64_t shm_recover_deadline
-    int shm_recover_cut
-    int shm_recover_sig
-    int shm_recovering
     enum: SHM_WINDOW_MAX
     void* shm_win_rm[SHM_WINDOW_MAX]
     void* shm_win_reg[SHM_WINDOW_MAX]

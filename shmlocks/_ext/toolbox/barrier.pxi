@@ -62,7 +62,7 @@ cdef int _bar_sleep(rmap_t* rm, shm_body* b, uint32_t me, uint32_t s,
     cdef tb_watch_t t
     cdef uint32_t x
     cdef int r
-    tb_watch_init(&t, &w.seq, s)
+    tb_watch_init(&t, &w.seq, s, deadline)
     for x in range(b.P):
         if x != me and _bar_member(rm, b, x):
             if tb_watch(rm, &t, x) == DEP_CHANGED:
@@ -85,13 +85,10 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
     """threading.Barrier.wait up to the action. BAR_PASSED (index set; the thread has left),
     BAR_ACTION (the last to arrive: inside, the state still FILLING; the caller runs the
     action then _bar_release), BAR_BROKEN (left), R_SIGNAL (left), BAR_ERR."""
-    global shm_recover_deadline
     cdef shm_tbword* w = shm_tb_word(b)
     cdef shm_tbrec* mine = shm_tb_rec(b, me)
     cdef uint32_t s, cyc
     cdef int r, g
-    cdef int64_t outer = shm_recover_deadline
-    shm_recover_deadline = deadline
     cdef bint joined = 0
     r = BAR_ERR
     while True:                                   # _enter: wait for a drain or reset to end
@@ -180,7 +177,6 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
         tb_wake(b, 0x7fffffff)
         r = R_SIGNAL if r == R_SIGNAL else BAR_PASSED
         break
-    shm_recover_deadline = outer
     return r
 
 
@@ -206,7 +202,7 @@ cdef int _bar_release(shm_body* b, uint32_t me, bint ok) noexcept nogil:
     return r
 
 
-cdef void _bar_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+cdef void _bar_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil:
     """Dead participant q ([B1]-[B4]; repair mutex held)."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef shm_tbrec* r = shm_tb_rec(b, q)
@@ -214,7 +210,7 @@ cdef void _bar_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     st32_rlx(&r.waiting, 0)
     if ld32_acq(&r.member) == 0 and ld32_acq(&r.inside) == 0:
         return
-    if tb_recover_lock(rm, b) != 0:
+    if tb_recover_lock(rm, b, rec) != 0:
         return                                   # cut short: left pending
     if r.inside or r.member == hid:
         if w.value == TB_B_FILLING:

@@ -76,17 +76,7 @@ cdef int _cv_enter(shm_body* b, uint32_t me, int64_t deadline) noexcept nogil:
 
 
 cdef int _cv_sleep(rmap_t* rm, shm_body* b, uint32_t me, int64_t deadline) noexcept nogil:
-    """Until notified: R_ACQ, R_TIMEOUT, R_SIGNAL."""
-    global shm_recover_deadline
-    cdef int64_t outer = shm_recover_deadline
-    cdef int r
-    shm_recover_deadline = deadline
-    r = _cv_sleep_loop(rm, b, me, deadline)
-    shm_recover_deadline = outer
-    return r
-
-
-cdef int _cv_sleep_loop(rmap_t* rm, shm_body* b, uint32_t me, int64_t deadline) noexcept nogil:
+    """Until notified: R_ACQ, R_TIMEOUT, R_SIGNAL (recoveries it runs keep its deadline)."""
     cdef shm_tbrec* mine = shm_tb_rec(b, me)
     cdef shm_tbrec* r
     cdef tb_watch_t t
@@ -99,7 +89,7 @@ cdef int _cv_sleep_loop(rmap_t* rm, shm_body* b, uint32_t me, int64_t deadline) 
         if deadline == 0:
             return R_TIMEOUT
         pk = ld32_seq(&mine.poke)               # before the look at whom to watch
-        tb_watch_init(&t, &mine.notified, 0)
+        tb_watch_init(&t, &mine.notified, 0, deadline)
         tb_watch_word(&t, &mine.poke, pk)
         changed = 0
         for x in range(b.P):
@@ -174,14 +164,14 @@ cdef int _cv_notify(rmap_t* rm, shm_body* b, uint64_t n) noexcept nogil:
     return 0
 
 
-cdef void _cv_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+cdef void _cv_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil:
     """[N1] [N2] dead waiter q (repair mutex held)."""
     cdef shm_tbrec* r = shm_tb_rec(b, q)
     cdef int y = -1
     st32_rlx(&r.waiting, 0)
     if ld32_acq(&r.ticket) == 0:
         return
-    if tb_recover_lock(rm, b) != 0:
+    if tb_recover_lock(rm, b, rec) != 0:
         return                                   # cut short: left pending
     if r.ticket != 0:
         if r.notified:

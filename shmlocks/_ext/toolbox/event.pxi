@@ -28,7 +28,7 @@ cdef int _ev_wait(rmap_t* rm, shm_body* b, int64_t deadline) noexcept nogil:
         v = ld32_seq(&w.seq)
         if _ev_over(v, v0):
             return R_ACQ
-        tb_watch_init(&t, &w.seq, v)
+        tb_watch_init(&t, &w.seq, v, deadline)
         r = tb_sleep(rm, &t, &w.parked, deadline)
         if _ev_over(ld32_seq(&w.seq), v0):
             return R_ACQ
@@ -36,7 +36,7 @@ cdef int _ev_wait(rmap_t* rm, shm_body* b, int64_t deadline) noexcept nogil:
             return r
 
 
-cdef void _ev_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+cdef void _ev_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil:
     pass                                   # one word, CAS only: nothing to complete
 
 

@@ -35,24 +35,14 @@ cdef inline bint _sem_take(shm_body* b, uint32_t me, bint owned) noexcept nogil:
 
 cdef int _sem_acquire(rmap_t* rm, shm_body* b, uint32_t me, bint owned,
                       int64_t deadline) noexcept nogil:
-    """R_ACQ, R_TIMEOUT, R_SIGNAL or R_CORRUPT."""
-    global shm_recover_deadline
-    cdef int r
-    cdef int64_t outer = shm_recover_deadline
-    shm_recover_deadline = deadline if deadline != 0 else shm_now_ns()
-    r = _sem_acquire_loop(rm, b, me, owned, deadline)
-    shm_recover_deadline = outer
-    return r
-
-
-cdef int _sem_acquire_loop(rmap_t* rm, shm_body* b, uint32_t me, bint owned,
-                           int64_t deadline) noexcept nogil:
+    """R_ACQ, R_TIMEOUT, R_SIGNAL or R_CORRUPT (recoveries it runs keep its deadline)."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef shm_tbrec* mine = shm_tb_rec(b, me)
     cdef uint32_t x, s
     cdef int r, d
     cdef bint changed, last = 0
     cdef tb_watch_t t
+    cdef recov_t rec
     if True:
         while True:
             r = tb_guard(b, deadline, 1)
@@ -65,11 +55,14 @@ cdef int _sem_acquire_loop(rmap_t* rm, shm_body* b, uint32_t me, bint owned,
             tb_unlock(b)
             if deadline == 0 or last:
                 # about to fail: units held by the dead come back first ([S1])
-                if not last and tb_sweep(rm, b, _sem_holds, me):
+                recov_init(&rec, deadline)
+                if not last and tb_sweep(rm, b, _sem_holds, me, &rec):
+                    if rec.sig:
+                        return R_SIGNAL
                     last = 1
                     continue
                 return R_TIMEOUT
-            tb_watch_init(&t, &w.seq, s)
+            tb_watch_init(&t, &w.seq, s, deadline)
             changed = 0
             for x in range(b.P):
                 if x != me and _sem_holds(b, x):
@@ -112,7 +105,7 @@ cdef int _sem_release(shm_body* b, uint32_t me, uint32_t n, bint owned) noexcept
     return 0
 
 
-cdef void _sem_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
+cdef void _sem_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil:
     """[S1] dead participant q: its `with` units come back (repair mutex held)."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef shm_tbrec* r = shm_tb_rec(b, q)
@@ -120,7 +113,7 @@ cdef void _sem_recover(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
     st32_rlx(&r.waiting, 0)
     if ld32_acq(&r.units) == 0:
         return
-    if tb_recover_lock(rm, b) != 0:
+    if tb_recover_lock(rm, b, rec) != 0:
         return                                   # cut short: left pending
     u = r.units
     if u != 0:

@@ -13,6 +13,7 @@ cdef struct tb_watch_t:
     watch_t ws
     uint32_t slots[TB_WATCH_MAX]   # whose token ws.words[i] is (i >= 1)
     int full                       # a token did not fit: sleep a slice
+    recov_t rec                    # recoveries this sleep runs keep its deadline (ws.rec)
 
 
 cdef int tb_lock(shm_body* b, int64_t until) noexcept nogil
@@ -21,9 +22,9 @@ cdef void tb_init(shm_body* b) noexcept nogil
 cdef int tb_watch(rmap_t* rm, tb_watch_t* t, uint32_t slot) noexcept nogil
 cdef int tb_sleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline) noexcept nogil
 cdef bint tb_sweep(rmap_t* rm, shm_body* b, bint (*has)(shm_body*, uint32_t) noexcept nogil,
-                   uint32_t me) noexcept nogil
+                   uint32_t me, recov_t* rec) noexcept nogil
 cdef int64_t tb_deadline(timeout) except -2
-cdef int tb_recover_lock(rmap_t* rm, shm_body* b) noexcept nogil
+cdef int tb_recover_lock(rmap_t* rm, shm_body* b, recov_t* rec) noexcept nogil
 
 
 cdef inline void tb_set(shm_body* b, uint32_t* p, uint32_t v) noexcept nogil:
@@ -55,13 +56,18 @@ cdef inline void tb_wake(shm_body* b, int n) noexcept nogil:
         shm_futex_wake(&shm_tb_word(b).seq, n)
 
 
-cdef inline void tb_watch_init(tb_watch_t* t, uint32_t* word, uint32_t val) noexcept nogil:
+cdef inline void tb_watch_init(tb_watch_t* t, uint32_t* word, uint32_t val,
+                               int64_t deadline) noexcept nogil:
+    """A sleep on word while it holds val, until `deadline` (a death found meanwhile is
+    recovered by it)."""
     t.ws.words[0] = word
     t.ws.vals[0] = val
     t.ws.n = 1
     t.ws.token = -1
     t.full = 0
     t.slots[0] = 0xffffffff
+    recov_init(&t.rec, deadline)
+    t.ws.rec = &t.rec
 
 
 cdef inline void tb_watch_word(tb_watch_t* t, uint32_t* word, uint32_t val) noexcept nogil:

@@ -144,8 +144,8 @@ cdef int tb_watch(rmap_t* rm, tb_watch_t* t, uint32_t slot) noexcept nogil:
     while True:
         if (v & FUTEX_OWNER_DIED_) or ((v & FUTEX_TID_MASK_) == 0
                                        and ld32_acq(&rm.part[slot].pending)):
-            participant_try_recover(rm, slot)
-            return DEP_CHANGED
+            participant_try_recover(rm, slot, &t.rec)
+            return R_SIGNAL if t.rec.sig else DEP_CHANGED
         if (v & FUTEX_TID_MASK_) == 0:
             return DEP_ARMED                     # it left: nothing to wait for
         if ws.n >= SHM_WAITV_MAX:
@@ -181,11 +181,12 @@ cdef int tb_sleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline)
     """One sleep on t's words until one changes, a watched participant dies, the deadline,
     or (main thread) a signal: R_CONT (look again), R_TIMEOUT, R_SIGNAL. A death seen on
     waking is recovered here, which wakes everyone else who watched it."""
-    global shm_recover_sig
     cdef watch_t* ws = &t.ws
     cdef int r, i
     cdef int64_t until = deadline
     cdef int64_t s
+    if t.rec.sig:                                # a handler raised in a recovery of tb_watch
+        return R_SIGNAL
     fadd32(parked, 1)                            # announce (SC), then re-check the word
     if ld32_seq(ws.words[0]) != ws.vals[0]:
         fsub32(parked, 1)
@@ -201,9 +202,8 @@ cdef int tb_sleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline)
     fsub32(parked, 1)
     for i in range(1, ws.n):
         if t.slots[i] < rm.P and ld32_seq(ws.words[i]) & FUTEX_OWNER_DIED_:
-            participant_try_recover(rm, t.slots[i])
-            if shm_recover_sig:
-                shm_recover_sig = 0
+            participant_try_recover(rm, t.slots[i], &t.rec)
+            if t.rec.sig:
                 return R_SIGNAL
     if r == -EINTR and tb_signals():
         return R_SIGNAL
@@ -213,15 +213,18 @@ cdef int tb_sleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline)
 
 
 cdef bint tb_sweep(rmap_t* rm, shm_body* b, bint (*has)(shm_body*, uint32_t) noexcept nogil,
-                   uint32_t me) noexcept nogil:
+                   uint32_t me, recov_t* rec) noexcept nogil:
     """Recover every dead participant that `has` a part in the object (a non-blocking call
-    that would fail because of them). 1 if one was recovered."""
+    that would fail because of them), by rec's deadline. 1 if one was recovered (rec.sig: a
+    handler raised, stop)."""
     cdef uint32_t x
     cdef bint any = 0
     for x in range(b.P):
         if x != me and has(b, x) and participant_dead(rm, x):
-            participant_try_recover(rm, x)
+            participant_try_recover(rm, x, rec)
             any = 1
+            if rec.sig:
+                break
     return any
 
 
@@ -430,11 +433,10 @@ def _tb_open_in_region(region_name, name):
     return Region.open(region_name).open_object(name)
 
 
-cdef int tb_recover_lock(rmap_t* rm, shm_body* b) noexcept nogil:
-    """A recovery takes the guard by the recoverer's deadline (at most 2 s: participants.pxi
+cdef int tb_recover_lock(rmap_t* rm, shm_body* b, recov_t* rec) noexcept nogil:
+    """A recovery takes the guard by the recoverer's deadline (at most 2 s: participants.pxd
     recover_until); cut short, the participant is left pending for the next one."""
-    global shm_recover_cut
-    cdef int rc = tb_lock(b, recover_until(2000000000))
+    cdef int rc = tb_lock(b, recover_until(rec, 2000000000))
     if rc != 0:
-        shm_recover_cut = 1
+        rec.cut = 1
     return rc
