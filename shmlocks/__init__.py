@@ -83,6 +83,7 @@ try:
         PIMutex,
         Region,
         RobustMutex,
+        RWLock,
         Semaphore,
         TicketLock,
         _crashpoints,  # noqa: F401 - importable (tests, README), not in __all__
@@ -176,6 +177,7 @@ __all__ = [
     "ReentryError",
     "Region",
     "RobustMutex",
+    "RWLock",
     "Semaphore",
     "ShmLockError",
     "TicketLock",

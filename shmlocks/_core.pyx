@@ -14,7 +14,8 @@ the units before it declare (docs/design.md §1; tests/test_layers.py checks it)
   _ext/lock/    lockbase: the hooks every kind implements, the Python API on them
   _ext/kinds/   queue (what MCS and CLH share), then one unit per algorithm
   _ext/toolbox/ the synchronization toolbox: its guard, journal and sleep (toolbox), then
-                one unit per primitive (event, semaphore, barrier, condition)
+                one unit per primitive (event, semaphore, barrier, condition,
+                rwlock)
 """
 
 cimport cython
@@ -43,6 +44,7 @@ include "_ext/toolbox/event.pxi"
 include "_ext/toolbox/semaphore.pxi"
 include "_ext/toolbox/barrier.pxi"
 include "_ext/toolbox/condition.pxi"
+include "_ext/toolbox/rwlock.pxi"
 
 CACHE_LINE = SHM_LINE
 #: how a blocked waiter sleeps (docs/design.md §5): "futex_waitv" (on the lock and on the
@@ -128,6 +130,16 @@ _CRASHPOINTS = {
     "futex.wait.announced": ("futex",),     # waiter set the W bit, before sleeping
     "futex.release.swapped": ("futex",),    # word swapped to 0, before the wake
     "futex.recover.flagged": ("futex",),    # recoverer set owner_died, before the release
+    # the reader-writer lock (toolbox/rwlock.pxi), an object, not a kind of KINDS
+    "rwlock.read.raised": ("rwlock",),      # indicator raised, writer word not yet read
+    "rwlock.read.blocked": ("rwlock",),     # indicator tagged blocked, before the wake
+    "rwlock.write.announced": ("rwlock",),  # writer word names us, readers not drained
+    "rwlock.write.drained": ("rwlock",),    # readers drained, holder not yet recorded
+    "rwlock.write.holder": ("rwlock",),     # holder recorded, state not yet HOLDING
+    "rwlock.release.releasing": ("rwlock",),  # state RELEASING, holder still recorded
+    "rwlock.release.unholder": ("rwlock",),   # holder cleared, writer word still ours
+    "rwlock.release.freed": ("rwlock",),    # writer word free, state not yet NONE
+    "rwlock.recover.flagged": ("rwlock",),  # recoverer set the verdict, word not yet free
 }
 
 

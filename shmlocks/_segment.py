@@ -51,6 +51,10 @@ OBJECT_NAMES = {cls.kind_code: name for name, cls in _core.OBJECTS.items()}
 _TBWORD = struct.Struct("<IIIIIIQII")  # shm_toolbox.h shm_tbword: seq .. cycle
 _TBREC_WAITING = 28  # shm_tbrec.waiting
 _TB_BOUNDED = 1
+_RWREC_WAITING = 12  # shm_rwlock.h shm_rwrec.waiting (ind is at 0)
+_RW_PRESENT = 0x80000000
+_RW_COUNT = 0x1FFF
+_RW_BLOCKED = 0x80000000
 _TB_BARRIER_STATES = ("filling", "draining", "resetting", "broken")
 _CLH = _core.CLHLock.kind_code
 _BODY_READ = _L["body_lines_read"] * LINE  # ctl, word A, word B
@@ -105,6 +109,7 @@ class Lock(NamedTuple):
     clh_node_state: int | None  # the state of the node CLH's tail names, if in range
     tbword: tuple[int, ...] | None = None  # a toolbox object's word A (shm_tbword)
     tb_waiting: tuple[int, ...] = ()  # a toolbox object's records: the slots that wait
+    rw_inds: tuple[int, ...] = ()  # an RWLock's reader indicators, one per slot
 
     @property
     def kind(self) -> str | None:
@@ -221,12 +226,16 @@ def _read(fd: int, size: int, name: str) -> Segment:
                 )
         tbword: tuple[int, ...] | None = None
         tb_waiting: tuple[int, ...] = ()
+        rw_inds: tuple[int, ...] = ()
         if d_kind in OBJECT_NAMES:
             tbword = _TBWORD.unpack_from(body, LINE)
             recs = pread_exact(fd, body_off + (3 + P + 1) * LINE, P * LINE)
+            woff = _RWREC_WAITING if OBJECT_NAMES[d_kind] == "rwlock" else _TBREC_WAITING
             tb_waiting = tuple(
-                x for x in range(P) if struct.unpack_from("<I", recs, x * LINE + _TBREC_WAITING)[0]
+                x for x in range(P) if struct.unpack_from("<I", recs, x * LINE + woff)[0]
             )
+            if OBJECT_NAMES[d_kind] == "rwlock":
+                rw_inds = tuple(struct.unpack_from("<I", recs, x * LINE)[0] for x in range(P))
         lname = raw[: NAME_MAX - 1].split(b"\0", 1)[0].decode("utf-8", "replace")
         locks.append(
             Lock(
@@ -244,6 +253,7 @@ def _read(fd: int, size: int, name: str) -> Segment:
                 node_state,
                 tbword,
                 tb_waiting,
+                rw_inds,
             )
         )
     return Segment(name, size, L, P, cpid, cns, records, locks)
@@ -343,6 +353,11 @@ def object_state(seg: Segment, lk: Lock) -> str:
     w = lk.tbword or (0,) * 9
     seq, _parked, value, limit, count, _waiting, _tmo, flags, _cycle = w
     kind = OBJECT_NAMES.get(lk.kind_code)
+    if kind == "rwlock":
+        readers = sum(v & _RW_COUNT for v in lk.rw_inds if not v & _RW_BLOCKED)
+        if seq & _RW_PRESENT:
+            return "writing" if lk.holder else f"writer draining, readers={readers}"
+        return f"readers={readers}" if readers else "free"
     if kind == "event":
         return "set" if seq & 1 else "unset"
     if kind == "semaphore":
@@ -358,6 +373,32 @@ def object_waiters(seg: Segment, lk: Lock) -> int:
     return sum(1 for x in lk.tb_waiting if seg.participant(x).state == 1)
 
 
+def _rw_describe(seg: Segment, lk: Lock) -> dict[str, Any]:
+    """An RWLock as ``RWLock._describe()`` gives it (rwlock.pxi): the writer is the
+    holder, the readers the participants whose indicator holds reads."""
+    h = seg.holder_slot(lk)
+    holder = _participant(seg, h) if h is not None else None
+    readers = []
+    for x, v in enumerate(lk.rw_inds):
+        if v & _RW_COUNT and not v & _RW_BLOCKED:
+            d = _participant(seg, x)
+            assert d is not None
+            d["holds"] = v & _RW_COUNT
+            readers.append(d)
+    return {
+        "name": lk.name,
+        "kind": lk.kind,
+        "locked": holder is not None or bool(readers),
+        "holder": holder,
+        "readers": readers,
+        "waiters": object_waiters(seg, lk),
+        "owner_died": bool(lk.flags & 1),
+        "not_recoverable": bool(lk.flags & 2),
+        "stale_step": False,
+        "state": object_state(seg, lk),
+    }
+
+
 def describe(seg: Segment) -> dict[str, Any]:
     """What ``Region._describe()`` gives for a mapped region, from the copy: the
     participants in use, and each lock's kind, holder, waiters and flags."""
@@ -369,6 +410,9 @@ def describe(seg: Segment) -> dict[str, Any]:
             raise CorruptRegionError(
                 f"region {seg.name!r}: lock {lk.idx} has unknown kind {lk.kind_code}"
             )
+        if lk.kind == "rwlock":
+            locks.append(_rw_describe(seg, lk))
+            continue
         if lk.kind_code in OBJECT_NAMES:
             locks.append(
                 {

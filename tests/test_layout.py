@@ -171,7 +171,8 @@ def test_python_readers_take_the_layout_from_the_core():
     assert _core.SHM_DIR == _shmread.SHM_DIR == SHM_DIR.rstrip("/")
     codes = {"ticket": 1, "mcs": 2, "clh": 3, "futex": 4, "robust": 5, "pi": 6}
     assert _segment.KIND_NAMES == {c: k for k, c in codes.items()}
-    objects = {"event": 7, "semaphore": 8, "barrier": 9, "condition": 10}  # shm_toolbox.h
+    # shm_toolbox.h, shm_rwlock.h
+    objects = {"event": 7, "semaphore": 8, "barrier": 9, "condition": 10, "rwlock": 11}
     assert _segment.OBJECT_NAMES == {c: k for k, c in objects.items()}
 
 

@@ -669,7 +669,7 @@ def test_names_a_timeout_like_threading(made):
 def test_toolbox_exports():
     for n in ("Event", "Semaphore", "BoundedSemaphore", "Barrier", "Condition", "RLock"):
         assert n in shmlocks.__all__ and hasattr(shmlocks, n)
-    assert set(shmlocks.OBJECTS) == {"event", "semaphore", "barrier", "condition"}
+    assert set(shmlocks.OBJECTS) == {"event", "semaphore", "barrier", "condition", "rwlock"}
     assert not set(shmlocks.OBJECTS) & set(shmlocks.KINDS)
     assert not issubclass(shmlocks.Semaphore, shmlocks.Lock)
 

@@ -745,7 +745,7 @@ cdef class Region:
 
     def open_object(self, name):
         """Open the toolbox object (Event, Semaphore, BoundedSemaphore, Barrier,
-        Condition) called ``name``, as its stored type. LockKindError if it is a lock."""
+        Condition, RWLock) called ``name``, as its stored type. LockKindError if it is a lock."""
         self._check_open()
         i = self._find(_check_lock_name(name))
         if i < 0:
@@ -793,6 +793,14 @@ cdef class Region:
     def open_event(self, name):
         """Open Event ``name``."""
         return self._open_as(name, "event")
+
+    def create_rwlock(self, name):
+        """Create a reader-writer lock (RWLock) named ``name`` in this region."""
+        return g_tb_api["create_rwlock"](self, name)
+
+    def open_rwlock(self, name):
+        """Open RWLock ``name``."""
+        return self._open_as(name, "rwlock")
 
     def open_semaphore(self, name):
         """Open Semaphore (or BoundedSemaphore) ``name``."""

@@ -111,9 +111,10 @@ typedef struct shm_participant {
 } SHM_LINE_ALIGNED shm_participant;
 
 /* kinds: the value stored in the directory and in each body's ctl.kind; 7..10 are the
- * synchronization toolbox's objects (shm_toolbox.h), which are not locks */
+ * synchronization toolbox's objects (shm_toolbox.h), 11 the reader-writer lock
+ * (shm_rwlock.h), which are not locks of KINDS */
 enum { SHM_KIND_TICKET = 1, SHM_KIND_MCS = 2, SHM_KIND_CLH = 3,
-       SHM_KIND_FUTEX = 4, SHM_KIND_ROBUST = 5, SHM_KIND_PI = 6, SHM_KIND_MAX = 10 };
+       SHM_KIND_FUTEX = 4, SHM_KIND_ROBUST = 5, SHM_KIND_PI = 6, SHM_KIND_MAX = 11 };
 
 /* ctl.flags */
 #define SHM_F_OWNER_DIED      1u   /* the current hold follows an owner death */

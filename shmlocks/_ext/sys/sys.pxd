@@ -380,3 +380,36 @@ cdef extern from "shm_toolbox.h" nogil:
     shm_tbjournal* shm_tb_journal(shm_body* b)
     shm_tbref* shm_tb_ref(shm_body* b)
     shm_tbrec* shm_tb_rec(shm_body* b, uint32_t p)
+
+# the reader-writer lock's views of its body (docs/design.md §13)
+cdef extern from "shm_rwlock.h" nogil:
+    enum: SHM_KIND_RWLOCK
+    enum: RW_PRESENT
+    enum: RW_SLOT_BITS
+    enum: RW_SLOT_MASK
+    enum: RW_PHASE_MASK
+    enum: RW_COUNT_MASK
+    enum: RW_BLOCKED
+    enum: RW_TAG_SHIFT
+    enum: RW_TAG_MASK
+    enum: RW_W_NONE
+    enum: RW_W_DRAINING
+    enum: RW_W_HOLDING
+    enum: RW_W_RELEASING
+
+    ctypedef struct shm_rwword:
+        uint32_t w
+        uint32_t parked
+        uint32_t wwait
+
+    ctypedef struct shm_rwrec:
+        uint32_t ind
+        uint32_t wparked
+        uint32_t wstate
+        uint32_t waiting
+        uint64_t reads
+        uint64_t read_waits
+        uint64_t timeouts
+
+    shm_rwword* shm_rw_word(shm_body* b)
+    shm_rwrec* shm_rw_rec(shm_body* b, uint32_t p)
