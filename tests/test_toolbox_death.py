@@ -212,6 +212,41 @@ def test_party_dies_before_arriving_once_others_wait(procs):
         bar.close()
 
 
+def _barrier_never_arrives(bar, ready):
+    ready.set()
+    time.sleep(60)  # its setup: killed before its first wait()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_first_round_party_dies_before_arriving(procs, method):
+    """A process given the barrier is one of its parties before it ever waits: killed in
+    its setup, while the other two wait in the very first round, it breaks the barrier
+    for them at once (the creator, alive and not waiting, breaks nothing)."""
+    import multiprocessing as mp
+
+    bar = shmlocks.Barrier(3, name=uniq("bar"))
+    ready = shmlocks.Event(uniq("ev"))
+    out = mp.get_context(method).Queue()
+    try:
+        victim = procs.start(_barrier_never_arrives, bar, ready, method=method)
+        assert ready.wait(30)
+        live = [procs.start(_barrier_party, bar, 1, out, method=method) for _ in range(2)]
+        until(lambda: bar.n_waiting == 2, 30, "two parties waiting")
+        time.sleep(0.2)
+        assert not bar.broken
+        t0 = time.monotonic()
+        kill(victim)
+        results = [out.get(timeout=10) for _ in live]
+        assert time.monotonic() - t0 < 2.0
+        assert results == ["broken", "broken"]
+        assert bar.broken
+        for p in live:
+            p.join(10)
+        ready.close()
+    finally:
+        bar.close()
+
+
 def test_party_that_dies_while_nobody_waits_breaks_the_next_wait(procs):
     """A party killed between rounds, while nobody waits: the next wait() is
     BrokenBarrierError at once rather than a hang; reset() and a replacement go on."""

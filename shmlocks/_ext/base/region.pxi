@@ -753,7 +753,9 @@ cdef class Region:
         if ld32_acq(&self.rm.dir[i].kind) not in _OBJ_BY_CODE:
             raise LockKindError(f"{name!r} in region {self.name!r} is a lock: open it with "
                                 "open_lock (or open_rlock)")
-        return self._lock_at(i, name)
+        o = self._lock_at(i, name)
+        o._opened()                     # (a Barrier enrols this process as a party)
+        return o
 
     def create_event(self, name):
         """Create an Event named ``name`` in this region (not set)."""

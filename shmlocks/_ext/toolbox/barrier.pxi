@@ -7,7 +7,10 @@
 #          (arrival sets both in one journaled change, leaving clears both)
 #   limit  parties;  cycle: bumped each time the barrier releases its waiters
 # and every participant that ever waited on it is a member (rec.member = its holder id, so
-# a later occupant of its slot is not). A waiter sleeps on seq (bumped by every change of
+# a later occupant of its slot is not), as is, from the moment it has the barrier, a
+# process that made, opened, unpickled it or was forked with it in its multiprocessing
+# arguments (enrolled: Barrier._enroll, _bar_after_fork), so a party is known before it
+# first arrives. A waiter sleeps on seq (bumped by every change of
 # state) and on the tokens of the other members (up to SHM_WAITV_MAX - 1, else in slices).
 # The action runs in the last arriving thread with the guard let go; arrivals wait for it
 # as they wait for a drain (count stays at parties until it ends).
@@ -254,9 +257,10 @@ cdef class Barrier(_TbObject):
 
     ``wait(timeout=None)`` returns this thread's arrival index (0 .. parties - 1) once
     ``parties`` threads, of any processes, wait; ``reset()``, ``abort()``, ``parties``,
-    ``n_waiting``, ``broken`` are threading's. A party (a thread that has waited on it
-    once) that dies while others wait, or before it arrives once others wait, breaks it:
-    they get ``threading.BrokenBarrierError`` at once. ``action`` runs in the last thread
+    ``n_waiting``, ``broken`` are threading's. A party (a thread that has waited on it,
+    or a process that made, opened, unpickled it or was started by multiprocessing with
+    it in its arguments) that dies while others wait, or before it arrives once others
+    wait, breaks it: they get ``threading.BrokenBarrierError`` at once. ``action`` runs in the last thread
     to arrive; it is this object's (each process gives its own; a pickled Barrier carries
     a picklable one). ``timeout`` (the default for wait) is the barrier's, shared.
     ``create(parties, action=None, timeout=None, name=None, *, max_participants=64,
@@ -269,6 +273,7 @@ cdef class Barrier(_TbObject):
         self._init_standalone(name, max_participants, mode, persist,
                               _bar_setup(parties, timeout))
         self._action = action
+        self._enroll()
 
     @classmethod
     def create(cls, parties, action=None, timeout=None, name=None, *, max_participants=64,
@@ -303,9 +308,7 @@ cdef class Barrier(_TbObject):
         r = self._me()
         me = r.slot
         hid = r.hid
-        if _bar_hooked_pid != getpid():
-            _bar_hook()
-        _bar_objects.add(self)
+        _bar_track(self)
         with nogil:
             rc = _bar_wait(self.rm, &self.b, me, hid, deadline, has_action, &index)
         if rc == BAR_ACTION:
@@ -324,6 +327,27 @@ cdef class Barrier(_TbObject):
         if rc == R_SIGNAL:
             return _raise_pending()
         raise CorruptRegionError(f"barrier {self._name!r}: its guard is unusable")
+
+    def _enroll(self):
+        """This process has the barrier (it made, opened, unpickled or was forked with
+        it): from now on it is one of its parties, known before it arrives, so its death
+        breaks the barrier as a member's does ([B3]). Its thread's slot is the member."""
+        cdef reg_t* r
+        cdef shm_tbrec* rec
+        r = self._me()
+        rec = shm_tb_rec(&self.b, r.slot)
+        _bar_track(self)
+        if ld32_acq(&rec.member) == r.hid:
+            return
+        self._guard()
+        if rec.member != r.hid:
+            tb_set(&self.b, &rec.member, r.hid)
+            tb_bump(&self.b, 0)                  # the waiters look again: watch it too
+        tb_unlock(&self.b)
+        tb_wake(&self.b, 0x7fffffff)
+
+    def _opened(self):
+        self._enroll()
 
     def _forget_mine(self):
         """This process's threads stop being parties (its end, or close()): alive, they
@@ -419,10 +443,18 @@ cdef class Barrier(_TbObject):
                 f"waiters={self.n_waiting}/{self.parties}>")
 
 
-# Barriers this process waited on: at its end (atexit, or multiprocessing's finalizers in a
-# child that ends with os._exit) its threads stop being parties, before its views leave.
+# Barriers this process has (made, opened, got pickled or by fork, waited on): at its end
+# (atexit, or multiprocessing's finalizers in a child that ends with os._exit) its threads
+# stop being parties, before its views leave.
 _bar_objects = __import__("weakref").WeakSet()
 _bar_hooked_pid = 0
+
+
+class _BarAnchor:
+    pass
+
+
+_BAR_ANCHOR = _BarAnchor()
 
 
 def _bar_forget_all():
@@ -433,13 +465,55 @@ def _bar_forget_all():
             pass
 
 
+def _bar_track(bar):
+    _bar_objects.add(bar)
+    if _bar_hooked_pid != getpid():
+        _bar_hook()
+
+
 def _bar_hook():
     global _bar_hooked_pid
+    import multiprocessing.util as util
     _bar_hooked_pid = getpid()
     _atexit.register(_bar_forget_all)
-    util = _sys.modules.get("multiprocessing.util")
-    if util is not None:
-        util.Finalize(None, _bar_forget_all, exitpriority=-50)   # (before the names: -100)
+    util.Finalize(None, _bar_forget_all, exitpriority=-50)   # (before the names: -100)
+    # a child's finalizers are emptied at its start (after a spawn child unpickled its
+    # barriers, too): register there again, and enrol what the child was given
+    util.register_after_fork(_BAR_ANCHOR, _bar_after_fork)
+
+
+def _bar_given(bar, proc):
+    """Is `bar` in the arguments of multiprocessing process `proc` (a few levels deep:
+    Process(args=...), Pool(initargs=...))? A fork child gets them without pickling."""
+    todo = [(getattr(proc, "_args", ()), 0), (getattr(proc, "_kwargs", {}), 0)]
+    while todo:
+        x, depth = todo.pop()
+        if x is bar:
+            return True
+        if depth >= 4:
+            continue
+        if isinstance(x, dict):
+            todo.extend((v, depth + 1) for v in x.values())
+        elif isinstance(x, (tuple, list, set, frozenset)):
+            todo.extend((v, depth + 1) for v in x)
+    return False
+
+
+def _bar_after_fork(anchor):
+    """In a multiprocessing child, as it starts: the barriers it was given are its own
+    (enrolled), and its end withdraws it from each."""
+    global _bar_hooked_pid
+    import multiprocessing
+    _bar_hooked_pid = 0
+    proc = multiprocessing.current_process()
+    for bar in list(_bar_objects):
+        try:
+            if _bar_given(bar, proc):
+                bar._enroll()
+        except Exception:
+            pass
+    if len(_bar_objects):
+        _bar_hook()
 
 
 def _bar_open(region_name, name, action):
@@ -454,6 +528,7 @@ def _bar_open(region_name, name, action):
 def _bar_create_in(Region region, name, parties, action, timeout):
     b = Barrier._new_in(region, name, _bar_setup(parties, timeout))
     b._action = action
+    b._enroll()
     return b
 
 

@@ -353,6 +353,9 @@ cdef class _TbObject:
                                      "not a usable mutex")
         return 0
 
+    def _opened(self):
+        """Called once this process has opened the object by name (Region.open_object)."""
+
     @property
     def name(self):
         return self._name
