@@ -87,7 +87,9 @@ static inline int shm_futex_wake(uint32_t *word, int n) {
 #ifndef SYS_futex_waitv
 #define SYS_futex_waitv 449
 #endif
-#define SHM_WAITV_MAX 8
+/* futex_waitv's own limit (the kernel's FUTEX_WAITV_MAX): a lock waiter's set holds a few
+ * words, a toolbox waiter's one per participant it depends on (docs/design.md §12) */
+#define SHM_WAITV_MAX 128
 struct shm_waitv {                  /* struct futex_waitv, spelled here for older headers */
     uint64_t val;
     uint64_t uaddr;
