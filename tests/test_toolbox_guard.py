@@ -52,14 +52,28 @@ fd = os.open(path, os.O_RDWR)
 (_m, _v, _ln, _t, _L, _P, _d, _p, locks_off, _s) = struct.unpack_from(
     "<QIIQIIQQQQ", os.pread(fd, 64, 0))
 GUARD = locks_off + 2 * 128          # body 0, word B: the guard (shm_toolbox.h)
-os.pwrite(fd, struct.pack("<I", holder), GUARD)
+inside = mode.startswith("inside-")
+if inside:
+    # the call is inside the wait (counted in the barrier, a condition ticket taken) when
+    # the guard is taken from it: it must leave without it
+    def take_guard_once_inside():
+        while obj._describe()["waiters"] != 1:
+            time.sleep(0.005)
+        os.pwrite(fd, struct.pack("<I", holder), GUARD)
+        print("waiting", flush=True)
+
+    threading.Thread(target=take_guard_once_inside, daemon=True).start()
+    mode = mode[len("inside-"):]
+else:
+    os.pwrite(fd, struct.pack("<I", holder), GUARD)
 
 t0 = time.monotonic()
 try:
     if mode == "timeout":
         res = repr(call(0.5))
     else:
-        print("waiting", flush=True)
+        if not inside:
+            print("waiting", flush=True)
         res = repr(call(None))
 except BaseException as e:
     res = type(e).__name__
@@ -69,6 +83,10 @@ print(f"{took:.3f}", flush=True)
 
 os.pwrite(fd, struct.pack("<I", 0), GUARD)   # let go of the guard: the object works again
 os.close(fd)
+if inside and what == "barrier":
+    obj.reset()      # (the leaving it could not finish is finished by this guard holder)
+elif inside:
+    obj.notify()
 if what == "semaphore":
     obj.release()
     print(obj.acquire(timeout=2), obj.value, flush=True)
@@ -218,3 +236,100 @@ def test_ctrl_c_of_a_wait_on_a_held_guard(what):
     print(f"\n{what}: KeyboardInterrupt {took * 1e3:.0f} ms after SIGINT")
     assert took <= LATE, took
     assert " ".join(lines[1:]) == " ".join([*AFTER[what], "done"]), lines
+
+
+#: the calls that wait inside the object (a barrier's count, a condition's ticket)
+INSIDE = ["barrier", "condition"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", INSIDE)
+def test_timed_wait_inside_ends_at_its_timeout_when_the_guard_is_taken(what):
+    """The guard is taken while the call already waits inside (counted in the barrier, a
+    ticket taken): bar.wait(timeout=0.5) and cond.wait(0.5) still end within 0.5 s +
+    LATE with threading's timeout result (they leave without the guard), and once it is
+    back the object is whole: the next holder of the guard finishes their leaving."""
+    name = uniq(f"tbg-in-{what}")
+    try:
+        with _Holder() as tid:
+            c = _Child(what, "inside-timeout", tid, name)
+            try:
+                lines = c.rest(20)
+            finally:
+                c.kill()
+    finally:
+        shm_remove(name)
+    out = "\n".join(lines)
+    assert lines[0] == "waiting", out
+    res, took = lines[1], float(lines[2])
+    print(f"\n{what}: {res} after {took * 1e3:.0f} ms")
+    assert res == TIMED[what], out
+    assert 0.45 <= took <= 0.5 + LATE, out
+    assert " ".join(lines[3:]) == " ".join([*AFTER[what], "done"]), out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", INSIDE)
+def test_ctrl_c_of_a_wait_inside_when_the_guard_is_taken(what):
+    """A main thread waiting inside (no timeout) when the guard is taken gets
+    KeyboardInterrupt within LATE of SIGINT, and the object is whole afterwards."""
+    name = uniq(f"tbg-inc-{what}")
+    try:
+        with _Holder() as tid:
+            c = _Child(what, "inside-sigint", tid, name)
+            try:
+                assert c.readline(20) == "waiting"
+                time.sleep(0.3)
+                t0 = time.monotonic()
+                c.p.send_signal(signal.SIGINT)
+                line = c.readline(5)
+                took = time.monotonic() - t0
+                assert line == "KeyboardInterrupt", f"no KeyboardInterrupt within 5 s: {line!r}"
+                lines = c.rest(20)
+            finally:
+                c.kill()
+    finally:
+        shm_remove(name)
+    print(f"\n{what}: KeyboardInterrupt {took * 1e3:.0f} ms after SIGINT")
+    assert took <= LATE, took
+    assert " ".join(lines[1:]) == " ".join([*AFTER[what], "done"]), lines
+
+
+EXIT_CHILD = r"""
+import os, struct, sys
+import shmlocks
+
+holder, name, path = sys.argv[1:4]
+bar = shmlocks.Barrier(2, name=name)
+fd = os.open(path, os.O_RDWR)
+locks_off = struct.unpack_from("<QIIQIIQQQQ", os.pread(fd, 64, 0))[8]
+os.pwrite(fd, struct.pack("<I", int(holder)), locks_off + 2 * 128)
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_exit_with_a_barrier_whose_guard_is_held_does_not_hang():
+    """At its end a process withdraws from the barriers it has (Barrier._forget_mine,
+    under the guard): with the guard held by another, it gives up after 2 s and exits."""
+    name = uniq("tbg-exit")
+    try:
+        with _Holder() as tid:
+            p = subprocess.Popen(
+                [sys.executable, "-c", EXIT_CHILD, str(tid), name, shm_path(name)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            t0 = time.monotonic()
+            try:
+                out, err = p.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+                pytest.fail("the process hung at its exit on the held guard (killed)")
+            took = time.monotonic() - t0
+    finally:
+        shm_remove(name)
+    assert p.returncode == 0, err.decode()[-800:]
+    assert out.decode().split() == ["exiting"]
+    assert took < 10, took

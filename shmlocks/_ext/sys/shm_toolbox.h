@@ -33,7 +33,9 @@ typedef struct shm_tbword {
     uint64_t timeout_ns;/* barrier: the default timeout, ns + 1 (0: none) */
     uint32_t flags;     /* TB_F_* */
     uint32_t cycle;     /* barrier: bumped each time it releases its waiters */
-    char     _pad[SHM_LINE - 40];
+    uint32_t gone;      /* barrier, condition: bumped by a waiter that left without the guard
+                           (its record's `gone` says how): the next guard holder looks */
+    char     _pad[SHM_LINE - 44];
 } SHM_LINE_ALIGNED shm_tbword;
 
 #define TB_F_BOUNDED 1u   /* semaphore: bounded */
@@ -73,8 +75,21 @@ typedef struct shm_tbrec {
     uint32_t poke;      /* condition: futex word: bumped when its waiter must look again at
                            whom it watches (it became the oldest waiter) */
     uint32_t waiting;   /* semaphore, barrier: 1 while its thread sleeps in a wait here */
-    char     _pad[SHM_LINE - 32];
+    uint32_t gone;      /* TB_GONE_*: its waiter left without the guard (its deadline, or a
+                           signal, came while another held it); the next holder finishes */
+    uint32_t gone_cycle;/* barrier: the cycle a TB_GONE_BREAK left in */
+    char     _pad[SHM_LINE - 40];
 } SHM_LINE_ALIGNED shm_tbrec;
+
+/* rec.gone: how a waiter left without the guard (docs/design.md §12, "Leaving without the
+ * guard"); 0: it did not */
+#define TB_GONE_BREAK 1u   /* barrier: left while filling cycle gone_cycle: that breaks it */
+#define TB_GONE_LEAVE 2u   /* barrier: left after the round was released: it just leaves */
+#define TB_GONE_HELD  3u   /* barrier: claimed by the thread releasing the round, meanwhile */
+#define TB_GONE_DROP  4u   /* condition: left not notified (notified 0 -> TB_N_GONE) */
+#define TB_GONE_PASS  5u   /* condition: left notified, by an exception: pass it on */
+#define TB_GONE_USED  6u   /* condition: left notified, and returned True */
+#define TB_N_GONE     2u   /* condition: rec.notified of a waiter that left, never notified */
 
 /* barrier states, threading.Barrier's _state */
 #define TB_B_FILLING   0u
@@ -87,6 +102,7 @@ _Static_assert(sizeof(shm_tbjournal) == 2 * SHM_LINE, "the journal is two node l
 _Static_assert(sizeof(shm_tbref) == 3 * SHM_LINE, "a condition's lock ref is three node lines");
 _Static_assert(sizeof(shm_tbrec) == SHM_LINE, "a toolbox record is a prec line");
 _Static_assert(offsetof(shm_tbword, timeout_ns) == 24, "tbword fields");
+_Static_assert(offsetof(shm_tbrec, gone) == 32, "tbrec fields");
 
 static inline shm_tbword *shm_tb_word(shm_body *b) { return (shm_tbword *)b->wa; }
 static inline pthread_mutex_t *shm_tb_guard(shm_body *b) { return &b->wb->m; }

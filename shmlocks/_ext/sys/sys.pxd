@@ -340,6 +340,13 @@ cdef extern from "shm_toolbox.h" nogil:
     enum: TB_B_DRAINING
     enum: TB_B_RESETTING
     enum: TB_B_BROKEN
+    enum: TB_GONE_BREAK
+    enum: TB_GONE_LEAVE
+    enum: TB_GONE_HELD
+    enum: TB_GONE_DROP
+    enum: TB_GONE_PASS
+    enum: TB_GONE_USED
+    enum: TB_N_GONE
 
     ctypedef struct shm_tbword:
         uint32_t seq
@@ -351,6 +358,7 @@ cdef extern from "shm_toolbox.h" nogil:
         uint64_t timeout_ns
         uint32_t flags
         uint32_t cycle
+        uint32_t gone
 
     ctypedef struct shm_tbjent:
         uint32_t off
@@ -374,6 +382,8 @@ cdef extern from "shm_toolbox.h" nogil:
         uint32_t parked
         uint32_t poke
         uint32_t waiting
+        uint32_t gone
+        uint32_t gone_cycle
 
     shm_tbword* shm_tb_word(shm_body* b)
     pthread_mutex_t* shm_tb_guard(shm_body* b)

@@ -23,6 +23,9 @@
 #        and the next wait() gets BrokenBarrierError instead of a hang;
 #   [B4] not inside, DRAINING or RESETTING: as [B2], the drain ends in BROKEN;
 #   [B5] it died holding the guard: its change is undone (tb_undo), then [B1]-[B4].
+#   [B6] (not a death) a thread inside whose wait ended (deadline, signal) while another
+#        held the guard leaves without it (_bar_depart: rec.gone); the next guard holder
+#        finishes (_bar_reap): a round still filling breaks, a released one counts it out.
 # reset() brings it back (and clears TB_F_BREAK): a process replacing a dead one resets.
 # A member that leaves alive stops being one (not a death): its thread ends (its token is
 # given back, so its record names a free slot), or its process ends or closes the object
@@ -55,6 +58,93 @@ cdef void _bar_leave(shm_body* b, uint32_t x) noexcept nogil:
         else:
             _bar_set_state(b, TB_B_FILLING)
     tb_bump(b, 0)
+
+
+cdef void _bar_reap(shm_body* b) noexcept nogil:
+    """Guard held: finish the leaving of the threads that left without the guard ([B6],
+    _bar_depart): one that left a round still filling breaks it, one released just
+    leaves. A claim (TB_GONE_HELD) seen here is stale (its releaser died mid-release:
+    only the guard's holder claims), and is dropped."""
+    cdef shm_tbword* w = shm_tb_word(b)
+    cdef shm_tbrec* r
+    cdef uint32_t x, g
+    cdef bint any = 0
+    if not tb_gone_any(b):
+        return
+    for x in range(b.P):
+        r = shm_tb_rec(b, x)
+        g = ld32_acq(&r.gone)
+        if g == TB_GONE_HELD:
+            g = cmpxchg32(&r.gone, TB_GONE_HELD, 0)
+            if g == TB_GONE_HELD:
+                continue
+        if g != TB_GONE_BREAK and g != TB_GONE_LEAVE:
+            continue
+        if (g == TB_GONE_BREAK and r.inside and w.value == TB_B_FILLING
+                and w.cycle == ld32_acq(&r.gone_cycle)):
+            _bar_set_state(b, TB_B_BROKEN)      # threading: its timeout breaks the barrier
+        _bar_leave(b, x)
+        tb_set(b, &r.gone, 0)
+        any = 1
+    if any:
+        shm_futex_wake(&w.seq, 0x7fffffff)      # (under the guard: this rare path only)
+
+
+cdef bint _bar_hold(shm_body* b, uint32_t me) noexcept nogil:
+    """Guard held, about to release the round: claim the record of every other thread
+    inside (gone 0 -> TB_GONE_HELD), so one leaving without the guard meanwhile knows it
+    was released. 0 if one had already left breaking it: the claims are given back and
+    _bar_reap breaks the round instead."""
+    cdef uint32_t x, v
+    for x in range(b.P):
+        if x == me or not shm_tb_rec(b, x).inside:
+            continue
+        v = cmpxchg32(&shm_tb_rec(b, x).gone, 0, TB_GONE_HELD)
+        if v != 0 and v != TB_GONE_HELD:
+            _bar_unhold(b)
+            fadd32(&shm_tb_word(b).gone, 1)
+            _bar_reap(b)
+            return 0
+    return 1
+
+
+cdef void _bar_unhold(shm_body* b) noexcept nogil:
+    """After the release: give the claims back; a thread that left meanwhile (it turned
+    its claim into TB_GONE_LEAVE) is made to leave here."""
+    cdef uint32_t x
+    cdef shm_tbrec* r
+    for x in range(b.P):
+        r = shm_tb_rec(b, x)
+        if ld32_acq(&r.gone) == TB_GONE_HELD:
+            if cmpxchg32(&r.gone, TB_GONE_HELD, 0) == TB_GONE_LEAVE:
+                _bar_leave(b, x)
+                tb_set(b, &r.gone, 0)
+
+
+cdef int _bar_depart(shm_body* b, uint32_t me, uint32_t cyc, bint sig) noexcept nogil:
+    """[B6] A thread inside the barrier whose wait ended (its deadline, or a signal
+    handler raised: `sig`) and that could not have the guard by then leaves without it:
+    its record says how, and the next guard holder finishes (_bar_reap). Released already
+    (the cycle moved, or a releaser claimed its record): BAR_PASSED; else it breaks the
+    round: BAR_BROKEN. R_SIGNAL if `sig` (the handler's exception)."""
+    cdef shm_tbword* w = shm_tb_word(b)
+    cdef shm_tbrec* r = shm_tb_rec(b, me)
+    cdef uint32_t v
+    cdef int res = BAR_BROKEN
+    st32_seq(&r.gone_cycle, cyc)
+    v = cmpxchg32(&r.gone, 0, TB_GONE_BREAK)
+    if v == 0:
+        if ld32_seq(&w.cycle) != cyc:            # released before the mark: passed
+            cmpxchg32(&r.gone, TB_GONE_BREAK, TB_GONE_LEAVE)
+            res = BAR_PASSED
+    elif v == TB_GONE_HELD:                      # its releaser is releasing it: passed
+        if cmpxchg32(&r.gone, TB_GONE_HELD, TB_GONE_LEAVE) != TB_GONE_HELD:
+            cmpxchg32(&r.gone, 0, TB_GONE_LEAVE)     # (the claim was given back meanwhile)
+        res = BAR_PASSED
+    fadd32(&w.gone, 1)
+    fadd32(&w.seq, 1)                            # the waiters look: one that has the guard
+    shm_futex_wake(&w.seq, 0x7fffffff)           # finishes this leaving (_bar_reap)
+    return R_SIGNAL if sig else res
 
 
 cdef int _bar_sleep(rmap_t* rm, shm_body* b, uint32_t me, uint32_t s,
@@ -102,6 +192,7 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
             elif g == R_SIGNAL:
                 r = R_SIGNAL
             break
+        _bar_reap(b)
         if mine.member != hid:
             # a new party: the waiters look again at whom they watch (its token too)
             tb_set(b, &mine.member, hid)
@@ -133,13 +224,16 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
                 tb_unlock(b)
                 r = BAR_ACTION
                 break
-            _bar_set_state(b, TB_B_DRAINING)      # _release
-            fadd32(&w.cycle, 1)
+            r = BAR_BROKEN
+            if _bar_hold(b, me):                  # (0: one left breaking it meanwhile)
+                _bar_set_state(b, TB_B_DRAINING)  # _release
+                fadd32(&w.cycle, 1)
+                _bar_unhold(b)
+                r = BAR_PASSED
             _bar_leave(b, me)
             tb_bump(b, 0)
             tb_unlock(b)
             tb_wake(b, 0x7fffffff)
-            r = BAR_PASSED
             break
         cyc = w.cycle
         r = R_CONT
@@ -152,11 +246,18 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
                 tb_wake(b, 0x7fffffff)            # guard) to watch it too
                 joined = 0
             r = _bar_sleep(rm, b, me, s, deadline)
-            # inside the barrier: leaving needs the guard, however long it takes (as
-            # threading's wait takes its lock back to leave)
-            if tb_guard(b, -1, 0) != R_ACQ:
-                r = BAR_ERR
-                break
+            # inside the barrier: leaving needs the guard (as threading's wait takes its
+            # lock back to leave), by the wait's deadline; past it (or a handler raised),
+            # it leaves without it ([B6])
+            # (leaving by a handler's exception: at once, the guard's grace only)
+            g = tb_guard(b, shm_now_ns() if r == R_SIGNAL else deadline, 1)
+            if g != R_ACQ:
+                if g == R_CORRUPT:
+                    r = BAR_ERR
+                else:
+                    r = _bar_depart(b, me, cyc, r == R_SIGNAL or g == R_SIGNAL)
+                return r                          # (the guard not held)
+            _bar_reap(b)
             if r == R_CONT:
                 continue
             if w.value == TB_B_FILLING and w.cycle == cyc:
@@ -183,19 +284,26 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
     return r
 
 
-cdef int _bar_release(shm_body* b, uint32_t me, bint ok) noexcept nogil:
+cdef int _bar_release(shm_body* b, uint32_t me, bint ok, int64_t deadline) noexcept nogil:
     """After the action (ok: it returned): release the waiters, or break the barrier (it
-    raised). BAR_PASSED, BAR_BROKEN (reset or aborted while it ran), BAR_ERR."""
+    raised). BAR_PASSED, BAR_BROKEN (reset or aborted while it ran), R_SIGNAL, BAR_ERR.
+    Inside, it must leave: the guard by the wait's deadline, else it leaves without it,
+    breaking the round ([B6])."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef int r = BAR_PASSED
-    if tb_guard(b, -1, 0) != R_ACQ:              # inside: it must leave
-        return BAR_ERR
+    cdef int g = tb_guard(b, deadline, 1)
+    if g != R_ACQ:
+        if g == R_CORRUPT:
+            return BAR_ERR
+        return _bar_depart(b, me, ld32_seq(&w.cycle), g == R_SIGNAL)
+    _bar_reap(b)
     if not ok:
         _bar_set_state(b, TB_B_BROKEN)
         r = BAR_BROKEN
-    elif w.value == TB_B_FILLING:
+    elif w.value == TB_B_FILLING and _bar_hold(b, me):
         _bar_set_state(b, TB_B_DRAINING)
         fadd32(&w.cycle, 1)
+        _bar_unhold(b)
     else:
         r = BAR_BROKEN
     _bar_leave(b, me)
@@ -215,6 +323,7 @@ cdef void _bar_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexce
         return
     if tb_recover_lock(rm, b, rec) != 0:
         return                                   # cut short: left pending
+    _bar_reap(b)
     if r.inside or r.member == hid:
         if w.value == TB_B_FILLING:
             _bar_set_state(b, TB_B_BROKEN)       # [B1] [B3]
@@ -250,6 +359,17 @@ def _bar_setup(parties, timeout):
         w.value = TB_B_FILLING
         w.timeout_ns = tns
     return setup
+
+
+cdef int64_t BAR_FORGET_NS = 2000000000   # _forget_mine's wait for the guard (at exit)
+
+
+cdef int _bar_guard(Barrier bar) except -1:
+    """The guard for a Python-level call (Ctrl-C, no deadline: _TbObject._guard), and the
+    leaving of those that left without it finished first."""
+    bar._guard()
+    _bar_reap(&bar.b)
+    return 0
 
 
 cdef class Barrier(_TbObject):
@@ -316,10 +436,10 @@ cdef class Barrier(_TbObject):
                 self._action()
             except BaseException:
                 with nogil:
-                    _bar_release(&self.b, me, 0)
+                    _bar_release(&self.b, me, 0, deadline)
                 raise
             with nogil:
-                rc = _bar_release(&self.b, me, 1)
+                rc = _bar_release(&self.b, me, 1, deadline)
         if rc == BAR_PASSED:
             return index
         if rc == BAR_BROKEN:
@@ -339,7 +459,7 @@ cdef class Barrier(_TbObject):
         _bar_track(self)
         if ld32_acq(&rec.member) == r.hid:
             return
-        self._guard()
+        _bar_guard(self)
         if rec.member != r.hid:
             tb_set(&self.b, &rec.member, r.hid)
             tb_bump(&self.b, 0)                  # the waiters look again: watch it too
@@ -351,13 +471,22 @@ cdef class Barrier(_TbObject):
 
     def _forget_mine(self):
         """This process's threads stop being parties (its end, or close()): alive, they
-        break nothing by leaving."""
+        break nothing by leaving. The guard by BAR_FORGET_NS (Ctrl-C in the main thread):
+        held past that, they stay parties, and this process's end breaks the barrier as a
+        death does, rather than hang."""
         cdef uint32_t x
         cdef uint32_t pid = getpid()
         cdef shm_tbrec* r
+        cdef int rc
         if self._closed or self.rm.closed:
             return
-        self._guard()
+        with nogil:
+            rc = tb_guard(&self.b, shm_now_ns() + BAR_FORGET_NS, 1)
+        if rc == R_SIGNAL:
+            _raise_pending()
+        if rc != R_ACQ:
+            return
+        _bar_reap(&self.b)
         for x in range(self.b.P):
             r = shm_tb_rec(&self.b, x)
             if (r.member != 0 and not r.inside and ld32_acq(&self.rm.part[x].pid) == pid
@@ -378,7 +507,7 @@ cdef class Barrier(_TbObject):
         """Back to the initial state; threads waiting now get BrokenBarrierError."""
         cdef shm_tbword* w
         self._check()
-        self._guard()
+        _bar_guard(self)
         w = shm_tb_word(&self.b)
         if w.flags & TB_F_BREAK:
             tb_set(&self.b, &w.flags, w.flags & ~(<uint32_t>TB_F_BREAK))
@@ -395,7 +524,7 @@ cdef class Barrier(_TbObject):
         """Break the barrier: waiting and future wait() calls get BrokenBarrierError
         until reset()."""
         self._check()
-        self._guard()
+        _bar_guard(self)
         _bar_set_state(&self.b, TB_B_BROKEN)
         tb_bump(&self.b, 0)
         tb_unlock(&self.b)

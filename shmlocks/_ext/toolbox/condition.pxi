@@ -15,6 +15,10 @@
 #   [N3] a waiter that leaves by an exception (a signal handler's) while notified passes
 #        the notification on too; one that times out notified returns True (it had it);
 #   [N4] one that died holding the guard: its change is undone (tb_undo).
+#   [N5] (not a death) one that has its lock back but not the guard by its deadline leaves
+#        without it (_cv_depart): notified 0 -> TB_N_GONE by CAS, against the notifiers'
+#        0 -> 1 (_cv_give), so it is notified or never picked; the next guard holder
+#        drops its record (_cv_reap).
 # For [N1] to be seen at once, the oldest waiter not notified (the one that would inherit
 # the notification) sleeps on its own word, its `poke` word and the tokens of the
 # notified waiters that have not consumed yet: a notify (or a waiter leaving) that changes
@@ -26,7 +30,8 @@ cdef inline uint32_t _cv_age(shm_tbword* w, uint32_t ticket) noexcept nogil:
 
 
 cdef int _cv_oldest(rmap_t* rm, shm_body* b, uint32_t skip) noexcept nogil:
-    """The oldest live waiter not yet notified (not `skip`), or -1 (guard held)."""
+    """The oldest live waiter not yet notified nor gone (not `skip`), or -1 (guard held;
+    or a waiter leaving without it: a snapshot, its use a CAS)."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef shm_tbrec* r
     cdef uint32_t x, age, best = 0
@@ -35,9 +40,10 @@ cdef int _cv_oldest(rmap_t* rm, shm_body* b, uint32_t skip) noexcept nogil:
         if x == skip:
             continue
         r = shm_tb_rec(b, x)
-        if r.ticket == 0 or ld32_acq(&r.notified) != 0 or participant_state(rm, x) != 1:
+        if (ld32_acq(&r.ticket) == 0 or ld32_acq(&r.notified) != 0
+                or ld32_acq(&r.gone) != 0 or participant_state(rm, x) != 1):
             continue
-        age = _cv_age(w, r.ticket)
+        age = _cv_age(w, ld32_acq(&r.ticket))
         if who < 0 or age > best:
             best = age
             who = x
@@ -56,6 +62,67 @@ cdef void _cv_poke_oldest(rmap_t* rm, shm_body* b, uint32_t skip) noexcept nogil
         shm_futex_wake(&shm_tb_rec(b, x).poke, 1)
 
 
+cdef int _cv_give(rmap_t* rm, shm_body* b, uint32_t skip, bint journal) noexcept nogil:
+    """Notify the oldest live waiter not notified (not `skip`): its `notified` 0 -> 1 by
+    CAS, for a waiter leaving without the guard takes its own 0 -> TB_N_GONE (the loser
+    of the two tries the next waiter). Journaled (tb_cas) in a change under the guard;
+    a plain CAS for a waiter passing its notification on without the guard. The waiter
+    notified, or -1."""
+    cdef int y
+    cdef uint32_t* p
+    while True:
+        y = _cv_oldest(rm, b, skip)
+        if y < 0:
+            return -1
+        p = &shm_tb_rec(b, y).notified
+        if journal:
+            if tb_cas(b, p, 0, 1):
+                return y
+        elif cmpxchg32(p, 0, 1) == 0:
+            return y
+
+
+cdef void _cv_reap(shm_body* b) noexcept nogil:
+    """Guard held: drop the records of the waiters that left without it ([N5],
+    _cv_depart; each passed its notification on itself if it had to)."""
+    cdef shm_tbrec* r
+    cdef uint32_t x, g
+    if not tb_gone_any(b):
+        return
+    for x in range(b.P):
+        r = shm_tb_rec(b, x)
+        g = ld32_acq(&r.gone)
+        if g != TB_GONE_DROP and g != TB_GONE_USED and g != TB_GONE_PASS:
+            continue
+        if r.ticket != 0:
+            tb_set(b, &r.ticket, 0)
+            tb_set(b, &r.notified, 0)
+        tb_set(b, &r.gone, 0)
+
+
+cdef int _cv_depart(rmap_t* rm, shm_body* b, uint32_t me, bint passing,
+                    bint sig) noexcept nogil:
+    """[N5] A waiter that has its lock back but not the guard by its deadline (or a
+    signal handler raised: `sig`) leaves without it: it takes its `notified` 0 ->
+    TB_N_GONE (so no notify picks it any more) or finds it notified; passing (it leaves
+    by an exception), it hands that notification on itself; its record says it left, and
+    the next guard holder drops it (_cv_reap). 1 notified, 0 not, R_SIGNAL (`sig`)."""
+    cdef uint32_t v = cmpxchg32(&shm_tb_rec(b, me).notified, 0, TB_N_GONE)
+    cdef bint was = v == 1
+    cdef int y = -1
+    if was and passing:
+        y = _cv_give(rm, b, me, 0)
+    tb_gone(b, me, TB_GONE_PASS if (was and passing) else
+            (TB_GONE_USED if was else TB_GONE_DROP))
+    if y >= 0:
+        _cv_wake(b, y)
+    if not was or y >= 0:
+        _cv_poke_oldest(rm, b, me)              # the oldest may be someone else now
+    if sig:
+        return R_SIGNAL
+    return 1 if (was and not passing) else 0
+
+
 cdef int _cv_enter(shm_body* b, uint32_t me, int64_t deadline) noexcept nogil:
     """Take a ticket (the caller holds the user's lock): R_ACQ, or R_TIMEOUT, R_SIGNAL,
     R_CORRUPT with no ticket taken (the guard not had by the wait's deadline)."""
@@ -65,6 +132,7 @@ cdef int _cv_enter(shm_body* b, uint32_t me, int64_t deadline) noexcept nogil:
     cdef int g = tb_guard(b, deadline, 1)
     if g != R_ACQ:
         return g
+    _cv_reap(b)
     t = w.value
     if t == 0:
         t = 1
@@ -108,32 +176,31 @@ cdef int _cv_sleep(rmap_t* rm, shm_body* b, uint32_t me, int64_t deadline) noexc
             return rc
 
 
-cdef void _cv_pass_on(rmap_t* rm, shm_body* b, uint32_t q) noexcept nogil:
-    """[N1] [N3] q's notification goes to the oldest live waiter not notified (guard held,
-    in the same journaled change as q's record going)."""
-    cdef int y = _cv_oldest(rm, b, q)
-    if y >= 0:
-        tb_set(b, &shm_tb_rec(b, y).notified, 1)
-
-
-cdef int _cv_leave(rmap_t* rm, shm_body* b, uint32_t me, bint passing) noexcept nogil:
+cdef int _cv_leave(rmap_t* rm, shm_body* b, uint32_t me, bint passing,
+                   int64_t deadline) noexcept nogil:
     """The waiter has the lock back: consume its record. 1 if it was notified, 0 if not,
-    R_CORRUPT. `passing`: it leaves by an exception, so a notification goes on ([N3]).
-    It waits for the guard without end or signals: the record must go, or notify() would
-    pick a waiter that has left."""
+    R_SIGNAL, R_CORRUPT. `passing`: it leaves by an exception, so a notification goes on
+    ([N3]). The guard by the wait's deadline (Ctrl-C in the main thread); past it, it
+    leaves without it ([N5] _cv_depart), so notify() never picks a waiter that has left."""
     cdef shm_tbrec* r = shm_tb_rec(b, me)
     cdef int y
     cdef uint32_t was
-    if tb_guard(b, -1, 0) != R_ACQ:
-        return R_CORRUPT
-    was = r.notified
+    cdef int g
+    if passing:
+        deadline = shm_now_ns()                 # leaving by an exception: at once (grace)
+    g = tb_guard(b, deadline, 1)
+    if g != R_ACQ:
+        if g == R_CORRUPT:
+            return R_CORRUPT
+        return _cv_depart(rm, b, me, passing, g == R_SIGNAL)
+    _cv_reap(b)
+    was = r.notified == 1
     if r.ticket != 0:
         tb_set(b, &r.ticket, 0)
         tb_set(b, &r.notified, 0)
     if was and passing:
-        y = _cv_oldest(rm, b, me)
+        y = _cv_give(rm, b, me, 1)
         if y >= 0:
-            tb_set(b, &shm_tb_rec(b, y).notified, 1)
             tb_unlock(b)
             _cv_wake(b, y)
             return 0
@@ -151,11 +218,15 @@ cdef int _cv_notify(rmap_t* rm, shm_body* b, uint64_t n) noexcept nogil:
     cdef int g = tb_guard(b, -1, 1)
     if g != R_ACQ:
         return R_SIGNAL if g == R_SIGNAL else R_CORRUPT
+    _cv_reap(b)
     while k < n:
         x = _cv_oldest(rm, b, 0xffffffff)
         if x < 0:
             break
-        st32_seq(&shm_tb_rec(b, x).notified, 1)
+        # (one store, not journaled: a notifier killed midway notified fewer; a CAS, for
+        # a waiter leaving without the guard takes its own word 0 -> TB_N_GONE)
+        if cmpxchg32(&shm_tb_rec(b, x).notified, 0, 1) != 0:
+            continue
         _cv_wake(b, x)
         k += 1
     if k:
@@ -173,11 +244,11 @@ cdef void _cv_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcep
         return
     if tb_recover_lock(rm, b, rec) != 0:
         return                                   # cut short: left pending
+    _cv_reap(b)
     if r.ticket != 0:
-        if r.notified:
-            y = _cv_oldest(rm, b, q)             # [N1]
+        if r.notified == 1:
+            y = _cv_give(rm, b, q, 1)            # [N1]
             if y >= 0:
-                tb_set(b, &shm_tb_rec(b, y).notified, 1)
                 fadd64(&b.ctl.owner_deaths, 1)   # notifications passed on (stats)
         tb_set(b, &r.ticket, 0)                  # [N2]
         tb_set(b, &r.notified, 0)
@@ -361,7 +432,9 @@ cdef class Condition(_TbObject):
                 self._acquire_restore(saved)
             finally:
                 with nogil:
-                    got = _cv_leave(self.rm, &self.b, me, passing)
+                    got = _cv_leave(self.rm, &self.b, me, passing, deadline)
+                if got == R_SIGNAL:
+                    _raise_pending()
         if got < 0:
             raise CorruptRegionError(f"condition {self._name!r}: its guard is unusable")
         return got == 1

@@ -39,6 +39,40 @@ cdef inline void tb_set(shm_body* b, uint32_t* p, uint32_t v) noexcept nogil:
     st32_seq(p, v)
 
 
+cdef inline bint tb_cas(shm_body* b, uint32_t* p, uint32_t old, uint32_t v) noexcept nogil:
+    """Under the guard: tb_set for a word a thread without the guard may change too (a
+    waiter leaving without it, docs/design.md §12): CAS old -> v, journaled; 0 if the word
+    no longer held old (nothing stored, nothing journaled)."""
+    cdef shm_tbjournal* j = shm_tb_journal(b)
+    cdef uint32_t n = j.n
+    if n < TB_JMAX:
+        j.e[n].off = <uint32_t>(<char*>p - <char*>b.ctl)
+        j.e[n].old = old
+        st32_seq(&j.n, n + 1)
+    if cmpxchg32(p, old, v) == old:
+        return 1
+    if n < TB_JMAX:
+        st32_seq(&j.n, n)
+    return 0
+
+
+cdef inline void tb_gone(shm_body* b, uint32_t me, uint32_t how) noexcept nogil:
+    """Without the guard: this waiter has left (rec.gone = how); the next guard holder
+    finishes its leaving (each primitive's reap)."""
+    st32_seq(&shm_tb_rec(b, me).gone, how)
+    fadd32(&shm_tb_word(b).gone, 1)
+
+
+cdef inline bint tb_gone_any(shm_body* b) noexcept nogil:
+    """Guard held: has a waiter left without it since the last look? (clears the hint; the
+    records are then looked at by the caller)"""
+    cdef shm_tbword* w = shm_tb_word(b)
+    if ld32_acq(&w.gone) == 0:
+        return 0
+    st32_seq(&w.gone, 0)
+    return 1
+
+
 cdef inline void tb_unlock(shm_body* b) noexcept nogil:
     """Commit the change (empty the journal) and let go of the guard."""
     st32_seq(&shm_tb_journal(b).n, 0)

@@ -62,6 +62,7 @@ cdef int tb_got(shm_body* b, int rc) noexcept nogil:
     if rc == EOWNERDEAD:
         tb_undo(b)
         pm_consistent(m, 0)
+        fadd32(&shm_tb_word(b).gone, 1)    # the records of waiters that left: look again
         rc = 0
     elif rc == 0 and ld32_acq(&shm_tb_journal(b).n) != 0:
         tb_undo(b)                         # (a guard made consistent by a recoverer that died)
