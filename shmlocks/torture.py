@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import shmlocks
-from shmlocks._harness import MARK_W, Exclusion, words
+from shmlocks._harness import COUNTER, MARK_W, Exclusion, words
 
 TRACE_ENTRIES = 1 << 20  # the debug trace's ring (SHMLOCKS_DEBUG builds)
 TRACE_DUMP = 200_000  # events written out at the first violation, error or wedge
@@ -57,6 +57,9 @@ SUM_NS = 12  # sum of kill -> next acquisition
 ADJUST = 13  # counter - sum(done) accepted after a violation (so each counts once)
 HOLDER = 14  # worker index + 1 of the current holder (a snapshot for the killer)
 ACQUIRED = 15  # acquisitions
+READS = 16  # --kind rwlock: read holds
+READ_VIOLATIONS = 17  # --kind rwlock: reads that saw a writer inside
+READ_SHARE = 0.7  # --kind rwlock: the share of a worker's tries that read
 CHECK = 64  # the exclusion checker's words (shmlocks/_harness.py): counter, marker, done[w + 1]
 STALLS = CHECK + words(MAX_WORKERS)  # + w: bounded "blocking" acquires that timed out
 ERRORS = STALLS + MAX_WORKERS  # + w: unexpected exceptions (the worker then exits)
@@ -122,12 +125,86 @@ def _section(lock: shmlocks.Lock, a: memoryview, w: int, nw: int, rng: random.Ra
     lock.release()
 
 
+class RWWrite:
+    """The torture's lock interface on an RWLock's write side (``--kind rwlock``): the
+    writers' sections are the checker's, exactly as a lock's; workers also read (_reading)."""
+
+    kind_name = "rwlock"
+
+    def __init__(self, rw: shmlocks.RWLock) -> None:
+        self.rw = rw
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self.rw.acquire_write(blocking, timeout)
+
+    def release(self) -> None:
+        self.rw.release_write()
+
+    @property
+    def owner_died(self) -> bool:
+        return self.rw.owner_died
+
+    def mark_consistent(self) -> None:
+        self.rw.mark_consistent()
+
+    @property
+    def region(self) -> shmlocks.Region:
+        return self.rw.region
+
+    def stats(self) -> dict[str, Any]:
+        return self.rw.stats()
+
+    def _raw(self) -> dict[str, Any]:
+        return self.rw._raw()
+
+    def unlink(self) -> None:
+        self.rw.unlink()
+
+    def close(self) -> None:
+        self.rw.close()
+
+
+def _reading(rw: shmlocks.RWLock, a: memoryview, w: int, rng: random.Random) -> bool:
+    """One read try of ``--kind rwlock``: no writer may be inside while this reader holds.
+    Inside, the checker's counter must not move, and its marker may be set only by a
+    writer that died in its section (owner_died: readers are admitted before the next
+    writer repairs). A violation is counted once per section. Returns whether it read."""
+    r = rng.random()
+    if r < 0.1:
+        got = rw.acquire_read(False)
+    elif r < 0.35:
+        got = rw.acquire_read(True, rng.uniform(0.0001, 0.003))
+    else:
+        got = rw.acquire_read(True, 5.0)
+        if not got:
+            a[STALLS + w] += 1
+    if not got:
+        return False
+    a[LAST_ACQ] = time.monotonic_ns()
+    a[READS] += 1
+    c0 = a[CHECK + COUNTER]
+    bad = bool(a[CHECK + MARK_W]) and not rw.owner_died
+    if rng.random() < 0.3:
+        time.sleep(rng.uniform(0.0001, 0.002))  # a long read: a target for the killer
+    if a[CHECK + COUNTER] != c0 or (a[CHECK + MARK_W] and not rw.owner_died):
+        bad = True
+    if bad:
+        a[VIOLATIONS] += 1
+        a[READ_VIOLATIONS] += 1
+    rw.release_read()
+    return True
+
+
 def _worker(lock: shmlocks.Lock, a: memoryview, w: int, nw: int, seed: int, parent: int) -> None:
     rng = random.Random(seed)
+    rw = lock.rw if isinstance(lock, RWWrite) else None
     while not a[STOP] and os.getppid() == parent:
         r = rng.random()
         try:
-            if r < 0.1:
+            got = False
+            if rw is not None and rng.random() < READ_SHARE:
+                _reading(rw, a, w, rng)
+            elif r < 0.1:
                 got = lock.acquire(False)
             elif r < 0.35:
                 got = lock.acquire(True, rng.uniform(0.0001, 0.003))  # often abandoned
@@ -264,6 +341,8 @@ class Result:
     leaked_alive: int = 0
     leaked_dead: int = 0
     lock_stats: dict[str, Any] | None = None  # the lock's own counters at the end
+    reads: int = 0  # --kind rwlock: read holds
+    read_violations: int = 0  # --kind rwlock: reads that saw a writer inside
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -289,6 +368,8 @@ class Result:
             f"violations {self.violations}, wedges {self.wedges}, leaked slots {leaks}"
         )
         extra = []
+        if self.reads:
+            extra.append(f"reads {self.reads:,}")
         if self.stalls:
             extra.append(f"stalled acquires {self.stalls}")
         if self.errors:
@@ -313,7 +394,11 @@ class _Run:
         self.rng = random.Random(seed)
         self.mm = mmap.mmap(-1, 8 * WORDS)  # anonymous and shared: inherited by fork
         self.a = memoryview(self.mm).cast("q")
-        self.lock: shmlocks.Lock = shmlocks.KINDS[kind].create(max_participants=2 * workers + 4)
+        self.lock: Any
+        if kind == "rwlock":  # mixed readers and writers, the writers' sections checked
+            self.lock = RWWrite(shmlocks.RWLock.create(max_participants=2 * workers + 4))
+        else:
+            self.lock = shmlocks.KINDS[kind].create(max_participants=2 * workers + 4)
         self.pids: dict[int, int] = {}  # worker slot -> pid
         self.res = Result(kind, workers=workers)
         self.raw_noted = False
@@ -510,6 +595,9 @@ class _Run:
         res.recoveries += a[RECOVERIES]
         res.inflight = books.inflight
         res.acquisitions = a[ACQUIRED]
+        res.reads, res.read_violations = a[READS], a[READ_VIOLATIONS]
+        if res.read_violations:
+            res.notes.append(f"{res.read_violations} reads saw a writer inside")
         res.stalls = sum(a[STALLS : STALLS + self.nw])
         res.errors += sum(a[ERRORS : ERRORS + self.nw])
         seen = a[KILLS_SEEN]

@@ -645,3 +645,60 @@ def test_crash_point_then_survivors_count(rw, procs, point):
     assert rw.acquire_read(timeout=10)
     rw.release_read()
     _clean(rw)
+
+
+# ------------------------------------------------------------------- torture
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_kill_torture_mixed_readers_and_writers():
+    """``shmlocks torture --kind rwlock``: workers read (70%) and write while a killer
+    SIGKILLs them; exact counts for the writers, no read ever sees a writer inside."""
+    import re
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "shmlocks", "torture", "--kind", "rwlock", "--seconds", "3",
+         "--workers", "3", "--seed", "1"],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("rwlock"))
+    assert " ok " in line, line
+    assert int(re.search(r"kills (\d+)", line).group(1)) >= 10, line
+    assert int(re.search(r"reads ([\d,]+)", line).group(1).replace(",", "")) > 100, line
+    assert re.search(r"violations 0\b", line), line
+
+
+def test_torture_reader_check_catches_a_writer_inside():
+    """The torture's read check is not vacuous: a read that finds a writer's marker (the
+    writer alive: no owner_died) or the counter moving is a violation."""
+    import mmap
+    import random
+
+    from shmlocks import torture
+
+    class Broken:  # an "rwlock" that lets a reader in beside a writer
+        owner_died = False
+
+        def acquire_read(self, *args):
+            return True
+
+        def release_read(self):
+            pass
+
+    mm = mmap.mmap(-1, 8 * torture.WORDS)
+    a = memoryview(mm).cast("q")
+    a[torture.CHECK + 1] = 2  # the checker's marker: writer 2 inside its section
+    assert torture._reading(Broken(), a, 0, random.Random(3))
+    assert a[torture.READ_VIOLATIONS] == 1 and a[torture.VIOLATIONS] == 1
+    a[torture.CHECK + 1] = 0
+    Broken.owner_died = True  # a dead writer's marker, before the repair: allowed
+    a[torture.CHECK + 1] = 2
+    assert torture._reading(Broken(), a, 0, random.Random(3))
+    assert a[torture.READ_VIOLATIONS] == 1
+    del a
+    mm.close()

@@ -56,9 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--kind",
-        choices=["all", *shmlocks.KINDS],
+        choices=["all", *shmlocks.KINDS, "rwlock"],
         default="all",
-        help="the lock kind, or all (default all)",
+        help="the lock kind, or all (default all: the kinds of KINDS); rwlock: an RWLock "
+        "with workers that read (70%%) and write",
     )
     p.add_argument(
         "--seconds",
