@@ -53,6 +53,8 @@ def annotate(d: dict[str, Any]) -> dict[str, Any]:
         h = lk.get("holder")
         if lk.get("locked") and h:
             here.setdefault(h["slot"], []).append(lk["name"])
+        for r in lk.get("readers", ()):  # an RWLock's readers hold it too (shared)
+            here.setdefault(r["slot"], []).append(f"{lk['name']} (read)")
 
     def short(ref: waitgraph.LockRef) -> str:
         return ref.name if ref.segment == name else ref.label

@@ -27,6 +27,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _holder(lk: dict[str, Any]) -> str:
+    """The HOLDER cell: the holder, or an RWLock's readers (each with its holds)."""
+    if not lk["locked"]:
+        return "-"
+    readers = lk.get("readers")
+    if readers and not lk.get("holder"):
+        return "readers: " + ", ".join(f"{who(r)} x{r['holds']}" for r in readers)
+    return who(lk.get("holder"))
+
+
 def _render_inspect(d: dict[str, Any]) -> str:
     out = [
         f"segment {d['name']}: {human_size(d['size'])} ({d['size']} bytes), "
@@ -40,7 +50,7 @@ def _render_inspect(d: dict[str, Any]) -> str:
                 lk["name"],
                 lk["kind"],
                 lk.get("state") or ("held" if lk["locked"] else "free"),
-                who(lk.get("holder")) if lk["locked"] else "-",
+                _holder(lk),
                 lk["waiters"],
                 flags(lk),
             ]
