@@ -702,3 +702,95 @@ def test_torture_reader_check_catches_a_writer_inside():
     assert a[torture.READ_VIOLATIONS] == 1
     del a
     mm.close()
+
+
+def test_cli_inspect_shows_readers_as_holders(new_region):
+    """``shmlocks inspect``: the readers are the RWLock's holders (with their holds), and
+    each reading participant holds it "(read)"; a writer is the holder as for a lock."""
+    import subprocess
+    import sys
+
+    r = new_region(max_locks=2)
+    rw = r.create_rwlock("table")
+
+    def inspect() -> str:
+        p = subprocess.run(
+            [sys.executable, "-m", "shmlocks", "inspect", r.name],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    with rw.read_lock(), rw.read_lock():
+        out = inspect()
+    me = f"pid {os.getpid()} tid {threading.get_native_id()} alive"
+    assert "readers=2" in out and f"readers: {me} x2" in out, out
+    assert "table (read)" in out, out
+    with rw.write_lock():
+        out = inspect()
+    assert "writing" in out and me in out and "(read)" not in out, out
+
+
+class _Alarm(Exception):
+    pass
+
+
+def _raise_alarm(signum, frame):
+    raise _Alarm
+
+
+@pytest.mark.parametrize("side", ["read", "write"])
+def test_a_signal_handler_raising_ends_a_blocked_acquire_cleanly(rw, side):
+    """Ctrl-C (here SIGALRM with a raising handler) reaches a main thread blocked in
+    acquire_read behind a writer, or in acquire_write behind a reader, at once; its place
+    is given back (the writer withdraws, the reader's tag is cleared)."""
+    held, done = threading.Event(), threading.Event()
+
+    def other():
+        (rw.acquire_write if side == "read" else rw.acquire_read)()
+        held.set()
+        done.wait(30)
+        (rw.release_write if side == "read" else rw.release_read)()
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert held.wait(20)
+    old = signal.signal(signal.SIGALRM, _raise_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        t0 = time.monotonic()
+        with pytest.raises(_Alarm):
+            (rw.acquire_read if side == "read" else rw.acquire_write)(timeout=20)
+        assert time.monotonic() - t0 < 5
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    raw = rw._raw()["recs (ind, wparked, wstate, waiting)"]
+    assert sum(1 for ind, _p, ws, _w in raw if ind or ws) == 1  # the other thread's only
+    done.set()
+    t.join(20)
+    _clean(rw)
+
+
+def test_double_deaths_writer_then_reader(rw, procs):
+    """Every pair (a writer killed at one of its points, then a reader killed at one of
+    its points: after the first death, unrecovered): a survivor gets the write, then a
+    read, nothing left behind. A reader point that the state does not lead to (no
+    writer present for rwlock.read.blocked) lets the reader finish instead."""
+    wpoints = [p for p in RW_POINTS if p.startswith(("rwlock.write.", "rwlock.release."))]
+    rpoints = [p for p in RW_POINTS if p.startswith("rwlock.read.")]
+    assert len(wpoints) == 6 and len(rpoints) == 2
+    for wp in wpoints:
+        for rp in rpoints:
+            p = procs.start(_write_then_die_at, rw, wp)
+            p.join(20)
+            assert p.exitcode == -signal.SIGKILL, (wp, p.exitcode)
+            q = procs.start(_read_then_die_at, rw, rp)
+            q.join(20)
+            assert q.exitcode in (-signal.SIGKILL, 3), (wp, rp, q.exitcode)
+            assert rw.acquire_write(timeout=10), (wp, rp)
+            assert not rw.owner_died, (wp, rp)
+            rw.release_write()
+            assert rw.acquire_read(timeout=10), (wp, rp)
+            rw.release_read()
+            _clean(rw)

@@ -163,10 +163,10 @@ cdef void _rw_withdraw(shm_body* b, uint32_t me, uint32_t mine) noexcept nogil:
 
 
 cdef int _rw_write_acquire(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
-                           int64_t deadline) noexcept nogil:
+                           int64_t deadline, bint* waited) noexcept nogil:
     """R_ACQ (w names us, the readers drained, the holder record ours), R_TIMEOUT,
     R_SIGNAL, R_RW_DEADLOCK, R_CORRUPT (nothing held). Recoveries it runs keep its
-    deadline."""
+    deadline. *waited: it found a writer present or a reader to wait for (statistics)."""
     cdef shm_rwword* W = shm_rw_word(b)
     cdef shm_rwrec* mine = shm_rw_rec(b, me)
     cdef shm_rwrec* rec
@@ -185,6 +185,7 @@ cdef int _rw_write_acquire(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
                 break
             st32_seq(&mine.wstate, RW_W_NONE)
             continue
+        waited[0] = 1
         ws = w & RW_SLOT_MASK
         if ws == 0 or ws > b.P or ws - 1 == me:
             return R_CORRUPT
@@ -219,6 +220,7 @@ cdef int _rw_write_acquire(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
             v = ld32_seq(&rec.ind)
             if not _rw_counts(v, tag):
                 break
+            waited[0] = 1
             if _rw_same_thread(rm, me, s):
                 _rw_withdraw(b, me, nw)
                 return R_RW_DEADLOCK if deadline != 0 else R_TIMEOUT
@@ -397,6 +399,8 @@ cdef class RWLock(_TbObject):
             raise DeadlockError(f"this thread holds RWLock {self._name!r} for writing: "
                                 "a read now would wait for itself")
         v = ld32_rlx(&rec.ind)
+        if v & RW_BLOCKED:                       # a signal handler, inside this thread's wait
+            raise reentry_error(f"acquire_read() of RWLock {self._name!r}")
         if v & RW_COUNT_MASK:                    # nested: the writer waits for us anyway
             if (v & RW_COUNT_MASK) == RW_COUNT_MASK:
                 raise OverflowError(f"too many nested read holds of RWLock {self._name!r}")
@@ -478,6 +482,7 @@ cdef class RWLock(_TbObject):
         cdef shm_rwrec* rec
         cdef uint32_t f, slot, hid
         cdef int rc
+        cdef bint waited = 0
         if not (blocking is True and (timeout is _RW_NEG1 or timeout is None)):
             deadline = _rw_deadline(blocking, timeout)
         r = self._me()
@@ -500,7 +505,7 @@ cdef class RWLock(_TbObject):
         hid = r.hid
         t0 = shm_now_ns()
         with nogil:
-            rc = _rw_write_acquire(self.rm, &self.b, slot, hid, deadline)
+            rc = _rw_write_acquire(self.rm, &self.b, slot, hid, deadline, &waited)
         if rc != R_ACQ:
             if rc == R_SIGNAL:
                 return _raise_pending()
@@ -525,7 +530,7 @@ cdef class RWLock(_TbObject):
                 f"RWLock {self._name!r}: a writer released it without mark_consistent() "
                 "after a writer died; it is permanently unusable")
         stats_hold(self.b.ctl, r.pid)
-        if shm_now_ns() - t0 > 20000:            # it waited (an announce is ~100 ns)
+        if waited:
             stats_waited(self.b.ctl, shm_now_ns() - t0)
         if f & SHM_F_OWNER_DIED:
             stats_owner_death(self.b.ctl)
