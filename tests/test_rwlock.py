@@ -794,3 +794,73 @@ def test_double_deaths_writer_then_reader(rw, procs):
             assert rw.acquire_read(timeout=10), (wp, rp)
             rw.release_read()
             _clean(rw)
+
+
+@pytest.mark.timeout(120)
+def test_bench_runs_and_checks_the_writes():
+    """bench/rwlock.py (README "Reader-writer lock"): one short run of each lock at P = 2,
+    each run's writes checked exact, the table printed."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run(
+        [sys.executable, os.path.join(root, "bench", "rwlock.py"), "--seconds", "0.2",
+         "--repeats", "1", "--procs", "2", "--work", "5"],
+        capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    for row in ("| RWLock |", "| futex mutex |", "| pthread_rwlock_t |"):
+        assert row in p.stdout, p.stdout
+
+
+def test_lockdep_sees_rwlock_orders(procs):
+    """SHMLOCKS_LOCKDEP=1: process 1 reads the RWLock then takes a lock; process 2 holding
+    the lock asks to write (or to read: a reader waits behind a queued writer, so a read
+    counts as a write for ordering, as an rwsem's in the kernel) and gets LockOrderError
+    before it waits; a nested read records nothing."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from support.common import SHM_DIR
+
+    graph = os.path.join(SHM_DIR, uniq("lockdep"))
+    rw = shmlocks.RWLock(uniq("rw"))
+    lk = shmlocks.FutexMutex(uniq("lk"))
+    env = dict(os.environ, SHMLOCKS_LOCKDEP="1", SHMLOCKS_LOCKDEP_GRAPH=graph)
+
+    def run(code):
+        code = textwrap.dedent(code).replace("NAME_RW", repr(rw.name))
+        code = code.replace("NAME_LK", repr(lk.name))
+        return subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+        )
+
+    try:
+        r = run("""
+            import shmlocks
+            rw, lk = shmlocks.RWLock.open(NAME_RW), shmlocks.FutexMutex.open(NAME_LK)
+            with rw.read_lock(), rw.read_lock(), lk:
+                pass
+        """)
+        assert r.returncode == 0, r.stderr
+        for side in ("write", "read"):
+            r = run(f"""
+                import shmlocks
+                rw, lk = shmlocks.RWLock.open(NAME_RW), shmlocks.FutexMutex.open(NAME_LK)
+                with lk:
+                    try:
+                        rw.acquire_{side}(timeout=5)
+                    except shmlocks.LockOrderError as e:
+                        print("refused:", e)
+                    else:
+                        raise SystemExit("no LockOrderError")
+            """)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert f"acquiring {rw.name!r} while holding {lk.name!r}" in r.stdout, r.stdout
+    finally:
+        rw.close()
+        lk.close()
+        if os.path.exists(graph):
+            os.unlink(graph)

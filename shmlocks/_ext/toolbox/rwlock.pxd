@@ -15,6 +15,8 @@ cdef class RWLock(_TbObject):
     cdef int _release_read(self) except -1
     cdef int _release_write(self, bint handon) except -1
     cdef reg_t* _holding_write(self) noexcept nogil
+    cdef str _lockdep_class(self)
+    cdef int _lockdep_before(self) except -1
 
 
 cdef class _RWHold:

@@ -393,6 +393,9 @@ cdef class RWLock(_TbObject):
             deadline = _rw_deadline(blocking, timeout)
         r = self._me()
         rec = shm_rw_rec(&self.b, r.slot)
+        if (g_lockdep is not None and deadline != 0 and not ld32_rlx(&rec.ind)
+                and ld32_rlx(&rec.wstate) == RW_W_NONE):
+            self._lockdep_before()               # a read that may wait: in order, as a lock
         if ld32_rlx(&rec.wstate) != RW_W_NONE:
             if deadline == 0:
                 return False                     # never waits: as Lock.acquire(False)
@@ -422,7 +425,27 @@ cdef class RWLock(_TbObject):
                 "after a writer died; it is permanently unusable")
         st64_rlx(&rec.reads, ld64_rlx(&rec.reads) + 1)
         r.held += 1                              # keeps the slot while it holds
+        if g_lockdep is not None:
+            ld_held().append(self._lockdep_class())
         return True
+
+    cdef str _lockdep_class(self):
+        """The class lockdep knows it by: `region/name`, a standalone one's region name
+        (as a lock's, lockbase.pxi)."""
+        if self._standalone:
+            return self._region.name
+        return f"{self._region.name}/{self._name}"
+
+    cdef int _lockdep_before(self) except -1:
+        """A blocking or timed acquire, either side, is about to wait: validate and record
+        the orders held -> this lock (shmlocks/lockdep.py). A read counts as a write for
+        ordering, as the kernel's lockdep counts an rwsem's: a reader waits behind a
+        writer that waits for a reader, so read-read inversions deadlock too."""
+        cdef str cls = self._lockdep_class()
+        cdef list held = ld_held()
+        if held and (tuple(held), cls) not in g_ld_validated:
+            g_lockdep.before(cls, held)
+        return 0
 
     cdef object _read_failed(self, int rc, int64_t deadline):
         cdef reg_t* r
@@ -460,6 +483,8 @@ cdef class RWLock(_TbObject):
         _rw_read_undo(rec)
         if r.held > 0:
             r.held -= 1
+        if g_lockdep is not None:
+            ld_released(self._lockdep_class())
         return 0
 
     # -- write --
@@ -501,6 +526,8 @@ cdef class RWLock(_TbObject):
             raise LockNotRecoverableError(
                 f"RWLock {self._name!r}: a writer released it without mark_consistent() "
                 "after a writer died; it is permanently unusable")
+        if g_lockdep is not None and deadline != 0:
+            self._lockdep_before()
         slot = r.slot
         hid = r.hid
         t0 = shm_now_ns()
@@ -534,6 +561,8 @@ cdef class RWLock(_TbObject):
             stats_waited(self.b.ctl, shm_now_ns() - t0)
         if f & SHM_F_OWNER_DIED:
             stats_owner_death(self.b.ctl)
+        if g_lockdep is not None:
+            ld_held().append(self._lockdep_class())
         return True
 
     cdef reg_t* _holding_write(self) noexcept nogil:
@@ -558,6 +587,8 @@ cdef class RWLock(_TbObject):
         _rw_write_release(&self.b, r.slot, r.hid, handon)
         if r.held > 0:
             r.held -= 1
+        if g_lockdep is not None:
+            ld_released(self._lockdep_class())
         return 0
 
     def read_lock(self):
