@@ -225,7 +225,10 @@ def test_lifecycle_pickle_and_region(procs, new_region):
 # ---------------------------------------------------------------- across processes
 
 
-def _reader_overlap(rw, t_in, t_out, i, hold):
+def _reader_overlap(rw, t_in, t_out, i, hold, ready, go):
+    ready[i] = 1
+    while not go.value:
+        time.sleep(0.001)
     rw.acquire_read()
     t_in[i] = time.monotonic()
     time.sleep(hold)
@@ -234,12 +237,16 @@ def _reader_overlap(rw, t_in, t_out, i, hold):
 
 
 def test_readers_overlap_measured(rw, procs):
-    """Four reader processes holding 0.4 s each are all inside at once: the last entry
-    is before the first exit, and four holds take about one hold's time, not four."""
-    n, hold = 4, 0.4
+    """Four reader processes holding 1 s each are all inside at once: the last entry is
+    before the first exit, and four holds take about one hold's time, not four."""
+    n, hold = 4, 1.0
     t_in = mp.RawArray(ctypes.c_double, n)
     t_out = mp.RawArray(ctypes.c_double, n)
-    ps = [procs.start(_reader_overlap, rw, t_in, t_out, i, hold) for i in range(n)]
+    ready = mp.RawArray(ctypes.c_int, n)
+    go = mp.RawValue(ctypes.c_int, 0)
+    ps = [procs.start(_reader_overlap, rw, t_in, t_out, i, hold, ready, go) for i in range(n)]
+    until(lambda: all(ready), timeout=30, what="the readers to start")
+    go.value = 1
     for p in ps:
         p.join(30)
         assert p.exitcode == 0
@@ -325,7 +332,7 @@ def test_writer_waits_only_for_readers_present_at_its_arrival(rw, procs):
             worst_t = max(worst_t, dt)
             time.sleep(hold)
         assert worst_entries <= 2 * n, worst_entries
-        assert worst_t < 1.0, worst_t
+        assert worst_t < 3.0, worst_t  # about one read hold; generous for a loaded machine
     finally:
         stop.value = 1
         for p in ps:
@@ -343,7 +350,7 @@ def _writer_stream(rw, count, stop, hold):
 def test_reader_waits_for_at_most_one_writer(rw, procs):
     """Two writer processes take the write back to back (a writer-preference lock starves
     readers). A reader that arrives waits for at most the writer present: at most one
-    write hold begins between its arrival and its entry."""
+    write hold begins between its arrival and its entry (two, allowing for preemption)."""
     hold = 0.03
     count = mp.RawValue(ctypes.c_long, 0)
     stop = mp.RawValue(ctypes.c_int, 0)
@@ -360,9 +367,11 @@ def test_reader_waits_for_at_most_one_writer(rw, procs):
             rw.release_read()
             worst = max(worst, c1 - c0)
             waited += dt > hold / 3
-            assert dt < 1.0, dt
+            assert dt < 3.0, dt
             time.sleep(0.005)
-        assert worst <= 1, worst
+        # one: the writer present at its arrival; 2 tolerates a preemption between the
+        # read of the count and the arrival (a writer-preferring lock starves it instead)
+        assert worst <= 2, worst
         assert waited >= 5  # the writers really were in the way
     finally:
         stop.value = 1
