@@ -53,6 +53,7 @@ cdef enum:
     R_SIGNAL = -1      # a Python signal handler raised
     R_NOTREC = -2      # the lock is not recoverable
     R_CORRUPT = -3     # its shared state is corrupt
+    R_BOUND = -4       # a bounded semaphore released past its initial value (toolbox)
 
 # ---- the ops table: what the layers below the kinds need of one -------------------------
 # Filled by _register_kind, indexed by kind code; no layer below names a kind.

@@ -6,7 +6,6 @@
 
 cdef enum:
     TB_WATCH_MAX = SHM_WAITV_MAX
-    R_BOUND = -10                 # a bounded semaphore released past its initial value
 
 
 cdef struct tb_watch_t:
