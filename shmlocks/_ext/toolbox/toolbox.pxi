@@ -104,7 +104,9 @@ cdef int tb_guard(shm_body* b, int64_t until, bint sig) noexcept nogil:
     cdef int64_t end, now
     cdef timespec ts
     cdef bint main
+    cdef wait_t ws                       # (for wait_signals: no region to hide, rm NULL)
     if rc == EBUSY:
+        wait_init(&ws, until)
         main = sig and PyThread_get_thread_ident() == g_main_ident
         now = shm_now_ns()
         if 0 <= until < now + TB_GUARD_GRACE_NS:
@@ -116,7 +118,7 @@ cdef int tb_guard(shm_body* b, int64_t until, bint sig) noexcept nogil:
             ts = shm_ts_of_ns(end)
             rc = pm_clocklock(m, 0, &ts)
             if rc == ETIMEDOUT:
-                if main and tb_signals():
+                if main and wait_signals(&ws):
                     return R_SIGNAL
                 if 0 <= until <= shm_now_ns():
                     return R_TIMEOUT
@@ -166,48 +168,31 @@ cdef int tb_watch(rmap_t* rm, tb_watch_t* t, uint32_t slot) noexcept nogil:
     return DEP_ARMED
 
 
-cdef bint tb_signals() noexcept nogil:
-    """Run Python's signal handlers if this is the thread that runs them; 1 if one raised.
-    (No step is published while a toolbox object waits: nothing to hide, wait.pxi's
-    re-entry window is not needed.)"""
-    cdef int r
-    if PyThread_get_thread_ident() != g_main_ident:
-        return 0
-    with gil:
-        r = PyErr_CheckSignals() < 0
-    return r
-
-
 cdef int tb_sleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline) noexcept nogil:
     """One sleep on t's words until one changes, a watched participant dies, the deadline,
-    or (main thread) a signal: R_CONT (look again), R_TIMEOUT, R_SIGNAL. A death seen on
-    waking is recovered here, which wakes everyone else who watched it."""
+    or (main thread) a signal: R_CONT (look again), R_TIMEOUT, R_SIGNAL. The sleep is the
+    wait policy's (wait.pxi wait_sleep: the signals before it and on EINTR, a slice when
+    the set is full or futex_waitv missing). A death seen on waking is recovered here,
+    which wakes everyone else who watched it."""
     cdef watch_t* ws = &t.ws
+    cdef wait_t w                                # (no region to hide: w.rm NULL)
     cdef int r, i
-    cdef int64_t until = deadline
-    cdef int64_t s
     if t.rec.sig:                                # a handler raised in a recovery of tb_watch
         return R_SIGNAL
+    wait_init(&w, deadline)
     fadd32(parked, 1)                            # announce (SC), then re-check the word
     if ld32_seq(ws.words[0]) != ws.vals[0]:
         fsub32(parked, 1)
         return R_CONT
-    if tb_signals():
-        fsub32(parked, 1)
-        return R_SIGNAL
-    if t.full or not g_wait_waitv:
-        s = shm_now_ns() + PARK_SLICE_NS
-        if until < 0 or s < until:
-            until = s
-    r = park_sleep(ws, until)
+    r = wait_sleep(&w, ws, t.full or not g_wait_waitv)
     fsub32(parked, 1)
+    if r == R_SIGNAL:
+        return R_SIGNAL
     for i in range(1, ws.n):
         if t.slots[i] < rm.P and ld32_seq(ws.words[i]) & FUTEX_OWNER_DIED_:
             participant_try_recover(rm, t.slots[i], &t.rec)
             if t.rec.sig:
                 return R_SIGNAL
-    if r == -EINTR and tb_signals():
-        return R_SIGNAL
     if deadline >= 0 and shm_now_ns() >= deadline:
         return R_TIMEOUT
     return R_CONT
