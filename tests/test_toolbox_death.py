@@ -175,8 +175,6 @@ def test_party_dies_while_others_wait(procs, method):
         assert time.monotonic() - t0 < 2.0
         assert results == ["broken", "broken"]
         assert bar.broken
-        for p in live:
-            p.join(10)
     finally:
         bar.close()
 
@@ -204,8 +202,6 @@ def test_party_dies_before_arriving_once_others_wait(procs):
         results = [out.get(timeout=10) for _ in live]
         assert time.monotonic() - t0 < 2.0
         assert results == ["broken", "broken"]
-        for p in live:  # ended on their own, before our close: not killed as last users
-            p.join(10)
         bar.reset()  # usable again: a replacement party completes a round
         victim_go.close()
     finally:
@@ -240,8 +236,6 @@ def test_first_round_party_dies_before_arriving(procs, method):
         assert time.monotonic() - t0 < 2.0
         assert results == ["broken", "broken"]
         assert bar.broken
-        for p in live:
-            p.join(10)
         ready.close()
     finally:
         bar.close()
@@ -264,10 +258,9 @@ def test_party_that_dies_while_nobody_waits_breaks_the_next_wait(procs):
             bar.wait(20)
         assert time.monotonic() - t0 < 2.0
         bar.reset()
-        p = procs.start(_barrier_party, bar, 1, out)
+        procs.start(_barrier_party, bar, 1, out)
         bar.wait(20)
         assert out.get(timeout=20) == "passed"
-        p.join(10)
         assert not bar.broken
     finally:
         bar.close()
@@ -326,9 +319,9 @@ def test_notified_waiter_killed_passes_the_notification_on(procs):
     try:
         a = procs.start(_cond_waiter, cond, out, "a", 30)
         until(lambda: _waiting(cond, 1), what="a waits")
-        b = procs.start(_cond_waiter, cond, out, "b", 30)
+        procs.start(_cond_waiter, cond, out, "b", 30)
         until(lambda: _waiting(cond, 2), what="b waits")
-        c = procs.start(_cond_waiter, cond, out, "c", 30)
+        procs.start(_cond_waiter, cond, out, "c", 30)
         until(lambda: _waiting(cond, 3), what="c waits")
         with cond:
             cond.notify(1)  # -> a (oldest); a cannot take the lock back while we hold it
@@ -339,8 +332,6 @@ def test_notified_waiter_killed_passes_the_notification_on(procs):
         with cond:
             cond.notify_all()
         assert out.get(timeout=5) == ("c", True)
-        for p in (b, c):
-            p.join(10)
     finally:
         cond.close()
         lock.close()
@@ -357,7 +348,8 @@ def test_dead_waiter_never_counts_for_notify(procs):
     try:
         dead = procs.start(_cond_waiter, cond, out, "dead", 30)
         until(lambda: _waiting(cond, 1), what="dead waits")
-        live = [procs.start(_cond_waiter, cond, out, f"w{i}", 30) for i in range(3)]
+        for i in range(3):
+            procs.start(_cond_waiter, cond, out, f"w{i}", 30)
         until(lambda: _waiting(cond, 4), what="all wait")
         kill(dead)
         with cond:
@@ -369,8 +361,6 @@ def test_dead_waiter_never_counts_for_notify(procs):
         with cond:
             cond.notify_all()
         assert out.get(timeout=5)[1] is True
-        for p in live:
-            p.join(10)
     finally:
         cond.close()
         lock.close()
@@ -427,11 +417,6 @@ def test_event_waiters_survive_a_killed_waiter(procs):
         kill(ps[0])
         ev.set()
         assert [out.get(timeout=5), out.get(timeout=5)] == [True, True]
-        # the survivors end on their own before the last close here: a child still ending
-        # when the fixture SIGKILLs it at teardown would be the Event's last user, and a
-        # last user that is killed leaves the name behind (docs/design.md §2)
-        for p in ps[1:]:
-            p.join(10)
     finally:
         ev.close()
 

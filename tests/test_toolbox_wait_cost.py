@@ -93,8 +93,6 @@ def test_semaphore_waiter_behind_many_holders_sleeps(procs):
         )
     finally:
         go.set()
-        for p in procs._procs:
-            p.join(20)
         for o in (sem, ready, go):
             o.close()
 
@@ -118,8 +116,6 @@ def test_barrier_waiter_beside_many_parties_sleeps(procs):
         )
     finally:
         go.set()
-        for p in procs._procs:
-            p.join(20)
         bar.close()
         ready.close()
         go.close()

@@ -184,10 +184,14 @@ class Procs:
         self._popens.append(p)
         return p
 
+    #: how long children still running at teardown get to end on their own (one deadline
+    #: for all): one that ends is often the last user of a segment and leaves its name as
+    #: it goes, which a SIGKILL would leave behind
+    GRACE_S = 2.0
+
     def cleanup(self):
-        for p in self._procs:
-            if p.is_alive():
-                kill(p)
+        for p in join_all([p for p in self._procs if p.is_alive()], self.GRACE_S):
+            kill(p)
         for p in self._popens:
             if p.poll() is None:
                 p.kill()  # Popen.kill signals its own PID only
