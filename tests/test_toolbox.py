@@ -713,3 +713,46 @@ def test_barrier_first_rounds_in_a_row(made):
         _join(ts)
         assert sorted(idx) == [0, 1, 2, 3]
         bar.close()
+
+
+def test_stat_counts_the_toolbox_calls(new_region):
+    """`stat` (and `top`, from the same counters) shows each object's calls: the ones that
+    got what they waited for, the ones that slept and how long, the timeouts."""
+    from shmlocks.stats import segment_stats
+
+    r = new_region(max_locks=8)
+    sem = r.create_semaphore("sem", 1)
+    ev = r.create_event("ev")
+    bar = r.create_barrier("bar", 2)
+    cond = r.create_condition("cond")
+
+    assert sem.acquire()  # got at once
+    t = threading.Thread(target=lambda: (time.sleep(0.2), sem.release()))
+    t.start()
+    assert sem.acquire(timeout=10)  # slept about 0.2 s
+    t.join()
+    assert not sem.acquire(timeout=0.05)  # a timeout
+
+    t = threading.Thread(target=lambda: (time.sleep(0.1), ev.set()))
+    t.start()
+    assert ev.wait(10)
+    t.join()
+
+    t = threading.Thread(target=lambda: (time.sleep(0.1), bar.wait(10)))
+    t.start()
+    bar.wait(10)
+    t.join()
+
+    with cond:
+        assert not cond.wait(0.05)
+
+    by = {lk["name"]: lk for lk in segment_stats(r.name)["locks"]}
+    s = by["sem"]
+    assert (s["acquisitions"], s["contended"], s["timeouts"]) == (2, 2, 1), s
+    assert 0.15 <= s["wait_max_s"] <= s["wait_total_s"] < 10, s
+    e = by["ev"]
+    assert (e["acquisitions"], e["contended"], e["timeouts"]) == (1, 1, 0), e
+    b = by["bar"]
+    assert b["acquisitions"] == 2 and b["contended"] >= 1 and b["wait_total_s"] > 0.05, b
+    c = by["cond"]
+    assert (c["acquisitions"], c["contended"], c["timeouts"]) == (0, 1, 1), c

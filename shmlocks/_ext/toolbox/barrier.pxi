@@ -148,7 +148,7 @@ cdef int _bar_depart(shm_body* b, uint32_t me, uint32_t cyc, bint sig) noexcept 
 
 
 cdef int _bar_sleep(rmap_t* rm, shm_body* b, uint32_t me, uint32_t s,
-                    int64_t deadline) noexcept nogil:
+                    int64_t deadline, int64_t* slept) noexcept nogil:
     """One sleep on seq (value s) and the other members' tokens: R_CONT, R_TIMEOUT,
     R_SIGNAL."""
     cdef shm_tbword* w = shm_tb_word(b)
@@ -161,7 +161,7 @@ cdef int _bar_sleep(rmap_t* rm, shm_body* b, uint32_t me, uint32_t s,
             if tb_watch(rm, &t, x) == DEP_CHANGED:
                 return R_CONT                   # recovered ([B1]-[B4]): look again
     st32_rlx(&shm_tb_rec(b, me).waiting, 1)
-    r = tb_sleep(rm, &t, &w.parked, deadline)
+    r = tb_asleep(rm, &t, &w.parked, deadline, slept)
     st32_rlx(&shm_tb_rec(b, me).waiting, 0)
     return r
 
@@ -174,7 +174,7 @@ cdef enum:
 
 
 cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t deadline,
-                   bint has_action, uint32_t* index) noexcept nogil:
+                   bint has_action, uint32_t* index, int64_t* slept) noexcept nogil:
     """threading.Barrier.wait up to the action. BAR_PASSED (index set; the thread has left),
     BAR_ACTION (the last to arrive: inside, the state still FILLING; the caller runs the
     action then _bar_release), BAR_BROKEN (left), R_SIGNAL (left), BAR_ERR."""
@@ -201,7 +201,7 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
         if w.value == TB_B_DRAINING or w.value == TB_B_RESETTING:
             s = w.seq
             tb_unlock(b)
-            r = _bar_sleep(rm, b, me, s, -1)      # threading's _enter waits without timeout
+            r = _bar_sleep(rm, b, me, s, -1, slept)      # threading's _enter waits without timeout
             if r == R_SIGNAL:
                 break
             continue
@@ -212,7 +212,7 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
         if w.count >= w.limit:                    # the action runs: wait for it as a drain
             s = w.seq
             tb_unlock(b)
-            r = _bar_sleep(rm, b, me, s, -1)
+            r = _bar_sleep(rm, b, me, s, -1, slept)
             if r == R_SIGNAL:
                 break
             continue
@@ -245,7 +245,7 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
             if joined:                            # a new party: wake them (not under the
                 tb_wake(b, 0x7fffffff)            # guard) to watch it too
                 joined = 0
-            r = _bar_sleep(rm, b, me, s, deadline)
+            r = _bar_sleep(rm, b, me, s, deadline, slept)
             # inside the barrier: leaving needs the guard (as threading's wait takes its
             # lock back to leave), by the wait's deadline; past it (or a handler raised),
             # it leaves without it ([B6])
@@ -418,6 +418,7 @@ cdef class Barrier(_TbObject):
         cdef uint32_t me, hid
         cdef int rc
         cdef uint64_t tns
+        cdef int64_t slept = 0
         cdef bint has_action = self._action is not None
         self._check()
         if timeout is None:
@@ -430,7 +431,7 @@ cdef class Barrier(_TbObject):
         hid = r.hid
         _bar_track(self)
         with nogil:
-            rc = _bar_wait(self.rm, &self.b, me, hid, deadline, has_action, &index)
+            rc = _bar_wait(self.rm, &self.b, me, hid, deadline, has_action, &index, &slept)
         if rc == BAR_ACTION:
             try:
                 self._action()
@@ -440,6 +441,9 @@ cdef class Barrier(_TbObject):
                 raise
             with nogil:
                 rc = _bar_release(&self.b, me, 1, deadline)
+        with nogil:
+            tb_count(&self.b, rc == BAR_PASSED, rc == BAR_BROKEN and 0 <= deadline <= shm_now_ns(),
+                     slept)
         if rc == BAR_PASSED:
             return index
         if rc == BAR_BROKEN:

@@ -143,7 +143,8 @@ cdef int _cv_enter(shm_body* b, uint32_t me, int64_t deadline) noexcept nogil:
     return R_ACQ
 
 
-cdef int _cv_sleep(rmap_t* rm, shm_body* b, uint32_t me, int64_t deadline) noexcept nogil:
+cdef int _cv_sleep(rmap_t* rm, shm_body* b, uint32_t me, int64_t deadline,
+                   int64_t* slept) noexcept nogil:
     """Until notified: R_ACQ, R_TIMEOUT, R_SIGNAL (recoveries it runs keep its deadline)."""
     cdef shm_tbrec* mine = shm_tb_rec(b, me)
     cdef shm_tbrec* r
@@ -168,7 +169,7 @@ cdef int _cv_sleep(rmap_t* rm, shm_body* b, uint32_t me, int64_t deadline) noexc
         if changed:
             continue
         st32_rlx(&mine.waiting, 1)
-        rc = tb_sleep(rm, &t, &mine.parked, deadline)
+        rc = tb_asleep(rm, &t, &mine.parked, deadline, slept)
         st32_rlx(&mine.waiting, 0)
         if ld32_seq(&mine.notified):
             return R_ACQ
@@ -405,6 +406,7 @@ cdef class Condition(_TbObject):
         cdef reg_t* r
         cdef uint32_t me
         cdef int rc, got
+        cdef int64_t slept = 0
         cdef bint passing = 1
         self._check()
         if not self._is_owned():
@@ -423,7 +425,7 @@ cdef class Condition(_TbObject):
         saved = self._release_save()
         try:
             with nogil:
-                rc = _cv_sleep(self.rm, &self.b, me, deadline)
+                rc = _cv_sleep(self.rm, &self.b, me, deadline, &slept)
             if rc == R_SIGNAL:
                 _raise_pending()
             passing = 0
@@ -437,6 +439,8 @@ cdef class Condition(_TbObject):
                     _raise_pending()
         if got < 0:
             raise CorruptRegionError(f"condition {self._name!r}: its guard is unusable")
+        with nogil:
+            tb_count(&self.b, got == 1, got == 0 and rc == R_TIMEOUT, slept)
         return got == 1
 
     def wait_for(self, predicate, timeout=None):

@@ -13,7 +13,7 @@ cdef inline bint _ev_over(uint32_t v, uint32_t v0) noexcept nogil:
     return (v & 1) != 0 or (v >> 1) != (v0 >> 1)
 
 
-cdef int _ev_wait(rmap_t* rm, shm_body* b, int64_t deadline) noexcept nogil:
+cdef int _ev_wait(rmap_t* rm, shm_body* b, int64_t deadline, int64_t* slept) noexcept nogil:
     """R_ACQ once set (since the call), R_TIMEOUT, R_SIGNAL."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef uint32_t v0 = ld32_seq(&w.seq)
@@ -29,7 +29,7 @@ cdef int _ev_wait(rmap_t* rm, shm_body* b, int64_t deadline) noexcept nogil:
         if _ev_over(v, v0):
             return R_ACQ
         tb_watch_init(&t, &w.seq, v, deadline)
-        r = tb_sleep(rm, &t, &w.parked, deadline)
+        r = tb_asleep(rm, &t, &w.parked, deadline, slept)
         if _ev_over(ld32_seq(&w.seq), v0):
             return R_ACQ
         if r != R_CONT:
@@ -97,10 +97,12 @@ cdef class Event(_TbObject):
         if cleared again before this thread woke), False on timeout. Releases the GIL and
         runs signal handlers while it waits."""
         cdef int64_t deadline = tb_deadline(timeout)
+        cdef int64_t slept = 0
         cdef int r
         self._check()
         with nogil:
-            r = _ev_wait(self.rm, &self.b, deadline)
+            r = _ev_wait(self.rm, &self.b, deadline, &slept)
+            tb_count(&self.b, r == R_ACQ, r == R_TIMEOUT and deadline != 0, slept)
         if r == R_SIGNAL:
             return _raise_pending()
         return r == R_ACQ

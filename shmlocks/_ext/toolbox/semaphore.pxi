@@ -34,7 +34,7 @@ cdef inline bint _sem_take(shm_body* b, uint32_t me, bint owned) noexcept nogil:
 
 
 cdef int _sem_acquire(rmap_t* rm, shm_body* b, uint32_t me, bint owned,
-                      int64_t deadline) noexcept nogil:
+                      int64_t deadline, int64_t* slept) noexcept nogil:
     """R_ACQ, R_TIMEOUT, R_SIGNAL or R_CORRUPT (recoveries it runs keep its deadline)."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef shm_tbrec* mine = shm_tb_rec(b, me)
@@ -72,7 +72,7 @@ cdef int _sem_acquire(rmap_t* rm, shm_body* b, uint32_t me, bint owned,
             if changed:
                 continue
             st32_rlx(&mine.waiting, 1)
-            r = tb_sleep(rm, &t, &w.parked, deadline)
+            r = tb_asleep(rm, &t, &w.parked, deadline, slept)
             st32_rlx(&mine.waiting, 0)
             if r == R_SIGNAL:
                 if ld32_seq(&w.value) != 0:
@@ -165,6 +165,7 @@ cdef class Semaphore(_TbObject):
 
     cdef object _acquire(self, blocking, timeout, bint owned):
         cdef int64_t deadline
+        cdef int64_t slept = 0
         cdef reg_t* r
         cdef int rc
         if not blocking and timeout is not None:
@@ -172,7 +173,8 @@ cdef class Semaphore(_TbObject):
         deadline = tb_deadline(timeout) if blocking else 0
         r = self._me()
         with nogil:
-            rc = _sem_acquire(self.rm, &self.b, r.slot, owned, deadline)
+            rc = _sem_acquire(self.rm, &self.b, r.slot, owned, deadline, &slept)
+            tb_count(&self.b, rc == R_ACQ, rc == R_TIMEOUT and deadline != 0, slept)
         if rc == R_ACQ:
             if owned:
                 r.held += 1                      # the thread keeps its slot (and the

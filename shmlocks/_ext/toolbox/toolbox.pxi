@@ -198,6 +198,36 @@ cdef int tb_sleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline)
     return R_CONT
 
 
+cdef int tb_asleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline,
+                   int64_t* slept) noexcept nogil:
+    """tb_sleep, its time added to *slept (a call's time asleep: tb_count)."""
+    cdef int64_t t0 = shm_now_ns()
+    cdef int r = tb_sleep(rm, t, parked, deadline)
+    slept[0] += shm_now_ns() - t0 + 1
+    return r
+
+
+cdef void tb_count(shm_body* b, bint got, bint timed_out, int64_t slept) noexcept nogil:
+    """A wait call's end in the object's counters (its ctl line, as a lock's: `stat`,
+    `top`; docs/design.md §12): `acquisitions` the calls that got what they waited for,
+    `contended` and `wait_total_s`/`wait_max_s` those that slept and how long, `timeouts`.
+    Atomic adds: an object has no holder to write them plainly (stats.pxd); never on a
+    lock's path."""
+    cdef shm_lockctl* c = b.ctl
+    cdef uint64_t t = <uint64_t>slept if slept > 0 else 0
+    cdef uint64_t m
+    if got:
+        fadd64(&c.acquisitions, 1)
+    if timed_out:
+        fadd64(&c.timeouts, 1)
+    if slept > 0:
+        fadd64(&c.contended, 1)
+        fadd64(&c.wait_total_ns, t)
+        m = ld64_rlx(&c.wait_max_ns)
+        while t > m and not cas64(&c.wait_max_ns, m, t):
+            m = ld64_rlx(&c.wait_max_ns)
+
+
 cdef bint tb_sweep(rmap_t* rm, shm_body* b, bint (*has)(shm_body*, uint32_t) noexcept nogil,
                    uint32_t me, recov_t* rec) noexcept nogil:
     """Recover every dead participant that `has` a part in the object (a non-blocking call
