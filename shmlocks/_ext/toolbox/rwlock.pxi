@@ -85,6 +85,23 @@ cdef inline void _rw_wake_w(shm_rwword* W) noexcept nogil:
         shm_futex_wake(&W.w, 0x7fffffff)
 
 
+cdef bint _rw_spin(uint32_t* word, uint32_t val) noexcept nogil:
+    """Poll `word` while it holds `val`, for SPIN_NS at most (wait.pxi's first spin
+    budget, about one cross-core hand-off): a writer's section or a reader's is often
+    over before a sleep and its wake-up would be. 1 if it changed."""
+    cdef int64_t end = 0
+    cdef uint32_t n = 0
+    while ld32_acq(word) == val:
+        cpu_relax()
+        n += 1
+        if (n & 63) == 0:
+            if end == 0:
+                end = shm_now_ns() + SPIN_NS
+            elif shm_now_ns() >= end:
+                return 0
+    return 1
+
+
 # ---- read ----
 
 cdef int _rw_read_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t w,
@@ -118,6 +135,8 @@ cdef int _rw_read_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t w,
         if _rw_same_thread(rm, me, ws - 1):
             r = R_RW_DEADLOCK if deadline != 0 else R_TIMEOUT
             break
+        if deadline != 0 and not last and _rw_spin(&W.w, w2):
+            continue
         tb_watch_init(&t, &W.w, w2, deadline)
         d = tb_watch(rm, &t, ws - 1)             # a dead writer is recovered here ([R2])
         if d == R_SIGNAL:
@@ -191,6 +210,8 @@ cdef int _rw_write_acquire(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
             return R_CORRUPT
         if _rw_same_thread(rm, me, ws - 1):
             return R_RW_DEADLOCK if deadline != 0 else R_TIMEOUT
+        if deadline != 0 and not last and _rw_spin(&W.w, w):
+            continue
         tb_watch_init(&t, &W.w, w, deadline)
         d = tb_watch(rm, &t, ws - 1)             # a dead writer is recovered here ([R2])
         if d == R_SIGNAL:
@@ -224,6 +245,8 @@ cdef int _rw_write_acquire(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
             if _rw_same_thread(rm, me, s):
                 _rw_withdraw(b, me, nw)
                 return R_RW_DEADLOCK if deadline != 0 else R_TIMEOUT
+            if deadline != 0 and not last and _rw_spin(&rec.ind, v):
+                continue
             tb_watch_init(&t, &rec.ind, v, deadline)
             d = tb_watch(rm, &t, s)              # a dead reader is recovered here ([R1])
             if d == R_SIGNAL:
