@@ -207,7 +207,7 @@ cdef class _Lock:
     cdef bint _waiting_via_other_view(self, reg_t* r) noexcept nogil
     cdef bint _held_via_other_view(self, reg_t* r) noexcept nogil
     cdef _raise_deadlock(self)
-    cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline)
+    cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline, uint32_t* cancel=*)
     cdef inline reg_t* _holding_me(self) noexcept nogil
     cdef inline int _unhold(self, reg_t* r, bint armed) noexcept nogil
     cdef int _release(self) except -1

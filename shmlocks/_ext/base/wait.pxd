@@ -26,6 +26,8 @@ cdef struct wait_t:
                             # re-entry window, participants.pxi); NULL: none
     recov_t rec             # the recoveries this wait runs keep its deadline (park passes
                             # it to dep through the watch set: watch_t.rec)
+    uint32_t* cancel        # != 0: another thread cancelled this wait (a task's, §14);
+                            # NULL: it cannot be cancelled
 
 
 cdef double _FOREVER_S                  # timeouts beyond ~31 years mean "wait forever"
@@ -76,6 +78,12 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
     w.dl_hit = 0
     w.rm = NULL
     recov_init(&w.rec, deadline)
+    w.cancel = NULL
+
+
+cdef inline bint wait_cancelled(wait_t* w) noexcept nogil:
+    """Has another thread cancelled this wait (a task's proxy, docs/design.md §14)?"""
+    return w.cancel != NULL and ld32_acq(w.cancel) != 0
 
 
 cdef inline void wait_nogil(wait_t* w) noexcept nogil:

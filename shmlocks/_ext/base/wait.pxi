@@ -141,6 +141,8 @@ cdef int wait_due(wait_t* w) noexcept nogil:
     cdef int64_t now = shm_now_ns()
     if w.deadline >= 0 and now >= w.deadline:
         return R_TIMEOUT
+    if wait_cancelled(w):
+        return R_TIMEOUT
     return wait_look_due(w, now)
 
 
@@ -148,10 +150,18 @@ cdef int wait_sleep(wait_t* w, watch_t* ws, bint sliced) noexcept nogil:
     """One sleep of a blocked wait, the same for park() and the pthread kinds: the signals
     that came before it (main thread), the sleep on ws to the deadline, the next look or
     (sliced) one slice, a watched death passed on (park_woken), the signal that woke it.
-    R_CONT: look at the lock again; R_SIGNAL: a handler raised."""
+    R_CONT: look at the lock again; R_SIGNAL: a handler raised; R_TIMEOUT: the wait was
+    cancelled (w.cancel, a task's wait)."""
     cdef int r
     if wait_signals(w):
         return R_SIGNAL
+    if w.cancel != NULL:
+        # a task's wait (docs/design.md §14): its cancellation ends the wait as a timeout
+        # does, woken through the cancel word, watched beside the others
+        if ld32_acq(w.cancel) != 0:
+            return R_TIMEOUT
+        if not watch_word(ws, w.cancel, 0):
+            sliced = 1
     r = park_sleep(ws, wait_until(w, sliced))
     park_woken(ws)
     if r == -EINTR and wait_signals(w):

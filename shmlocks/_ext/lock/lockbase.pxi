@@ -5,6 +5,7 @@
 # NotOwnerError), owner_died/mark_consistent/not-recoverable, pickling, close.
 
 import time as _time
+from weakref import ref as _weakref_ref
 
 cdef object _NEG1 = -1
 cdef double _TIMEOUT_MAX = __import__("threading").TIMEOUT_MAX   # larger: OverflowError
@@ -16,6 +17,42 @@ cdef _raise_code(_Lock lk, int rc):
             f"lock {lk._name!r} was released without mark_consistent() after its owner died; "
             "it is permanently unusable")
     raise CorruptRegionError(f"lock {lk._name!r}: shared state is corrupt (code {rc})")
+
+
+cdef int64_t _deadline_of(blocking, timeout) except -2:
+    """acquire()'s argument rules: 0 for a non-blocking call, -1 to wait forever, else the
+    absolute CLOCK_MONOTONIC deadline in ns."""
+    cdef double t
+    if timeout is None:
+        t = -1.0
+    else:
+        if isinstance(timeout, (str, bytes)):
+            raise TypeError(f"timeout must be a number, not {type(timeout).__name__}")
+        t = PyFloat_AsDouble(timeout)          # TypeError for non-numbers
+        if t != t:
+            raise ValueError("timeout must not be NaN")
+    if not blocking:
+        if t != -1.0:
+            raise ValueError("can't specify a timeout for a non-blocking call")
+        return 0
+    if t < 0 and t != -1.0:
+        raise ValueError("timeout value must be a non-negative number or -1")
+    if t > _TIMEOUT_MAX:
+        raise OverflowError("timeout value is too large")
+    if t == -1.0 or t >= _FOREVER_S:
+        return -1
+    return max(1, shm_now_ns() + <int64_t>(t * 1e9))
+
+
+# shmlocks._aio once imported (it registers itself: _aio_bind): the owner of task holds,
+# asked by release(), mark_consistent() and _is_owned() when the calling thread holds
+# nothing (docs/design.md §14). None: no task ever held a lock in this process.
+cdef object g_aio = None
+
+
+def _aio_bind(module):
+    global g_aio
+    g_aio = module
 
 
 cdef class _Lock:
@@ -287,21 +324,10 @@ cdef class _Lock:
         return self._acquire_rest(r, rc)
 
     cdef object _acquire_args(self, blocking, timeout):
-        cdef double t
         cdef int rc
-        cdef int64_t deadline
+        cdef int64_t deadline = _deadline_of(blocking, timeout)
         cdef reg_t* r
-        if timeout is None:
-            t = -1.0
-        else:
-            if isinstance(timeout, (str, bytes)):
-                raise TypeError(f"timeout must be a number, not {type(timeout).__name__}")
-            t = PyFloat_AsDouble(timeout)          # TypeError for non-numbers
-            if t != t:
-                raise ValueError("timeout must not be NaN")
-        if not blocking:
-            if t != -1.0:
-                raise ValueError("can't specify a timeout for a non-blocking call")
+        if deadline == 0:
             r = self._me_by(shm_now_ns())              # never waits, even to recover
             shm_op_set(r.op, self._lock1, SHM_OP_TAKING)
             crashpoint("lock.acquire.taking")
@@ -312,14 +338,6 @@ cdef class _Lock:
             if rc < 0:
                 _raise_code(self, rc)
             return False                 # held, by another thread or this one (threading.Lock)
-        if t < 0 and t != -1.0:
-            raise ValueError("timeout value must be a non-negative number or -1")
-        if t > _TIMEOUT_MAX:
-            raise OverflowError("timeout value is too large")
-        if t == -1.0 or t >= _FOREVER_S:
-            deadline = -1
-        else:
-            deadline = shm_now_ns() + <int64_t>(t * 1e9)
         r = self._me_by(deadline)
         shm_op_set(r.op, self._lock1, SHM_OP_TAKING)
         crashpoint("lock.acquire.taking")
@@ -380,7 +398,10 @@ cdef class _Lock:
         raise DeadlockError(f"this thread already holds {self.kind_name} lock {self._name!r} "
                             "(shmlocks locks are not reentrant)")
 
-    cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline):
+    cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline,
+                              uint32_t* cancel=NULL):
+        # cancel: a word another thread sets (and wakes) to end the wait as at a timeout
+        # (a task's wait, run by its proxy: docs/design.md §14)
         cdef wait_t w
         cdef uint32_t me = r.slot
         cdef int64_t t0
@@ -409,6 +430,7 @@ cdef class _Lock:
             self._withdraw(r, rc)
             raise reentry_error(f"acquire() of {self.kind_name} lock {self._name!r}")
         wait_init(&w, deadline, &self.b.precs[me].spin_ns)   # (recoveries it runs keep it)
+        w.cancel = cancel
         w.rm = self.rm                               # hidden while handlers run
         t0 = shm_now_ns()                            # also the wait's start, for stats_waited
         dl_arm(&w, self.rm, me, t0)                  # the wait record: since when ...
@@ -488,6 +510,8 @@ cdef class _Lock:
             self._check_held_across_close()
         r = reg_lookup(self.rm)
         if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.hid:
+            if g_aio is not None and g_aio._release(self):
+                return 0                             # a task's hold (docs/design.md §14)
             self._not_owner(r)
         rc = self._unhold(r, shm_crash_armed)
         if rc < 0:
@@ -539,7 +563,9 @@ cdef class _Lock:
         cdef reg_t* r
         self._check()
         r = reg_find(self.rm)
-        return r != NULL and ld32_rlx(&self.b.ctl.holder) == r.hid
+        if r != NULL and ld32_rlx(&self.b.ctl.holder) == r.hid:
+            return True
+        return g_aio is not None and g_aio._is_owned(self)
 
     def __enter__(self):
         cdef reg_t* r
@@ -601,6 +627,37 @@ cdef class _Lock:
                 return False
         self._release_rest(r, rc)
         return False
+
+    # -- asyncio (shmlocks/_aio.py, docs/design.md §14) -----------------------------------
+
+    def acquire_async(self, blocking=True, timeout=-1):
+        """await acquire_async(blocking=True, timeout=-1) -> bool
+
+        acquire() for a task of an asyncio event loop, with acquire()'s arguments and
+        results: the **task** is the owner (two tasks contend like two threads; release()
+        from another task raises NotOwnerError; awaiting a lock the task holds raises
+        DeadlockError). The loop is never blocked: the wait sleeps in the kernel on a
+        thread that stands for the task. Cancelling the awaiting task (task.cancel(),
+        asyncio.timeout(), asyncio.wait_for) leaves no hold and no place in the queue."""
+        cdef int64_t deadline = _deadline_of(blocking, timeout)
+        self._check()
+        return _aio_module().acquire(self, deadline)
+
+    def __aenter__(self):
+        """async with lock: acquire_async() without timeout; the exit releases."""
+        cdef int64_t deadline = -1
+        self._check()
+        return _aio_module().aenter(self, deadline)
+
+    def __aexit__(self, t, v, tb):
+        return _aio_module().aexit(self, t)
+
+    def _async_seat(self):
+        """The calling thread's seat on this lock (a task proxy's, shmlocks/_aio.py)."""
+        cdef _Seat s = _Seat.__new__(_Seat)
+        s.wlk = _weakref_ref(self)
+        s.r = self._me()
+        return s
 
     # -- state ----------------------------------------------------------------------------
 
@@ -677,6 +734,8 @@ cdef class _Lock:
         self._check()
         r = reg_find(self.rm)
         if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.hid:
+            if g_aio is not None and g_aio._mark_consistent(self):
+                return                               # a task's hold (docs/design.md §14)
             raise NotOwnerError("mark_consistent() by a thread that does not hold the lock")
         if ld32_acq(&self.b.ctl.flags) & SHM_F_OWNER_DIED:
             self._consistent()
@@ -802,6 +861,112 @@ cdef class _Lock:
                 "nodes (state, next, pred, parked, value, round, guess)": nodes,
                 "precs (mine, pred, ticket, abandoned, abandoned_gen, round)": precs,
                 "participants (pid, op_lock, op_step, op_value, generation)": parts}
+
+
+cdef object _aio_module():
+    if g_aio is None:
+        import shmlocks._aio                 # binds itself (_aio_bind)
+    return g_aio
+
+
+cdef class _Seat:
+    """A task proxy thread's participant on one lock (shmlocks/_aio.py; docs/design.md
+    §14). Made on the proxy thread (Lock._async_seat); its steps run on that thread, or,
+    for the user-space kinds while the proxy is idle, on the event loop's thread on the
+    proxy's behalf: one thread at a time acts for a participant."""
+    cdef object wlk                  # the lock, weakly: a pooled proxy keeps its seats
+    cdef reg_t* r
+    cdef uint32_t cancel_word        # != 0: the task cancelled the wait (its futex word)
+
+    cdef _Lock _lk(self):
+        cdef _Lock lk = self.wlk()
+        if lk is None:
+            raise ValueError("the lock is gone")
+        lk._check()
+        return lk
+
+    @property
+    def lock(self):
+        return self.wlk()
+
+    def take(self):
+        """The uncontended attempt, which takes a FIFO kind's place in line: True (held),
+        or the code wait() goes on from."""
+        cdef int rc
+        cdef _Lock lk = self._lk()
+        rc = lk._take_fast(self.r, shm_crash_armed)
+        if rc == 0:
+            return True
+        if rc == R_ACQ:
+            return lk._got_flags(self.r, rc)
+        if rc == R_ACQ_DIED or rc < 0:
+            return lk._acquire_slow(self.r, rc, 0)      # no wait: held, or raises
+        return rc
+
+    def try_(self):
+        """A non-blocking acquire: True or False (acquire(blocking=False))."""
+        cdef int rc
+        cdef _Lock lk = self._lk()
+        shm_op_set(self.r.op, lk._lock1, SHM_OP_TAKING)
+        rc = lk._try(self.r.slot)
+        if rc == R_ACQ or rc == R_ACQ_DIED:
+            return lk._got(self.r, rc, shm_crash_armed)
+        shm_op_set(self.r.op, 0, 0)
+        if rc < 0:
+            _raise_code(lk, rc)
+        return False
+
+    def wait(self, int rc, int64_t deadline):
+        """On the proxy thread: wait on from take()'s code rc (0: take first, the pthread
+        kinds, whose owner is this thread) until the deadline or the cancel word."""
+        cdef _Lock lk = self._lk()
+        if rc == 0:
+            rc = lk._take_fast(self.r, shm_crash_armed)
+            if rc == 0:
+                return True
+            if rc == R_ACQ:
+                return lk._got_flags(self.r, rc)
+        return lk._acquire_slow(self.r, rc, deadline, &self.cancel_word)
+
+    def cancel(self):
+        """End the wait in progress (any thread): it leaves as at a timeout."""
+        st32_rel(&self.cancel_word, 1)
+        shm_futex_wake(&self.cancel_word, 0x7fffffff)
+
+    def reset(self):
+        st32_rel(&self.cancel_word, 0)
+
+    def release(self, bint handing_on=False):
+        """Release the seat's hold (handing_on: keep owner_died for the next holder, as
+        __exit__ does when an exception leaves the block before mark_consistent())."""
+        cdef reg_t* r = self.r
+        cdef _Lock lk = self.wlk()
+        cdef int rc
+        if lk is None:
+            raise ValueError("the lock is gone")
+        if lk._closed or lk.rm.closed:
+            lk._check_held_across_close()        # (ValueError unless held across close)
+        if ld32_rlx(&lk.b.ctl.holder) != r.hid:
+            raise NotOwnerError(f"release of {lk.kind_name} lock {lk._name!r} by a task "
+                                "that does not hold it")
+        if not handing_on:
+            rc = lk._unhold(r, shm_crash_armed)
+        else:
+            for32(&lk.b.ctl.flags, SHM_F_HANDON)
+            shm_op_set(r.op, lk._lock1, SHM_OP_RELEASING)
+            lk._consistent()
+            st32_rlx(&lk.b.ctl.holder, 0)
+            r.held -= 1
+            rc = lk._unlock(r.slot, shm_crash_armed)
+            shm_op_set(r.op, 0, 0)
+        if rc < 0:
+            _raise_code(lk, rc)
+
+    def mark_consistent(self):
+        cdef _Lock lk = self._lk()
+        if ld32_acq(&lk.b.ctl.flags) & SHM_F_OWNER_DIED:
+            lk._consistent()
+            fand32(&lk.b.ctl.flags, ~(<uint32_t>(SHM_F_OWNER_DIED | SHM_F_HANDON)))
 
 
 cdef object _lock_bind(type cls, object region, uint32_t index, object name):
