@@ -80,9 +80,10 @@ class _Proxy:
                 res, exc = fn(*args), None
             except BaseException as e:  # handed to the loop, raised there
                 res, exc = None, e
+            if done is None:  # (not posted: a chore, _closed)
+                continue
             self.finished += 1
-            if done is not None:
-                done(res, exc)
+            done(res, exc)
             task = self.task
             if task is not None and task.done():
                 # its loop may have stopped before our result reached it (a closed loop
@@ -397,6 +398,14 @@ def _is_owned(lock: Any) -> bool:
     task = _current()
     p = _of_task.get(task) if task is not None else None
     return p is not None and lock in p.holds
+
+
+def _closed() -> None:
+    """A lock (and its region) was closed: every proxy leaves the closed regions where it
+    holds nothing (after what it is doing), so that the region is unmapped and its name
+    left as at a close without asyncio, not at the proxy's next registration."""
+    for p in list(_all):
+        p.q.put((_core._leave_closed, (), None))
 
 
 def _shutdown() -> None:

@@ -316,9 +316,10 @@ def test_loop_is_not_blocked_by_100_waiting_tasks(kind, new_lock, procs):
     every task gets the lock once.
 
     A machine under load (other jobs on 2 CPUs) delays a tick by tens of ms now and then
-    with no lock involved, so the best of 8 windows is taken, and it is held to the same
-    loop's best window without waiters (before and after) when that one could not keep
-    5 ms either."""
+    with no lock involved, so the best of 8 windows is taken, and it is held to 3x the
+    same loop's best window without waiters (the worse of before and after) when that one
+    could not keep 5 ms either. Not one wake-up of the waiting threads is the part that no
+    load can fake."""
     lock = new_lock(kind, max_participants=160)
     holder = Holder(procs, lock)
 
@@ -344,14 +345,14 @@ def test_loop_is_not_blocked_by_100_waiting_tasks(kind, new_lock, procs):
         assert got == 0
         await asyncio.to_thread(holder.release)
         await asyncio.wait_for(asyncio.gather(*tasks), 60)
-        if lags[-1] >= 0.005:  # the load may have grown meanwhile: the baseline again
-            base = max(base, await _lag_windows(), key=lambda w: w[-1])
+        # the load may have changed meanwhile: the baseline again, the worse of the two
+        base = max(base, await _lag_windows(), key=lambda w: w[-1])
         return got, base, lags, woke
 
     got, base, lags, woke = run(asyncio.new_event_loop, main())
     assert got == 100
     assert len(lags) > 300
-    bound = max(0.005, 2 * base[-1])
+    bound = max(0.005, 3 * base[-1])
     assert lags[-1] < bound, (
         f"loop lag with 100 waiting tasks: max {lags[-1] * 1e3:.1f} ms, "
         f"without: {base[-1] * 1e3:.1f} ms"
@@ -602,3 +603,33 @@ def test_proxy_threads_end_with_the_pool(new_lock):
         "surplus proxies ended",
     )
     assert_free(lock)
+
+
+def test_a_hold_whose_task_ended_is_released_by_its_awaiter(kind, new_lock, loop_factory):
+    """``asyncio.wait_for(lock.acquire_async(), t)`` (which wraps the call in a task of its
+    own before Python 3.12) and ``create_task(lock.acquire_async())``: the task that awaited
+    the ended one releases the hold; a live holder task still refuses others."""
+    lock = new_lock(kind)
+
+    async def main():
+        assert await asyncio.wait_for(lock.acquire_async(), 10) is True
+        assert lock.locked()
+        lock.release()
+        t = asyncio.create_task(lock.acquire_async())
+        assert await t is True
+        async with asyncio.timeout(10):
+            await lock.__aexit__(None, None, None)  # async with's exit inherits it too
+        assert not lock.locked()
+
+    run(loop_factory, main())
+    settle_proxies()
+    assert_free(lock)
+
+
+def test_the_asyncio_server_example_survives_a_killed_holder():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = run_python(
+        open(os.path.join(root, "examples", "asyncio_workers.py")).read(), "mcs", timeout=120
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "repairs after a death: 1" in r.stdout and r.stdout.rstrip().endswith("OK")

@@ -157,6 +157,7 @@ cdef inline bint other_pidns(uint64_t ns) noexcept nogil:
 cdef reg_t* reg_register(rmap_t* rm, int64_t deadline=*) except NULL
 cdef int reg_unregister(rmap_t* rm) noexcept nogil
 cdef reg_t* reg_find(rmap_t* rm) noexcept nogil
+cdef int reg_leave_closed() noexcept nogil
 cdef int window_enter(rmap_t* rm) noexcept nogil
 cdef void window_exit(int entered) noexcept nogil
 cdef object reentry_error(str what)

@@ -769,6 +769,8 @@ cdef class _Lock:
         self._closed = True
         if self._standalone:
             self._region.close()
+            if g_aio is not None:
+                g_aio._closed()          # task proxies leave it too (docs/design.md §13)
 
     def unlink(self):
         """Remove the region's name now; mapped views go on working."""
@@ -863,6 +865,12 @@ cdef class _Lock:
                 "participants (pid, op_lock, op_step, op_value, generation)": parts}
 
 
+def _leave_closed():
+    """The calling thread (a task proxy, shmlocks/_aio.py) leaves every closed region where
+    it holds nothing, as its next registration would (docs/design.md §3)."""
+    reg_leave_closed()
+
+
 cdef object _aio_module():
     if g_aio is None:
         import shmlocks._aio                 # binds itself (_aio_bind)
@@ -944,8 +952,9 @@ cdef class _Seat:
         cdef int rc
         if lk is None:
             raise ValueError("the lock is gone")
-        if lk._closed or lk.rm.closed:
-            lk._check_held_across_close()        # (ValueError unless held across close)
+        # (closed or not: shmlocks/_aio.py releases only seats that hold, and a proxy
+        # leaves a closed region only where it holds nothing, so r is still its own; a
+        # hold begun before close() is released through the closed object, as a thread's)
         if ld32_rlx(&lk.b.ctl.holder) != r.hid:
             raise NotOwnerError(f"release of {lk.kind_name} lock {lk._name!r} by a task "
                                 "that does not hold it")

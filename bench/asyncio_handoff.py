@@ -1,0 +1,212 @@
+"""asyncio: hand-off round trip and throughput of ``async with lock`` (docs/design.md §13),
+beside the sync API and beside what asyncio programs use today across processes:
+``asyncio.Lock`` in front of ``run_in_executor(None, multiprocessing.Lock.acquire)``.
+
+    python bench/asyncio_handoff.py [--seconds S] [--kinds a,b] [--tasks T]
+
+- **round trip**: two processes, each an event loop with one task, pass a turn through the
+  lock (bench/handoff.py's protocol: {acquire; if the turn is mine, flip it; release});
+  the time per turn that comes back is one round trip (two hand-offs). Median and p99.
+- **throughput**: 2 processes x T tasks (T threads for the sync API) loop
+  {acquire; counter += 1; release} for S seconds: sections/s, and the counter must equal
+  the sections counted (the exclusion held).
+
+"sync" is the same protocol with ``with lock:`` in plain threads (one per task), the
+floor an async acquire adds its thread hop to. "mp+executor" serializes the tasks of a
+process with an asyncio.Lock and waits for a multiprocessing.Lock in the loop's default
+executor (one thread blocked at a time per process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import statistics
+import threading
+import time
+from typing import Any
+
+import shmlocks
+
+CTX = mp.get_context("fork")
+
+
+class MpExecutorLock:
+    """What an asyncio program does today: asyncio.Lock + run_in_executor(mp.Lock)."""
+
+    def __init__(self) -> None:
+        self.mp = CTX.Lock()
+        self.local: asyncio.Lock | None = None
+
+    async def __aenter__(self) -> None:
+        if self.local is None:
+            self.local = asyncio.Lock()
+        await self.local.acquire()
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.mp.acquire)
+        except BaseException:
+            self.local.release()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.mp.release()
+        assert self.local is not None
+        self.local.release()
+
+    def __enter__(self) -> None:
+        self.mp.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.mp.release()
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- round trip
+
+
+def _turns_async(lock: Any, me: int, shared: Any, n: int, out: Any) -> None:
+    async def main() -> None:
+        stamps = []
+        flips = 0
+        while flips < n:
+            async with lock:
+                if shared[0] == me:
+                    shared[0] = 1 - me
+                    flips += 1
+                    if me == 0:
+                        stamps.append(time.perf_counter_ns())
+        if me == 0:
+            out.put([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
+
+    asyncio.run(main())
+
+
+def _turns_sync(lock: Any, me: int, shared: Any, n: int, out: Any) -> None:
+    stamps = []
+    flips = 0
+    while flips < n:
+        with lock:
+            if shared[0] == me:
+                shared[0] = 1 - me
+                flips += 1
+                if me == 0:
+                    stamps.append(time.perf_counter_ns())
+    if me == 0:
+        out.put([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
+
+
+def round_trip(lock: Any, body: Any, n: int) -> tuple[float, float]:
+    shared = CTX.Array("i", [0], lock=False)
+    out = CTX.Queue()
+    ps = [CTX.Process(target=body, args=(lock, me, shared, n, out)) for me in (0, 1)]
+    for p in ps:
+        p.start()
+    gaps = sorted(out.get(timeout=120))
+    for p in ps:
+        p.join(60)
+    return statistics.median(gaps) / 1e3, gaps[int(len(gaps) * 0.99)] / 1e3
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+def _count_async(lock: Any, shared: Any, tasks: int, seconds: float, out: Any) -> None:
+    async def main() -> int:
+        end = time.monotonic() + seconds
+        done = 0
+
+        async def worker() -> None:
+            nonlocal done
+            while time.monotonic() < end:
+                async with lock:
+                    shared[0] += 1
+                done += 1
+
+        await asyncio.gather(*(worker() for _ in range(tasks)))
+        return done
+
+    out.put(asyncio.run(main()))
+
+
+def _count_sync(lock: Any, shared: Any, tasks: int, seconds: float, out: Any) -> None:
+    end = time.monotonic() + seconds
+    counts = [0] * tasks
+
+    def worker(i: int) -> None:
+        while time.monotonic() < end:
+            with lock:
+                shared[0] += 1
+            counts[i] += 1
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(tasks)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    out.put(sum(counts))
+
+
+def throughput(lock: Any, body: Any, tasks: int, seconds: float) -> float:
+    shared = CTX.Array("q", [0], lock=False)
+    out = CTX.Queue()
+    ps = [CTX.Process(target=body, args=(lock, shared, tasks, seconds, out)) for _ in range(2)]
+    for p in ps:
+        p.start()
+    total = sum(out.get(timeout=120) for _ in ps)
+    for p in ps:
+        p.join(60)
+    if total != shared[0]:
+        raise SystemExit(f"exclusion failed: {shared[0]} increments, {total} sections")
+    return total / seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--kinds", default=",".join(shmlocks.KINDS))
+    ap.add_argument("--tasks", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=2000)
+    a = ap.parse_args()
+    print(
+        f"round trip: {a.turns} turns; throughput: 2 processes x {a.tasks} tasks, {a.seconds:g} s"
+    )
+    print("| lock | API | round trip median | p99 | sections/s |")
+    print("|---|---|---|---|---|")
+    rows: list[tuple[str, Any, list[tuple[str, Any, Any]]]] = []
+    for kind in a.kinds.split(","):
+        rows.append(
+            (
+                kind,
+                lambda k=kind: shmlocks.KINDS[k].create(max_participants=64),
+                [
+                    ("async with", _turns_async, _count_async),
+                    ("with (threads)", _turns_sync, _count_sync),
+                ],
+            )
+        )
+    rows.append(
+        (
+            "multiprocessing.Lock",
+            MpExecutorLock,
+            [
+                ("asyncio.Lock + run_in_executor", _turns_async, _count_async),
+                ("with (threads)", _turns_sync, _count_sync),
+            ],
+        )
+    )
+    for name, make, apis in rows:
+        for api, turns, count in apis:
+            lock = make()
+            try:
+                med, p99 = round_trip(lock, turns, a.turns)
+                tput = throughput(lock, count, a.tasks, a.seconds)
+            finally:
+                lock.close()
+            print(f"| {name} | {api} | {med:.1f} µs | {p99:.1f} µs | {tput:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
