@@ -1,4 +1,4 @@
-"""asyncio: hand-off round trip and throughput of ``async with lock`` (docs/design.md §13),
+"""asyncio: hand-off round trip and throughput of ``async with lock`` (docs/design.md §14),
 beside the sync API and beside what asyncio programs use today across processes:
 ``asyncio.Lock`` in front of ``run_in_executor(None, multiprocessing.Lock.acquire)``.
 

@@ -770,7 +770,7 @@ cdef class _Lock:
         if self._standalone:
             self._region.close()
             if g_aio is not None:
-                g_aio._closed()          # task proxies leave it too (docs/design.md §13)
+                g_aio._closed()          # task proxies leave it too (docs/design.md §14)
 
     def unlink(self):
         """Remove the region's name now; mapped views go on working."""
