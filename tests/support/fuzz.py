@@ -1,13 +1,18 @@
 """Fuzzer of a segment's bytes: no bytes in a segment may crash the interpreter or hang it.
 
-For each trial it takes a template segment (a region with one lock of each kind, either
-fresh or with live holders, a queued waiter and a SIGKILLed holder), scribbles a few fields
+For each trial it takes a template segment (a region with one lock of each kind and one
+of each toolbox object, either fresh or with live holders, a queued waiter and a
+SIGKILLed holder), scribbles a few fields
 (random words, boundary values, thread ids, glibc mutex kinds, byte runs) in the header,
 the directory, the participant slots and tokens, or one lock's ctl line, repair mutex,
 words A/B, nodes and per-participant records, writes the result as a new segment, and
 forks a child that opens it and runs every operation with short timeouts: describe,
 lock_names, open_lock, locked, owner, stats, acquire(False), acquire(timeout) from two
-threads at once, mark_consistent, release, close.
+threads at once, mark_consistent, release, close; on a toolbox object (open_object) its
+timed waits (Semaphore.acquire, Event.wait, Barrier.wait, Condition.wait) from two
+threads at once, and the calls that take no timeout (release, set, clear, reset, abort,
+notify) in a thread of their own that is not waited for: they wait for a held guard
+without end by design (docs/design.md §12), which is no hang of the interpreter.
 
   crash  the child is killed by a signal (SIGABRT, SIGSEGV, SIGBUS, ...)
   hang   the child is still running past its deadline (every operation has a timeout)
@@ -45,6 +50,11 @@ LINE = 128
 HDR = struct.Struct("<QIIQIIQQQQ")  # magic .. lock_stride (shmlocks/_ext/sys/shm_layout.h)
 P = 6  # participant slots of the template
 KIND_NAMES = list(shmlocks.KINDS)
+#: the toolbox objects of the template, after the locks, in their directory order (the
+#: condition's lock, an RLock entry of its own, is made just before it)
+TB_NAMES = ["event", "semaphore", "barrier", "condition"]
+ENTRIES = [*KIND_NAMES, "event", "semaphore", "barrier", "condition.lock", "condition"]
+TARGETS = KIND_NAMES + TB_NAMES
 CHILD_LIMIT = 40.0  # s: a child past this is a hang (each op's own timeout is <= 0.05 s)
 OP_TIMEOUT = 0.05
 # header.flags follows creator_pidns (shmlocks/_ext/sys/shm_layout.h); SHM_HDR_PERSIST is bit 0.
@@ -93,9 +103,14 @@ class Templates:
     def _region(self):
         name = _name()
         self.names.append(name)
-        reg = shmlocks.Region.create(name, max_locks=len(KIND_NAMES) + 1, max_participants=P)
+        reg = shmlocks.Region.create(name, max_locks=len(ENTRIES) + 1, max_participants=P)
         for k in KIND_NAMES:
             reg.create_lock(k, k)
+        reg.create_event("event")
+        reg.create_semaphore("semaphore", 2, bounded=True)
+        reg.create_barrier("barrier", 2)
+        reg.create_condition("condition")
+        assert reg.lock_names() == ENTRIES, reg.lock_names()
         return name, reg
 
     def _fresh(self) -> None:
@@ -179,8 +194,8 @@ def areas(img: bytes) -> dict[str, list[tuple[int, int]]]:
             for i in range(npart)
         ],
     }
-    for i, k in enumerate(KIND_NAMES):
-        b = locks_off + i * stride
+    for k in TARGETS:
+        b = locks_off + ENTRIES.index(k) * stride
         out[f"ctl:{k}"] = [(b, b + 64), (b + 112, b + 128)]
         out[f"repair:{k}"] = [(b + 64, b + 112)]
         out[f"words:{k}"] = [(b + LINE, b + LINE + 48), (b + 2 * LINE, b + 2 * LINE + 48)]
@@ -195,12 +210,15 @@ def areas(img: bytes) -> dict[str, list[tuple[int, int]]]:
 
 def mutex_offsets(img: bytes, target: str) -> list[int]:
     """Where the glibc mutexes are: the directory mutex, every token, and the repair
-    mutex (and for robust and pi, word A) of the lock of kind `target`."""
+    mutex (and for robust and pi, word A; for a toolbox object, its guard, word B) of the
+    lock or object `target`."""
     (_m, _v, _ln, _t, nl, npart, dir_off, part_off, locks_off, stride) = HDR.unpack_from(img)
-    b = locks_off + KIND_NAMES.index(target) * stride
+    b = locks_off + ENTRIES.index(target) * stride
     out = [LINE, b + 64] + [part_off + i * 2 * LINE for i in range(npart)]
     if target in ("robust", "pi"):
         out += [b + LINE] * 4
+    if target in TB_NAMES:
+        out += [b + 2 * LINE] * 4
     return out
 
 
@@ -270,6 +288,14 @@ def exercise(name: str) -> collections.Counter:
     op("describe", reg._describe)
     names = op("names", reg.lock_names) or []
     for n in names:
+        if n in TB_NAMES:
+            obj = op("open_object", lambda n=n: reg.open_object(n))
+            if obj is not None and n == "condition":
+                # its lock by this segment's name (the body names the template's region)
+                obj._lock = op("open_rlock", lambda: reg.open_rlock("condition.lock"))
+            if obj is not None:
+                exercise_object(obj, op)
+            continue
         lk = op("open_lock", lambda n=n: reg.open_lock(n))
         if lk is None:
             continue
@@ -290,6 +316,55 @@ def exercise(name: str) -> collections.Counter:
         other.join(CHILD_LIMIT)
     op("close", reg.close)
     return res
+
+
+def exercise_object(obj, op: Callable[[str, Callable[[], object]], object]) -> None:
+    """A toolbox object's operations: its readers, its timed waits from this thread and
+    another at once; the calls without a timeout in a thread nobody waits for."""
+    for what in ("_describe", "_raw", "stats", "_state"):
+        op(what, lambda what=what: _call(obj, what))
+    kind = type(obj).__name__
+
+    def timed() -> None:
+        if kind == "Event":
+            obj.wait(OP_TIMEOUT)
+        elif kind in ("Semaphore", "BoundedSemaphore"):
+            if obj.acquire(timeout=OP_TIMEOUT):
+                obj.release()
+            obj.acquire(False)
+        elif kind == "Barrier":
+            obj.n_waiting, obj.broken, obj.parties  # noqa: B018 - the readers
+            with contextlib.suppress(threading.BrokenBarrierError):
+                obj.wait(OP_TIMEOUT)
+        elif kind == "Condition" and obj._lock is not None and obj.acquire(timeout=OP_TIMEOUT):
+            try:
+                obj.wait(OP_TIMEOUT)
+            finally:
+                obj.release()
+
+    def notify() -> None:
+        if obj.acquire(timeout=OP_TIMEOUT):
+            try:
+                obj.notify()
+            finally:
+                obj.release()
+
+    def untimed() -> None:
+        if kind == "Condition":
+            if obj._lock is not None:
+                op("untimed_notify", notify)
+            return
+        for what in ("set", "clear", "reset", "abort", "release"):
+            f = getattr(obj, what, None)
+            if f is not None:
+                op(f"untimed_{what}", f)
+
+    op("tb_timed", timed)
+    other = threading.Thread(target=lambda: op("tb_thread", timed), daemon=True)
+    other.start()
+    op("tb_timed2", timed)
+    other.join(CHILD_LIMIT)
+    threading.Thread(target=untimed, daemon=True).start()
 
 
 def _call(lk, what: str) -> object:
@@ -359,7 +434,7 @@ def fuzz(seconds: float, trials: int, seed: int, save: str | None, log=print) ->
     n = 0
     try:
         while (trials == 0 or n < trials) and time.monotonic() < t_end:
-            target = KIND_NAMES[n % len(KIND_NAMES)]  # every kind in turn
+            target = TARGETS[n % len(TARGETS)]  # every kind and object in turn
             ti = rnd.randrange(len(tpl.images))
             img = mutate(rnd, tpl.images[ti], target, tpl.tids)
             outcome, detail, dt = run_child(img)
