@@ -53,7 +53,9 @@ def test_saved_crash_inputs_replay_clean():
     """The saved inputs (tests/data/fz/): a4_scribble.py's each once killed the interpreter
     (SIGABRT, `___pthread_mutex_trylock: Assertion 'robust'` and the __kind asserts);
     robust-spin-*.bin (the fuzzer, seed 20261205) each made a robust waiter spin past every
-    deadline on a word with no owner that trylock would not take (FUTEX_WAITERS alone)."""
+    deadline on a word with no owner that trylock would not take (FUTEX_WAITERS alone);
+    barrier-enrol-guard-138.bin (the fuzzer, seed 11) hung opening a Barrier whose guard
+    word names a live thread (the open enrols the process, under the guard)."""
     assert SAVED
     s = _run("--replay", *SAVED, budget=60)
     assert s["trials"] == len(SAVED)

@@ -333,3 +333,45 @@ def test_exit_with_a_barrier_whose_guard_is_held_does_not_hang():
     assert p.returncode == 0, err.decode()[-800:]
     assert out.decode().split() == ["exiting"]
     assert took < 10, took
+
+
+OPEN_CHILD = r"""
+import os, struct, sys, time
+import shmlocks
+
+holder, name, path = sys.argv[1:4]
+bar = shmlocks.Barrier(2, name=name)
+fd = os.open(path, os.O_RDWR)
+locks_off = struct.unpack_from("<QIIQIIQQQQ", os.pread(fd, 64, 0))[8]
+os.pwrite(fd, struct.pack("<I", int(holder)), locks_off + 2 * 128)
+t0 = time.monotonic()
+other = shmlocks.Barrier.open(name)   # enrols this process: under the guard
+print(f"{time.monotonic() - t0:.3f}", flush=True)
+os.pwrite(fd, struct.pack("<I", 0), locks_off + 2 * 128)
+other.close()
+bar.close()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_open_of_a_barrier_whose_guard_is_held_does_not_hang():
+    """Opening a barrier enrols the process as a party, under the guard: held by another
+    (a stopped holder, a scribbled word), the open gives up enrolling after 2 s."""
+    name = uniq("tbg-open")
+    try:
+        with _Holder() as tid:
+            p = subprocess.Popen(
+                [sys.executable, "-c", OPEN_CHILD, str(tid), name, shm_path(name)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            try:
+                out, err = p.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+                pytest.fail("Barrier.open hung on the held guard (killed)")
+    finally:
+        shm_remove(name)
+    assert p.returncode == 0, err.decode()[-800:]
+    assert 1.9 <= float(out.decode().split()[0]) < 5, out

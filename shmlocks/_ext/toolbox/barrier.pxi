@@ -361,7 +361,7 @@ def _bar_setup(parties, timeout):
     return setup
 
 
-cdef int64_t BAR_FORGET_NS = 2000000000   # _forget_mine's wait for the guard (at exit)
+cdef int64_t BAR_GUARD_NS = 2000000000    # _enroll's and _forget_mine's wait for the guard
 
 
 cdef int _bar_guard(Barrier bar) except -1:
@@ -455,15 +455,24 @@ cdef class Barrier(_TbObject):
     def _enroll(self):
         """This process has the barrier (it made, opened, unpickled or was forked with
         it): from now on it is one of its parties, known before it arrives, so its death
-        breaks the barrier as a member's does ([B3]). Its thread's slot is the member."""
+        breaks the barrier as a member's does ([B3]). Its thread's slot is the member.
+        The guard by BAR_GUARD_NS (Ctrl-C in the main thread): held past that (a stopped
+        holder, a scribbled word), the open goes on unenrolled (its first wait enrols)."""
         cdef reg_t* r
         cdef shm_tbrec* rec
+        cdef int rc
         r = self._me()
         rec = shm_tb_rec(&self.b, r.slot)
         _bar_track(self)
         if ld32_acq(&rec.member) == r.hid:
             return
-        _bar_guard(self)
+        with nogil:
+            rc = tb_guard(&self.b, shm_now_ns() + BAR_GUARD_NS, 1)
+        if rc == R_SIGNAL:
+            _raise_pending()
+        if rc != R_ACQ:
+            return
+        _bar_reap(&self.b)
         if rec.member != r.hid:
             tb_set(&self.b, &rec.member, r.hid)
             tb_bump(&self.b, 0)                  # the waiters look again: watch it too
@@ -475,7 +484,7 @@ cdef class Barrier(_TbObject):
 
     def _forget_mine(self):
         """This process's threads stop being parties (its end, or close()): alive, they
-        break nothing by leaving. The guard by BAR_FORGET_NS (Ctrl-C in the main thread):
+        break nothing by leaving. The guard by BAR_GUARD_NS (Ctrl-C in the main thread):
         held past that, they stay parties, and this process's end breaks the barrier as a
         death does, rather than hang."""
         cdef uint32_t x
@@ -485,7 +494,7 @@ cdef class Barrier(_TbObject):
         if self._closed or self.rm.closed:
             return
         with nogil:
-            rc = tb_guard(&self.b, shm_now_ns() + BAR_FORGET_NS, 1)
+            rc = tb_guard(&self.b, shm_now_ns() + BAR_GUARD_NS, 1)
         if rc == R_SIGNAL:
             _raise_pending()
         if rc != R_ACQ:
