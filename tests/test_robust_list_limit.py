@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from support.common import uniq
+from support.common import join_thread, uniq
 
 import shmlocks
 
@@ -121,5 +121,5 @@ def test_closing_regions_gives_their_tokens_back(many_locks):
     for lk in first:
         lk.close()
     go.set()
-    t.join(120)
+    join_thread(t, 120)  # (its regions' names go when its exit gives them back)
     assert not errors, errors

@@ -237,6 +237,17 @@ def until(pred, timeout: float = 10.0, what: str = "condition") -> None:
         time.sleep(0.005)
 
 
+def join_thread(t: threading.Thread, timeout: float = 60.0) -> None:
+    """Join `t`, then wait until its OS thread is gone. join() returns when the Python
+    part ends, before the thread's exit runs its thread-specific destructors, which give
+    back the thread's registrations (so a region another thread closed meanwhile is
+    unmapped, and its name removed, only then)."""
+    t.join(timeout)
+    assert not t.is_alive(), f"thread {t.name} did not end within {timeout} s"
+    task = f"/proc/self/task/{t.native_id}"
+    until(lambda: not os.path.exists(task), timeout, f"thread {t.native_id} gone")
+
+
 def wait_stopped(pid: int, timeout: float = 20.0) -> None:
     """Wait until process ``pid`` is stopped (state T: SIGSTOP, e.g. at a crash point armed
     with SHMLOCKS_CRASHPOINT_ACTION=stop)."""
