@@ -873,3 +873,39 @@ def test_lockdep_sees_rwlock_orders(procs):
         lk.close()
         if os.path.exists(graph):
             os.unlink(graph)
+
+
+@pytest.mark.parametrize("side", ["read", "write"])
+def test_a_hold_across_close_is_released(side):
+    """close() inside a hold (a with block that closes the lock): the exit still releases
+    it, so a live thread never keeps the others out for good; anything else on the
+    closed object is ValueError."""
+    name = uniq("rw")
+    rw = shmlocks.RWLock(name)
+    other = shmlocks.RWLock.open(name)
+    out: list = []
+
+    def user():  # a thread of its own: its end gives its registration back
+        try:
+            with rw.read_lock() if side == "read" else rw.write_lock():
+                rw.close()
+                out.append(other.acquire_write(blocking=False))
+            with pytest.raises(ValueError):
+                rw.acquire_read()
+            with pytest.raises(ValueError):
+                rw.release_read()
+            out.append("ok")
+        except BaseException as e:  # shown by the assertion below
+            out.append(e)
+
+    try:
+        t = threading.Thread(target=user)
+        t.start()
+        t.join(30)
+        assert out == [False, "ok"], out
+        assert other.acquire_write(timeout=5)
+        other.release_write()
+        _clean(other)
+    finally:
+        rw.close()
+        other.close()

@@ -12,6 +12,7 @@ cdef class RWLock(_TbObject):
     cdef object _acquire_read(self, blocking, timeout)
     cdef object _read_failed(self, int rc, int64_t deadline)
     cdef object _acquire_write(self, blocking, timeout)
+    cdef int _held_across_close(self, bint write) except -1
     cdef int _release_read(self) except -1
     cdef int _release_write(self, bint handon) except -1
     cdef reg_t* _holding_write(self) noexcept nogil

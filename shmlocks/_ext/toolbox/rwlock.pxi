@@ -491,10 +491,27 @@ cdef class RWLock(_TbObject):
         """Give back one read hold of this thread. NotOwnerError if it has none."""
         self._release_read()
 
+    cdef int _held_across_close(self, bint write) except -1:
+        """A hold begun before close() is released through the closed object (as a lock's,
+        lockbase.pxi): the thread's registration keeps the mapping while it holds, and a
+        read left held by a live thread would keep every writer out for good. Anything
+        else on a closed object is ValueError."""
+        cdef reg_t* r = reg_lookup(self.rm)
+        cdef shm_rwrec* rec
+        if r != NULL and r.held > 0:
+            rec = shm_rw_rec(&self.b, r.slot)
+            if write and ld32_rlx(&rec.wstate) == RW_W_HOLDING:
+                return 0
+            if (not write and ld32_rlx(&rec.ind) & RW_COUNT_MASK
+                    and not ld32_rlx(&rec.ind) & RW_BLOCKED):
+                return 0
+        raise ValueError(f"RWLock {self._name!r} is closed")
+
     cdef int _release_read(self) except -1:
         cdef reg_t* r
         cdef shm_rwrec* rec
-        self._check()
+        if self._closed or self.rm.closed:
+            self._held_across_close(0)
         r = reg_lookup(self.rm)
         if r == NULL:
             raise NotOwnerError(f"release_read() of RWLock {self._name!r} by a thread that "
@@ -602,7 +619,8 @@ cdef class RWLock(_TbObject):
 
     cdef int _release_write(self, bint handon) except -1:
         cdef reg_t* r
-        self._check()
+        if self._closed or self.rm.closed:
+            self._held_across_close(1)
         r = self._holding_write()
         if r == NULL:
             raise NotOwnerError(f"release_write() of RWLock {self._name!r} by a thread "
