@@ -909,3 +909,52 @@ def test_a_hold_across_close_is_released(side):
     finally:
         rw.close()
         other.close()
+
+
+@pytest.mark.parametrize("handon", [False, True])
+def test_writer_killed_releasing_an_unrepaired_hold(rw, procs, handon):
+    """[R4]: a writer that holds after a writer's death and is killed inside its release.
+    A bare release (no mark_consistent()) would have made the lock not recoverable, and the
+    recovery does so; a with block left by an exception hands owner_died on instead."""
+    ready = shmlocks.Event(uniq("ev"))
+    try:
+        p = procs.start(_hold_write, rw, ready)
+        assert ready.wait(20)
+        kill(p)
+        if handon:
+            q = procs.start(_die_in_with_block, rw)
+        else:
+            q = procs.start(_die_releasing_bare, rw)
+        q.join(20)
+        assert q.exitcode == -signal.SIGKILL, q.exitcode
+        if handon:
+            assert rw.acquire_write(timeout=10) and rw.owner_died
+            rw.mark_consistent()
+            rw.release_write()
+        else:
+            with pytest.raises(shmlocks.LockNotRecoverableError):
+                rw.acquire_write(timeout=10)
+            assert rw.clear_not_recoverable()
+            assert rw.acquire_write(timeout=10) and rw.owner_died
+            rw.mark_consistent()
+            rw.release_write()
+        _clean(rw)
+    finally:
+        ready.close()
+
+
+def _die_releasing_bare(rw):
+    assert rw.acquire_write(timeout=10) and rw.owner_died
+    shmlocks._core._arm_crashpoint("rwlock.release.releasing")
+    rw.release_write()  # bare: without mark_consistent()
+    os._exit(3)
+
+
+def _die_in_with_block(rw):
+    shmlocks._core._arm_crashpoint("rwlock.release.releasing")
+    try:
+        with rw.write_lock():
+            assert rw.owner_died
+            raise RuntimeError("the repair failed")  # the exit hands owner_died on
+    finally:
+        os._exit(3)
