@@ -3,3 +3,6 @@
 # lockbase.pxi defines it and the Python API on it.
 
 cdef double _TIMEOUT_MAX                # a timeout above threading.TIMEOUT_MAX: OverflowError
+# acquire()'s argument rules (blocking, timeout) -> 0 (do not wait), -1 (forever) or an
+# absolute CLOCK_MONOTONIC deadline in ns; also RWLock's (toolbox/rwlock.pxi)
+cdef int64_t _deadline_of(blocking, timeout) except -2

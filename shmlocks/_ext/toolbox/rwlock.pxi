@@ -334,33 +334,6 @@ cdef void _rw_init(shm_body* b) noexcept nogil:
     pass                                         # all zero: free, phase 0, no reader
 
 
-# ---- timeouts, as a lock's acquire takes them ----
-
-cdef int64_t _rw_deadline(blocking, timeout) except -2:
-    """acquire()'s argument rules (lockbase.pxi _acquire_args): -1 (forever), 0 (do not
-    wait) or an absolute CLOCK_MONOTONIC deadline in ns."""
-    cdef double t
-    if timeout is None:
-        t = -1.0
-    else:
-        if isinstance(timeout, (str, bytes)):
-            raise TypeError(f"timeout must be a number, not {type(timeout).__name__}")
-        t = PyFloat_AsDouble(timeout)
-        if t != t:
-            raise ValueError("timeout must not be NaN")
-    if not blocking:
-        if t != -1.0:
-            raise ValueError("can't specify a timeout for a non-blocking call")
-        return 0
-    if t < 0 and t != -1.0:
-        raise ValueError("timeout value must be a non-negative number or -1")
-    if t > _TIMEOUT_MAX:
-        raise OverflowError("timeout value is too large")
-    if t == -1.0 or t >= _FOREVER_S:
-        return -1
-    return shm_now_ns() + <int64_t>(t * 1e9)
-
-
 cdef dict _rw_part(rmap_t* rm, uint32_t i):
     """Participant i as Region._describe shows one."""
     cdef shm_participant* p = &rm.part[i]
@@ -413,7 +386,7 @@ cdef class RWLock(_TbObject):
         cdef uint32_t v, w
         cdef int rc
         if not (blocking is True and (timeout is _RW_NEG1 or timeout is None)):
-            deadline = _rw_deadline(blocking, timeout)
+            deadline = _deadline_of(blocking, timeout)   # (lockbase.pxd)
         r = self._me()
         rec = shm_rw_rec(&self.b, r.slot)
         if (g_lockdep is not None and deadline != 0 and not ld32_rlx(&rec.ind)
@@ -549,7 +522,7 @@ cdef class RWLock(_TbObject):
         cdef int rc
         cdef bint waited = 0
         if not (blocking is True and (timeout is _RW_NEG1 or timeout is None)):
-            deadline = _rw_deadline(blocking, timeout)
+            deadline = _deadline_of(blocking, timeout)   # (lockbase.pxd)
         r = self._me()
         rec = shm_rw_rec(&self.b, r.slot)
         if deadline == 0 and (ld32_rlx(&rec.wstate) != RW_W_NONE
