@@ -102,15 +102,7 @@ class _Proxy:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
 
-        def arrive(res: Any, exc: BaseException | None) -> None:
-            if not fut.cancelled():
-                if exc is not None:
-                    fut.set_exception(exc)
-                else:
-                    fut.set_result(res)
-            _maybe_return(self)
-
-        self.post(fn, args, _threadsafe(loop, arrive))
+        self.post(fn, args, _threadsafe(loop, _arrival(fut, self)))
         return fut
 
     def call_sync(self, fn: Any, *args: Any) -> Any:
@@ -129,6 +121,21 @@ class _Proxy:
         if exc is not None:
             raise exc
         return res
+
+
+def _arrival(fut: asyncio.Future[Any], p: _Proxy) -> Any:
+    """What a proxy's command reports to, on the task's loop: its result or exception
+    into fut (unless the task gave up on it), then the proxy back to the pool if free."""
+
+    def arrive(res: Any, exc: BaseException | None) -> None:
+        if not fut.cancelled():
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(res)
+        _maybe_return(p)
+
+    return arrive
 
 
 def _threadsafe(loop: asyncio.AbstractEventLoop, cb: Any) -> Any:
@@ -296,16 +303,8 @@ async def _wait(p: _Proxy, seat: Any, rc: int, deadline: int) -> bool:
     fut = loop.create_future()
     st = _WaitState()
 
-    def arrive(res: Any, exc: BaseException | None) -> None:
-        if not fut.cancelled():
-            if exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(res)
-        _maybe_return(p)
-
     seat.reset()
-    p.post(_wait_cmd, (seat, rc, deadline, st), _threadsafe(loop, arrive))
+    p.post(_wait_cmd, (seat, rc, deadline, st), _threadsafe(loop, _arrival(fut, p)))
     try:
         return bool(await fut)
     except asyncio.CancelledError:
