@@ -51,7 +51,7 @@ OBJECT_NAMES = {cls.kind_code: name for name, cls in _core.OBJECTS.items()}
 _TBWORD = struct.Struct("<IIIIIIQII")  # shm_toolbox.h shm_tbword: seq .. cycle
 _TBREC_WAITING = 28  # shm_tbrec.waiting
 _TB_BOUNDED = 1
-_RWREC_WAITING = 12  # shm_rwlock.h shm_rwrec.waiting (ind is at 0)
+_RWREC = struct.Struct("<IIIIQQQ")  # shm_rwlock.h shm_rwrec: ind .. timeouts
 _RW_PRESENT = 0x80000000
 _RW_COUNT = 0x1FFF
 _RW_BLOCKED = 0x80000000
@@ -94,6 +94,18 @@ class Participant(NamedTuple):
         return ((self.slot + 1) | (self.generation << HOLDER_SLOT_BITS)) & 0xFFFFFFFF
 
 
+class RWRec(NamedTuple):
+    """One participant's line of an RWLock (shm_rwlock.h shm_rwrec)."""
+
+    ind: int  # reader indicator: read holds (_RW_COUNT), _RW_BLOCKED and a phase tag
+    wparked: int
+    wstate: int  # RW_W_*: none, draining, holding, releasing
+    waiting: int
+    reads: int
+    read_waits: int
+    timeouts: int
+
+
 class Lock(NamedTuple):
     idx: int  # its index in the directory
     name: str
@@ -109,7 +121,7 @@ class Lock(NamedTuple):
     clh_node_state: int | None  # the state of the node CLH's tail names, if in range
     tbword: tuple[int, ...] | None = None  # a toolbox object's word A (shm_tbword)
     tb_waiting: tuple[int, ...] = ()  # a toolbox object's records: the slots that wait
-    rw_inds: tuple[int, ...] = ()  # an RWLock's reader indicators, one per slot
+    rw_recs: tuple[RWRec, ...] = ()  # an RWLock's participant lines, one per slot
 
     @property
     def kind(self) -> str | None:
@@ -226,16 +238,19 @@ def _read(fd: int, size: int, name: str) -> Segment:
                 )
         tbword: tuple[int, ...] | None = None
         tb_waiting: tuple[int, ...] = ()
-        rw_inds: tuple[int, ...] = ()
+        rw_recs: tuple[RWRec, ...] = ()
         if d_kind in OBJECT_NAMES:
             tbword = _TBWORD.unpack_from(body, LINE)
             recs = pread_exact(fd, body_off + (3 + P + 1) * LINE, P * LINE)
-            woff = _RWREC_WAITING if OBJECT_NAMES[d_kind] == "rwlock" else _TBREC_WAITING
-            tb_waiting = tuple(
-                x for x in range(P) if struct.unpack_from("<I", recs, x * LINE + woff)[0]
-            )
             if OBJECT_NAMES[d_kind] == "rwlock":
-                rw_inds = tuple(struct.unpack_from("<I", recs, x * LINE)[0] for x in range(P))
+                rw_recs = tuple(RWRec(*_RWREC.unpack_from(recs, x * LINE)) for x in range(P))
+                tb_waiting = tuple(x for x in range(P) if rw_recs[x].waiting)
+            else:
+                tb_waiting = tuple(
+                    x
+                    for x in range(P)
+                    if struct.unpack_from("<I", recs, x * LINE + _TBREC_WAITING)[0]
+                )
         lname = raw[: NAME_MAX - 1].split(b"\0", 1)[0].decode("utf-8", "replace")
         locks.append(
             Lock(
@@ -253,7 +268,7 @@ def _read(fd: int, size: int, name: str) -> Segment:
                 node_state,
                 tbword,
                 tb_waiting,
-                rw_inds,
+                rw_recs,
             )
         )
     return Segment(name, size, L, P, cpid, cns, records, locks)
@@ -354,7 +369,7 @@ def object_state(seg: Segment, lk: Lock) -> str:
     seq, _parked, value, limit, count, _waiting, _tmo, flags, _cycle = w
     kind = OBJECT_NAMES.get(lk.kind_code)
     if kind == "rwlock":
-        readers = sum(v & _RW_COUNT for v in lk.rw_inds if not v & _RW_BLOCKED)
+        readers = sum(r.ind & _RW_COUNT for r in lk.rw_recs if not r.ind & _RW_BLOCKED)
         if seq & _RW_PRESENT:
             return "writing" if lk.holder else f"writer draining, readers={readers}"
         return f"readers={readers}" if readers else "free"
@@ -379,7 +394,8 @@ def _rw_describe(seg: Segment, lk: Lock) -> dict[str, Any]:
     h = seg.holder_slot(lk)
     holder = _participant(seg, h) if h is not None else None
     readers = []
-    for x, v in enumerate(lk.rw_inds):
+    for x, r in enumerate(lk.rw_recs):
+        v = r.ind
         if v & _RW_COUNT and not v & _RW_BLOCKED:
             d = _participant(seg, x)
             assert d is not None
