@@ -79,6 +79,15 @@ LAYOUT = {
     "holder_slot_bits": HOLDER_SLOT_BITS,
     "futex_owner_died": FUTEX_OWNER_DIED_,
     "futex_tid_mask": FUTEX_TID_MASK_,
+    # the RWLock's words (shm_rwlock.h): word A's w, and a participant line's ind, wstate
+    "rw_present": RW_PRESENT,
+    "rw_slot_bits": RW_SLOT_BITS,
+    "rw_phase_mask": RW_PHASE_MASK,
+    "rw_count_mask": RW_COUNT_MASK,
+    "rw_blocked": RW_BLOCKED,
+    "rw_tag_shift": RW_TAG_SHIFT,
+    "rw_tag_mask": RW_TAG_MASK,
+    "rw_w_draining": RW_W_DRAINING,
 }
 
 # The kind registry: each kind's file registers its class and its ops (_register_kind, in

@@ -52,9 +52,14 @@ _TBWORD = struct.Struct("<IIIIIIQII")  # shm_toolbox.h shm_tbword: seq .. cycle
 _TBREC_WAITING = 28  # shm_tbrec.waiting
 _TB_BOUNDED = 1
 _RWREC = struct.Struct("<IIIIQQQ")  # shm_rwlock.h shm_rwrec: ind .. timeouts
-_RW_PRESENT = 0x80000000
-_RW_COUNT = 0x1FFF
-_RW_BLOCKED = 0x80000000
+_RW_PRESENT = _L["rw_present"]
+_RW_SLOT_BITS = _L["rw_slot_bits"]
+_RW_PHASE = _L["rw_phase_mask"]
+_RW_COUNT = _L["rw_count_mask"]
+_RW_BLOCKED = _L["rw_blocked"]
+_RW_TAG_SHIFT = _L["rw_tag_shift"]
+_RW_TAG = _L["rw_tag_mask"]
+_RW_W_DRAINING = _L["rw_w_draining"]
 _TB_BARRIER_STATES = ("filling", "draining", "resetting", "broken")
 _CLH = _core.CLHLock.kind_code
 _BODY_READ = _L["body_lines_read"] * LINE  # ctl, word A, word B
@@ -386,6 +391,52 @@ def object_state(seg: Segment, lk: Lock) -> str:
 def object_waiters(seg: Segment, lk: Lock) -> int:
     """Live participants whose record says they sleep in a wait on the object."""
     return sum(1 for x in lk.tb_waiting if seg.participant(x).state == 1)
+
+
+def rw_readers(lk: Lock) -> list[int]:
+    """The slots that hold reads of RWLock ``lk`` (an indicator with holds, not waiting)."""
+    return [x for x, r in enumerate(lk.rw_recs) if r.ind & _RW_COUNT and not r.ind & _RW_BLOCKED]
+
+
+def rw_writer(lk: Lock) -> tuple[int | None, bool]:
+    """(the slot word A names as the writer present, or None; whether it still drains the
+    readers of its arrival) of RWLock ``lk``: rwlock.pxi's writer phase, bounds-checked."""
+    w = lk.tbword[0] if lk.tbword else 0
+    ws = w & ((1 << _RW_SLOT_BITS) - 1)
+    if not w & _RW_PRESENT or not 1 <= ws <= len(lk.rw_recs):
+        return None, False
+    return ws - 1, lk.rw_recs[ws - 1].wstate == _RW_W_DRAINING
+
+
+def rw_waits_for(lk: Lock, x: int) -> tuple[str, list[int]]:
+    """Whom participant ``x``, published as waiting for RWLock ``lk``, waits for, read from
+    the lock's words as rwlock.pxi waits: ``("read", [w])`` for a reader, w the writer of
+    the phase its indicator is tagged with; ``("write", [w])`` for a writer that waits for
+    the writer present to leave; ``("write", [r, ...])`` for a writer that announced and
+    drains every reader present at its arrival (it needs each of them gone: an AND-wait).
+    An empty list: it is about to get in (its writer has left)."""
+    if not 0 <= x < len(lk.rw_recs):
+        return "write", []
+    ind = lk.rw_recs[x].ind
+    wslot, draining = rw_writer(lk)
+    w = lk.tbword[0] if lk.tbword else 0
+    phase = (w >> _RW_SLOT_BITS) & _RW_PHASE
+    other = [wslot] if wslot is not None and wslot != x else []
+    if ind & _RW_BLOCKED:
+        return "read", other if (ind >> _RW_TAG_SHIFT) & _RW_TAG == phase & _RW_TAG else []
+    if ind & _RW_COUNT:
+        return "read", []  # it got in: its wait record is about to be cleared
+    if wslot == x and draining:
+        tag = phase & _RW_TAG
+        return "write", [s for s, r in enumerate(lk.rw_recs) if s != x and _rw_counts(r.ind, tag)]
+    return "write", other
+
+
+def _rw_counts(ind: int, tag: int) -> bool:
+    """Does the writer of phase tag ``tag`` wait for indicator ``ind`` (rwlock.pxi)?"""
+    if not ind & _RW_COUNT:
+        return False
+    return not (ind & _RW_BLOCKED and (ind >> _RW_TAG_SHIFT) & _RW_TAG == tag)
 
 
 def _rw_describe(seg: Segment, lk: Lock) -> dict[str, Any]:

@@ -22,7 +22,7 @@ def cycles_report(g: waitgraph.Graph) -> dict[str, Any]:
     now = g.taken_ns
     cycles = []
     for c in g.cycles():
-        v = waitgraph.victim(c)
+        v = g.victim(c[0].thread.key)
         cycles.append(
             [
                 {
@@ -30,8 +30,10 @@ def cycles_report(g: waitgraph.Graph) -> dict[str, Any]:
                     "tid": m.thread.tid,
                     "holds": m.held.label,
                     "holds_kind": m.held.kind,
+                    "holds_as": m.thread.modes.get(m.held),
                     "waits_for": m.awaited.label,
                     "waits_for_kind": m.awaited.kind,
+                    "waits_as": m.thread.waits_as,
                     "waited_s": round(m.thread.waited_s(now), 3),
                     "detects": m.thread.detects,
                     "victim": m.thread.key == v,
@@ -66,7 +68,11 @@ def annotate(d: dict[str, Any]) -> dict[str, Any]:
         key_alive = g.slots.get((name, p["slot"]))
         t = g.threads.get(key_alive[0]) if key_alive and key_alive[1] else None
         if t is not None:
-            holds += [r.label for r in t.holds if r.segment != name]
+            holds += [
+                f"{r.label} ({t.modes[r]})" if r in t.modes else r.label
+                for r in t.holds
+                if r.segment != name
+            ]
             if t.waits is not None:
                 waits, waiting = short(t.waits), round(t.waited_s(g.taken_ns), 3)
         parts.append(dict(p, holds=holds, waits_for=waits, waiting_s=waiting))

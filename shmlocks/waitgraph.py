@@ -2,8 +2,11 @@
 shmlocks segment in /dev/shm and every process.
 
 Invariant: a thread is a node named (pidns, pid, tid, start time), the same in every
-segment it uses; its one out-edge goes to the holder of the lock it publishes it waits for.
-Only live threads and validated records make edges, so a cycle is a real deadlock.
+segment it uses; its out-edges go to every thread it needs gone before it can go on: the
+holder of the lock it publishes it waits for, or for an RWLock the writer a reader waits
+behind, or every reader a writer drains (an AND-wait: each of them must leave). Only live
+threads and validated records make edges, so any cycle is a real deadlock; of each
+strongly connected set of waiters exactly one gives up (``Graph.victim``).
 
 Pure Python over private copies read with pread (shmlocks/_segment.py), never a mapping, so
 a segment that shrinks under the reader is a note, not SIGBUS; a segment is validated as
@@ -15,6 +18,7 @@ nothing is ever written.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from shmlocks import _segment, _shmread
@@ -52,6 +56,11 @@ class ThreadInfo:
     waits: LockRef | None = None
     since_ns: int = 0  # CLOCK_MONOTONIC when the wait began
     detects: bool = False  # its process looks for deadlocks (a victim candidate)
+    #: an RWLock's side: "read" or "write" for the one it waits for (None: a lock), and
+    #: per RWLock it holds (or keeps readers out of, as the writer that announced itself
+    #: and drains the readers before it: "write, draining")
+    waits_as: str | None = None
+    modes: dict[LockRef, str] = field(default_factory=dict)
 
     def waited_s(self, now_ns: int | None = None) -> float:
         if self.waits is None:
@@ -65,6 +74,7 @@ class ThreadInfo:
             "tid": self.tid,
             "holds": [h.label for h in self.holds],
             "waits_for": self.waits.label if self.waits else None,
+            "waits_as": self.waits_as,
             "waited_s": round(self.waited_s(now_ns), 3),
         }
 
@@ -82,29 +92,66 @@ class Member:
 @dataclass
 class Graph:
     threads: dict[ThreadKey, ThreadInfo] = field(default_factory=dict)
-    #: the holder of each awaited lock: thread -> next thread
-    edges: dict[ThreadKey, ThreadKey] = field(default_factory=dict)
+    #: thread -> the threads it waits for (every one of them must leave first)
+    edges: dict[ThreadKey, list[ThreadKey]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     #: per segment and slot: the thread in it and whether it is alive (inspect)
     slots: dict[tuple[str, int], tuple[ThreadKey, bool]] = field(default_factory=dict)
     taken_ns: int = 0
 
     def cycle_from(self, start: ThreadKey) -> list[Member] | None:
-        """The cycle that `start` is part of, as members beginning with it, or None."""
-        seen = {start}
-        path = [start]
-        cur = start
-        while True:
-            nxt = self.edges.get(cur)
-            if nxt is None:
-                return None
-            if nxt == start:
-                return self._members(path)
-            if nxt in seen:
-                return None  # a cycle further on, that start only waits behind
-            seen.add(nxt)
-            path.append(nxt)
-            cur = nxt
+        """The shortest cycle through `start` (breadth first, so the same graph always
+        gives the same one), as members beginning with it, or None."""
+        prev: dict[ThreadKey, ThreadKey | None] = {start: None}
+        queue = deque([start])
+        while queue:
+            cur = queue.popleft()
+            for nxt in self.edges.get(cur, ()):
+                if nxt == start:
+                    path = [cur]
+                    while path[-1] != start:
+                        p = prev[path[-1]]
+                        assert p is not None
+                        path.append(p)
+                    return self._members(path[::-1])
+                if nxt not in prev:
+                    prev[nxt] = cur
+                    queue.append(nxt)
+        return None
+
+    def _reach(self, start: ThreadKey, adj: dict[ThreadKey, list[ThreadKey]]) -> set[ThreadKey]:
+        seen: set[ThreadKey] = set()
+        todo = list(adj.get(start, ()))
+        while todo:
+            k = todo.pop()
+            if k not in seen:
+                seen.add(k)
+                todo.extend(adj.get(k, ()))
+        return seen
+
+    def component(self, start: ThreadKey) -> set[ThreadKey]:
+        """The threads that `start` waits for, directly or not, and that wait for it (its
+        strongly connected set, itself included); empty if it is on no cycle."""
+        fwd = self._reach(start, self.edges)
+        if start not in fwd:
+            return set()
+        rev: dict[ThreadKey, list[ThreadKey]] = {}
+        for a, bs in self.edges.items():
+            for b in bs:
+                rev.setdefault(b, []).append(a)
+        return fwd & self._reach(start, rev)
+
+    def victim(self, start: ThreadKey) -> ThreadKey | None:
+        """The one thread that must give up for the cycles through `start`: of its
+        strongly connected set, the one that began to wait last among those whose
+        process looks for deadlocks (ties: the larger key). With one out-edge per
+        thread that set is the cycle itself; with AND-waits (RWLock writers) cycles may
+        share threads, and one rule over the whole set makes every looker agree, so
+        exactly one gives up and the set is looked at again. None if nobody looks."""
+        cands = [self.threads[k] for k in self.component(start) if self.threads[k].detects]
+        if not cands:
+            return None
+        return max(cands, key=lambda t: (t.since_ns, t.key)).key
 
     def _members(self, keys: list[ThreadKey]) -> list[Member]:
         out = []
@@ -131,23 +178,19 @@ class Graph:
         return found
 
 
-def victim(cycle: list[Member]) -> ThreadKey | None:
-    """The member that must give up: the one that began to wait last among those whose
-    process looks for deadlocks (ties: the larger key). None if none of them looks."""
-    cands = [m.thread for m in cycle if m.thread.detects]
-    if not cands:
-        return None
-    return max(cands, key=lambda t: (t.since_ns, t.key)).key
+def _ref(ref: LockRef, mode: str | None) -> str:
+    return f"{ref.label} ({ref.kind}, {mode})" if mode else f"{ref.label} ({ref.kind})"
 
 
 def describe_cycle(cycle: list[Member], now_ns: int | None = None) -> str:
-    """One line per member: pid, tid, held lock, awaited lock, how long."""
+    """One line per member: pid, tid, held lock, awaited lock (an RWLock's with its side:
+    read, write, or write, draining), how long."""
     lines = []
     for m in cycle:
         t = m.thread
         lines.append(
-            f"pid {t.pid} tid {t.tid} holds {m.held.label} ({m.held.kind}), waits for "
-            f"{m.awaited.label} ({m.awaited.kind}) since {t.waited_s(now_ns):.3f} s"
+            f"pid {t.pid} tid {t.tid} holds {_ref(m.held, t.modes.get(m.held))}, waits for "
+            f"{_ref(m.awaited, t.waits_as)} since {t.waited_s(now_ns):.3f} s"
         )
     return "\n".join(lines)
 
@@ -178,20 +221,37 @@ def _scan_segment(g: Graph, seg: _segment.Segment) -> None:
                 waiting.append((p.slot, p.op_lock - 1))
                 t.since_ns = p.wait_since
                 t.detects = bool(p.detects)
-    # locks: name, kind, holder
+    # locks: name, kind, holder (an RWLock: its readers and its writer)
     refs: dict[int, LockRef] = {}
     holders: dict[int, int] = {}
+    rwlocks: dict[int, _segment.Lock] = {}
+
+    def held(slot: int, ref: LockRef, mode: str | None) -> None:
+        hk = keys[slot]
+        if hk is not None:
+            t = g.threads[hk]
+            if mode is None or not mode.endswith("draining"):
+                t.holds.append(ref)
+            if mode is not None:
+                t.modes[ref] = mode
+
     for lk in seg.locks:
         if not lk.valid:
             continue
         ref = refs[lk.idx] = LockRef(name, lk.idx, lk.name, lk.kind or "?")
+        if lk.kind == "rwlock":
+            rwlocks[lk.idx] = lk
+            for x in _segment.rw_readers(lk):
+                held(x, ref, "read")
+            ws, draining = _segment.rw_writer(lk)
+            if ws is not None:
+                held(ws, ref, "write, draining" if draining else "write")
+            continue
         h = seg.holder_slot(lk)
         if h is None:
             continue  # free, out of range, or left by an earlier occupant of the slot
         holders[lk.idx] = h
-        hk = keys[h]
-        if hk is not None:
-            g.threads[hk].holds.append(ref)
+        held(h, ref, None)
     for slot, li in waiting:
         wkey = keys[slot]
         wref = refs.get(li)
@@ -199,12 +259,22 @@ def _scan_segment(g: Graph, seg: _segment.Segment) -> None:
             continue  # waits for an entry that is not a valid lock: ignored
         t = g.threads[wkey]
         t.waits = wref
-        h = holders.get(li)
-        hk = keys[h] if h is not None else None
-        if hk is None or hk == wkey:
-            g.edges.pop(wkey, None)  # free, dead holder, or a record naming itself
+        rw = rwlocks.get(li)
+        if rw is not None:
+            t.waits_as, slots = _segment.rw_waits_for(rw, slot)
         else:
-            g.edges[wkey] = hk
+            t.waits_as = None
+            h = holders.get(li)
+            slots = [h] if h is not None else []
+        out: list[ThreadKey] = []
+        for s in slots:
+            hk = keys[s] if 0 <= s < len(keys) else None
+            if hk is not None and hk != wkey and hk not in out:
+                out.append(hk)  # live, not a record naming itself
+        if out:
+            g.edges[wkey] = out
+        else:
+            g.edges.pop(wkey, None)  # free, or only dead threads to wait for
 
 
 def snapshot(names: list[str] | None = None) -> Graph:

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from support import KINDS
+from support import KINDS, RWSide
 
 import shmlocks
 
@@ -40,8 +40,9 @@ def _member(i, first, second, ready, go, out, delay, dl_timeout):
     first.release()
 
 
-def _run_cycle(locks, *, threads, delays=None, dl_timeout=1.0, close=True):
-    """Member i holds locks[i] and waits for locks[i+1] (the last for locks[0] if close).
+def _run_cycle(locks, *, threads, delays=None, dl_timeout=1.0, close=True, seconds=None):
+    """Member i holds locks[i] and waits for locks[i+1] (the last for locks[0] if close),
+    or for seconds[i] if given (None there: for nothing, 1.8 s).
     Returns {i: (outcome, seconds waited, message, still held its first lock)}."""
     n = len(locks)
     delays = delays or [0.0] * n
@@ -55,7 +56,10 @@ def _run_cycle(locks, *, threads, delays=None, dl_timeout=1.0, close=True):
     workers = []
     saved = shmlocks.get_deadlock_timeout()
     for i in range(n):
-        second = locks[(i + 1) % n] if (close or i + 1 < n) else _Never()
+        if seconds is not None:
+            second = seconds[i] if seconds[i] is not None else _Never()
+        else:
+            second = locks[(i + 1) % n] if (close or i + 1 < n) else _Never()
         w = mk(
             target=_member,
             args=(i, locks[i], second, readies[i], go, out, delays[i], dl_timeout),
@@ -224,6 +228,90 @@ def test_only_members_that_look_can_be_the_victim(new_lock):
             if p.is_alive():
                 p.kill()
                 p.join(10)
+
+
+def _rw_region(new_region):
+    region = new_region(max_locks=3)
+    rw = region.create_rwlock("rw")
+    return region, rw, RWSide(rw, False), RWSide(rw, True)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("last", [0, 1])
+def test_rwlock_writer_draining_a_reader_that_waits_for_it(new_region, last):
+    """Member 0 reads rw, then waits for lock m; member 1 holds m and asks to write rw:
+    it announces and waits for member 0's read (an AND-wait over the readers present).
+    A cycle: whichever began to wait last gives up. A writer that gives up withdraws
+    (the read goes on); a reader that gives up keeps its read, which the writer then
+    gets past once it is released."""
+    region, rw, read, write = _rw_region(new_region)
+    m = region.create_lock("m", "futex")
+    delays = [0.3, 0.0] if last == 0 else [0.0, 0.3]
+    res = _run_cycle([read, m], threads=False, delays=delays, dl_timeout=0.5, seconds=[m, write])
+    assert _one_victim(res, 0.5) == last
+    msg = res[last][2]
+    assert "cycle of 2 threads" in msg and f"{region.name}/rw (rwlock, read)" in msg
+    want = "futex lock 'm'" if last == 0 else "the write of RWLock 'rw'"
+    assert f"waits for {want} in a cycle" in msg
+    assert not rw.locked() and rw.readers == 0
+
+
+@pytest.mark.timeout(120)
+def test_rwlock_readers_of_each_others_writers(new_region):
+    """Two RWLocks, each written by one member that then asks to read the other's: each
+    reader waits for the one writer of the phase it met. Threads of one process."""
+    region = new_region(max_locks=2)
+    a, b = region.create_rwlock("a"), region.create_rwlock("b")
+    res = _run_cycle(
+        [RWSide(a, True), RWSide(b, True)],
+        threads=True,
+        delays=[0.0, 0.3],
+        dl_timeout=0.5,
+        seconds=[RWSide(b, False), RWSide(a, False)],
+    )
+    assert _one_victim(res, 0.5) == 1
+    assert f"{region.name}/a (rwlock, write)" in res[1][2]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("side", ["write", "read"])
+def test_rwlock_writer_holding_waits_for_one_who_waits_for_the_rwlock(new_region, side):
+    """Member 0 writes rw and waits for lock m; member 1 holds m and asks to `side` rw: a
+    writer waits for the writer present to leave, a reader for the writer of its phase."""
+    region, rw, read, write = _rw_region(new_region)
+    m = region.create_lock("m", "mcs")
+    res = _run_cycle(
+        [write, m],
+        threads=False,
+        delays=[0.0, 0.3],
+        dl_timeout=0.5,
+        seconds=[m, write if side == "write" else read],
+    )
+    assert _one_victim(res, 0.5) == 1
+    want = "the write of" if side == "write" else "a read of"
+    assert f"waits for {want} RWLock 'rw' in a cycle" in res[1][2]
+    assert f"waits for {region.name}/rw (rwlock, {side})" in res[1][2]
+
+
+@pytest.mark.timeout(120)
+def test_rwlock_drained_readers_outside_the_cycle_are_no_deadlock(new_region):
+    """Member 0 holds m and asks to write rw, which members 1 and 2 read. Member 1 then
+    waits for m (a cycle with member 0), member 2 for nothing (it reads for 1.8 s). Only
+    0 and 1 form the cycle; once member 1 gives up, member 0 still waits for member 2's
+    read and gets the write after it. And with member 1 out of it entirely, a writer
+    that waits 1.8 s for a busy reader is no deadlock at all."""
+    region, rw, read, write = _rw_region(new_region)
+    m = region.create_lock("m", "ticket")
+    res = _run_cycle(
+        [m, read, read],
+        threads=False,
+        delays=[0.0, 0.3, 0.0],
+        dl_timeout=0.5,
+        seconds=[write, m, None],
+    )
+    assert _one_victim(res, 0.5) == 1
+    res = _run_cycle([m, read], threads=False, dl_timeout=0.2, seconds=[write, None])
+    assert [r[0] for r in res.values()] == ["got", "got"], res
 
 
 @pytest.mark.timeout(30)

@@ -9,7 +9,7 @@ import struct
 import time
 
 import pytest
-from support import KINDS, SHM_DIR, kill, uniq
+from support import KINDS, SHM_DIR, RWSide, kill, uniq
 
 import shmlocks
 from shmlocks import waitgraph
@@ -199,7 +199,131 @@ def _hid(lk, slot):
     return ((slot + 1) | (gen << 13)) & 0xFFFFFFFF
 
 
-# ------------------------------------------------------------------------ command line
+# ------------------------------------------------------------------------ RWLock waits
+
+
+def _start(procs, pairs, hold_s=20.0):
+    """Process i holds pairs[i][0], then (once all hold theirs) waits for pairs[i][1]
+    (None: for nothing, holding for hold_s)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    go = ctx.Event()
+    ps, evs = [], []
+    for first, second in pairs:
+        ev = ctx.Event()
+        ps.append(procs.start(_member, first, second, ev, go, hold_s))
+        evs.append(ev)
+    for ev in evs:
+        assert ev.wait(20), "a member never took its first lock"
+    go.set()
+    return ps
+
+
+def _key(g, pid):
+    return next((k for k, t in g.threads.items() if t.pid == pid), None)
+
+
+def _poll(fn, timeout, what):
+    """fn()'s first true value, polled every 20 ms; AssertionError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not (v := fn()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return v
+
+
+@pytest.mark.timeout(60)
+def test_a_writer_draining_a_reader_that_waits_for_it_is_a_cycle(procs, new_region):
+    """p1 reads rw, then waits for lock m; p2 holds m and asks to write rw: it announced
+    itself and drains p1's read. The cycle shows each side: p1 holds rw as a reader, p2
+    waits for rw as a writer."""
+    region = new_region(max_locks=2)
+    rw, m = region.create_rwlock("rw"), region.create_lock("m", "futex")
+    p1, p2 = _start(procs, [(RWSide(rw, False), m), (m, RWSide(rw, True))])
+    g, cycle = _wait_for_cycle([p1.pid, p2.pid])
+    by_pid = {c.thread.pid: c for c in cycle}
+    r, w = by_pid[p1.pid], by_pid[p2.pid]
+    assert (r.held.label, r.awaited.label) == (f"{region.name}/rw", f"{region.name}/m")
+    assert (w.held.label, w.awaited.label) == (f"{region.name}/m", f"{region.name}/rw")
+    assert r.thread.modes[r.held] == "read" and r.thread.waits_as is None
+    assert w.thread.waits_as == "write" and w.held not in w.thread.modes
+    assert w.thread.modes[r.held] == "write, draining"  # it keeps readers out, holds nothing
+    assert [h.label for h in w.thread.holds] == [f"{region.name}/m"]
+    text = waitgraph.describe_cycle(cycle)
+    assert f"holds {region.name}/rw (rwlock, read), waits for {region.name}/m (futex)" in text
+    assert f"waits for {region.name}/rw (rwlock, write)" in text
+
+
+@pytest.mark.timeout(60)
+def test_rwlock_waits_for_whom_without_a_cycle(procs, new_region):
+    """A reader waits for the writer present; so does a writer that could not announce;
+    a writer that announced waits for every reader present (an AND-wait); a dead reader
+    drops out of it. None of it is a cycle."""
+    region = new_region(max_locks=4)
+    rw = region.create_rwlock("rw")
+    x, y = region.create_lock("x", "ticket"), region.create_lock("y", "mcs")
+    writer, reader, writer2 = _start(
+        procs, [(RWSide(rw, True), None), (x, RWSide(rw, False)), (y, RWSide(rw, True))]
+    )
+
+    def waiting():
+        g = waitgraph.snapshot()
+        return g if all(g.edges.get(_key(g, p.pid)) for p in (reader, writer2)) else None
+
+    g = _poll(waiting, 15, "the waiters' edges")
+    kw = _key(g, writer.pid)
+    assert g.edges[_key(g, reader.pid)] == [kw] and g.edges[_key(g, writer2.pid)] == [kw]
+    assert g.threads[_key(g, reader.pid)].waits_as == "read"
+    assert g.threads[_key(g, writer2.pid)].waits_as == "write"
+    assert [h.label for h in g.threads[kw].holds] == [f"{region.name}/rw"]
+    assert not [c for c in g.cycles() if writer.pid in {m.thread.pid for m in c}]
+    for p in (writer, reader, writer2):
+        kill(p)
+
+    rw2 = region.create_rwlock("rw2")
+    r1, r2, w = _start(
+        procs, [(RWSide(rw2, False), None), (RWSide(rw2, False), None), (x, RWSide(rw2, True))]
+    )
+
+    def drains(n):
+        g = waitgraph.snapshot()
+        keys = g.edges.get(_key(g, w.pid), [])
+        return g if len(keys) == n else None
+
+    g = _poll(lambda: drains(2), 15, "the writer's edges to both readers")
+    assert set(g.edges[_key(g, w.pid)]) == {_key(g, r1.pid), _key(g, r2.pid)}
+    assert g.threads[_key(g, w.pid)].waits_as == "write"
+    assert not [c for c in g.cycles() if w.pid in {m.thread.pid for m in c}]
+    kill(r1)
+    g = _poll(lambda: drains(1), 15, "the dead reader's edge gone")
+    assert g.edges[_key(g, w.pid)] == [_key(g, r2.pid)]
+
+
+def _thread(g, n, since, detects=True):
+    key = (1, n, n, 1)
+    t = g.threads[key] = waitgraph.ThreadInfo(key, n, n)
+    t.waits = waitgraph.LockRef("seg", n, f"l{n}", "rwlock")
+    t.since_ns, t.detects = since, detects
+    return key
+
+
+def test_one_victim_per_strongly_connected_set():
+    """Writers' AND-waits let cycles share threads: A<->X and X<->B share X, and C waits
+    into them without being on a cycle. Every member agrees on one victim (the last to
+    begin waiting among those that look), so exactly one gives up, whichever looks."""
+    g = waitgraph.Graph()
+    a, x, b, c = (_thread(g, n, since) for n, since in ((1, 10), (2, 20), (3, 40), (4, 99)))
+    g.edges = {a: [x], x: [a, b], b: [x], c: [a]}
+    assert g.component(x) == {a, x, b} and g.component(c) == set()
+    assert {g.victim(k) for k in (a, x, b)} == {b}
+    assert g.victim(c) is None and g.cycle_from(c) is None
+    assert [m.thread.key for m in g.cycle_from(x)] == [x, a]  # shortest, breadth first
+    assert [m.awaited.name for m in g.cycle_from(b)] == ["l3", "l2"]
+    covered = {m.thread.key for cyc in g.cycles() for m in cyc}
+    assert covered == {a, x, b}
+    g.threads[b].detects = False  # b does not look: x, the next latest, gives up
+    assert {g.victim(k) for k in (a, x, b)} == {x}
 
 
 def _cli(*args):
@@ -246,6 +370,33 @@ def test_cli_deadlocks_prints_the_cycle_and_exits_3(procs, new_lock, new_region)
     kill(p2)
     r = _cli("deadlocks", "--json")
     assert not [c for c in json.loads(r.stdout)["cycles"] if p1.pid in {m["pid"] for m in c}]
+
+
+@pytest.mark.timeout(90)
+def test_cli_deadlocks_and_inspect_name_an_rwlock_side(procs, new_region):
+    import json
+
+    region = new_region(max_locks=2)
+    rw, m = region.create_rwlock("rw"), region.create_lock("m", "robust")
+    p1, p2 = _start(procs, [(RWSide(rw, False), m), (m, RWSide(rw, True))])
+    _wait_for_cycle([p1.pid, p2.pid])
+    r = _cli("deadlocks", "--json")
+    assert r.returncode == 3, r.stderr
+    (mine,) = [c for c in json.loads(r.stdout)["cycles"] if p1.pid in {m["pid"] for m in c}]
+    got = {(m["pid"], m["holds"], m["holds_as"], m["waits_for"], m["waits_as"]) for m in mine}
+    assert got == {
+        (p1.pid, f"{region.name}/rw", "read", f"{region.name}/m", None),
+        (p2.pid, f"{region.name}/m", None, f"{region.name}/rw", "write"),
+    }
+    r = _cli("deadlocks")
+    row = next(ln for ln in r.stdout.splitlines() if ln.split()[:1] == [str(p1.pid)])
+    assert f"{region.name}/rw (rwlock, read)" in row and f"{region.name}/m (robust)" in row
+    row = next(ln for ln in r.stdout.splitlines() if ln.split()[:1] == [str(p2.pid)])
+    assert f"{region.name}/rw (rwlock, write)" in row
+    r = _cli("inspect", region.name, "--json")
+    parts = {p["pid"]: p for p in json.loads(r.stdout)["participants"]}
+    assert (parts[p1.pid]["holds"], parts[p1.pid]["waits_for"]) == (["rw (read)"], "m")
+    assert (parts[p2.pid]["holds"], parts[p2.pid]["waits_for"]) == (["m"], "rw")
 
 
 @pytest.mark.timeout(90)

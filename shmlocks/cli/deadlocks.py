@@ -13,6 +13,11 @@ from shmlocks._table import emit, table
 from shmlocks.deadlocks import EXIT_CYCLE, EXIT_NONE, cycles_report
 
 
+def _lock(label: str, kind: str, side: str | None) -> str:
+    """``table/x (futex)``; an RWLock's with its side: ``rw (rwlock, read)``."""
+    return f"{label} ({kind}, {side})" if side else f"{label} ({kind})"
+
+
 def _render(rep: dict[str, Any]) -> str:
     if not rep["cycles"]:
         return f"no deadlock ({rep['waiting_threads']} threads waiting for a lock)"
@@ -23,8 +28,8 @@ def _render(rep: dict[str, Any]) -> str:
             [
                 m["pid"],
                 m["tid"],
-                f"{m['holds']} ({m['holds_kind']})",
-                f"{m['waits_for']} ({m['waits_for_kind']})",
+                _lock(m["holds"], m["holds_kind"], m.get("holds_as")),
+                _lock(m["waits_for"], m["waits_for_kind"], m.get("waits_as")),
                 f"{m['waited_s']:.3f} s",
             ]
             for m in c

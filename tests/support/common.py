@@ -33,6 +33,7 @@ __all__ = [
     "NAME_PREFIX",
     "Procs",
     "ROBUST_KINDS",
+    "RWSide",
     "SHM_DIR",
     "START_METHODS",
     "assert_timed_out",
@@ -416,3 +417,21 @@ def assert_child_excludes(procs: Procs, lock, method: str = "fork") -> None:
         holder.release()
     assert lock.acquire(timeout=1) is True
     lock.release()
+
+
+class RWSide:
+    """One side of an RWLock (read or write) with a lock's acquire/release/locked, so a
+    test written for locks takes RWLock holds and waits too."""
+
+    def __init__(self, rw, write):
+        self.rw, self.write = rw, write
+
+    def acquire(self, blocking=True, timeout=-1):
+        side = self.rw.acquire_write if self.write else self.rw.acquire_read
+        return side(blocking, timeout)
+
+    def release(self):
+        (self.rw.release_write if self.write else self.rw.release_read)()
+
+    def locked(self):
+        return self.rw.locked()

@@ -1,10 +1,10 @@
 # deadlock.pxd -- a blocked acquire that is part of a wait-for cycle gives up with
 # DeadlockError (docs/design.md §9): the interface of deadlock.pxi. The look is given the
-# waiting participant (w.rm, w.dl_slot), never a lock object; the lock layer names the
-# lock in the error (dl_raise).
+# waiting participant (w.rm, w.dl_slot), never a lock object; the caller names
+# what it waited for in the error (dl_raise).
 
 cdef int64_t g_dl_timeout_ns                # the deadlock timeout, ns; -1: off
-cdef object dl_raise(str kind, str name)
+cdef object dl_raise(str what)
 
 
 cdef inline void dl_arm(wait_t* w, rmap_t* rm, uint32_t me, int64_t now) noexcept nogil:

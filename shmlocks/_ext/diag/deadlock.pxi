@@ -2,9 +2,10 @@
 # DeadlockError (docs/design.md §9).
 #
 # Invariant: a waiter that has waited the deadlock timeout looks, every DL_RECHECK_NS, for a
-# cycle through itself in the machine-wide graph (shmlocks/waitgraph.py); of a cycle exactly
-# one member withdraws, as on a timeout (so every kind leaves the lock usable), keeping what
-# it holds: the one that began to wait last among those that look (`detects`).
+# cycle through itself in the machine-wide graph (shmlocks/waitgraph.py); of the threads
+# its cycles join (its strongly connected set) exactly one withdraws, as on a timeout (so
+# every kind leaves the lock usable), keeping what it holds: the one that began to wait
+# last among those that look (`detects`).
 # Nothing here runs on the uncontended path: dl_arm is called once per slow path, dl_look
 # from wait_look_due when a sleep ends at its time (wait.pxi), after the timeout and then
 # every DL_RECHECK_NS.
@@ -122,14 +123,17 @@ cdef int dl_look(wait_t* w, int64_t now) noexcept with gil:
             return 0
         p = &rm.part[w.dl_slot]
         me = (ld64_rlx(&p.pidns), ld32_rlx(&p.pid), ld32_rlx(&p.tid), ld64_rlx(&p.tstart))
-        c = graph.snapshot().cycle_from(me)
-        if c is None or graph.victim(c) != me:
+        g = graph.snapshot()
+        c = g.cycle_from(me)
+        if c is None or g.victim(me) != me:
             return 0
-        # the same cycle a second time, every member still in the same wait: not a
-        # snapshot taken across a hand-off
-        c2 = graph.snapshot().cycle_from(me)
-        if c2 is None or ([(m.thread.key, m.thread.since_ns) for m in c]
-                          != [(m.thread.key, m.thread.since_ns) for m in c2]):
+        # the same cycle a second time, every member still in the same wait, and this
+        # thread still the one to give up: not a snapshot taken across a hand-off
+        g2 = graph.snapshot()
+        c2 = g2.cycle_from(me)
+        if c2 is None or g2.victim(me) != me or (
+                [(m.thread.key, m.thread.since_ns) for m in c]
+                != [(m.thread.key, m.thread.since_ns) for m in c2]):
             return 0
         _dl_local.found = (me[1], me[2], len(c2), graph.describe_cycle(c2))
         w.dl_hit = 1
@@ -148,16 +152,16 @@ cdef int dl_look(wait_t* w, int64_t now) noexcept with gil:
         return -1
 
 
-cdef object dl_raise(str kind, str name):
+cdef object dl_raise(str what):
     """Raise the DeadlockError of the victim of the cycle dl_look found, waiting for
-    `kind` lock `name`."""
+    `what` (e.g. "futex lock 'a'", "the write of RWLock 'rw'")."""
     found = getattr(_dl_local, "found", None)
     _dl_local.found = None
     if found is None:
         raise DeadlockError("deadlock: a wait-for cycle")
     pid, tid, n, cycle = found
     raise DeadlockError(
-        f"deadlock: this thread (pid {pid}, tid {tid}) waits for {kind} lock {name!r} in a "
+        f"deadlock: this thread (pid {pid}, tid {tid}) waits for {what} in a "
         f"cycle of {n} threads; it gave up its wait (the last of the cycle to begin "
         f"waiting) and keeps its locks:\n" + cycle)
 

@@ -460,7 +460,7 @@ cdef class _Lock:
             return _raise_pending()                  # never a return value with it set
         if rc == R_TIMEOUT:
             if w.dl_hit:
-                dl_raise(self.kind_name, self._name)     # a deadlock's victim (deadlock.pxi)
+                dl_raise(f"{self.kind_name} lock {self._name!r}")   # a deadlock's victim
             stats_timeout(self.b.ctl)
             return False
         if rc == R_SIGNAL:

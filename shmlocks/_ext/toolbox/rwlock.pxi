@@ -102,12 +102,48 @@ cdef bint _rw_spin(uint32_t* word, uint32_t val) noexcept nogil:
     return 1
 
 
+# ---- the wait record (the wait-for graph, docs/design.md §9) ----
+
+cdef void _rw_arm(rmap_t* rm, shm_body* b, uint32_t me, wait_t* wt) noexcept nogil:
+    """Before a wait's first sleep: publish that participant `me` waits for this RWLock
+    (op_lock, and since when: dl_arm), so the wait-for graph reads who it waits for from
+    the lock's words (a reader: the writer of its tag's phase; a writer: the writer
+    present, then every reader it drains), and schedule the wait's deadlock look. The
+    caller set only wt.deadline, wt.dl_hit = 0 and wt.t0 = 0 (the uncontended acquire
+    pays for nothing more): the rest is set here, and t0 is the wait's start (_rw_unarm
+    reads it as "armed")."""
+    cdef int64_t now
+    if wt.t0 != 0:
+        return
+    now = shm_now_ns()
+    wait_init(wt, wt.deadline)
+    wt.rm = rm                                   # hidden while handlers run (wait.pxi)
+    wt.t0 = now
+    dl_arm(wt, rm, me, now)
+    shm_op_set(&rm.part[me].op_lock, b.index + 1, SHM_OP_WAITING)
+
+
+cdef inline void _rw_unarm(rmap_t* rm, uint32_t me, wait_t* wt) noexcept nogil:
+    if wt.t0 != 0:
+        shm_op_set(&rm.part[me].op_lock, 0, 0)
+
+
 # ---- read ----
 
 cdef int _rw_read_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t w,
-                       int64_t deadline) noexcept nogil:
-    """The reader found writer phase w present (its ind is 1): wait for that writer.
-    R_ACQ (in: ind 1), or R_TIMEOUT, R_SIGNAL, R_RW_DEADLOCK, R_CORRUPT (ind 0)."""
+                       wait_t* wt) noexcept nogil:
+    """The reader found writer phase w present (its ind is 1): wait for that writer, by
+    wt's deadline (its wait record published from its first sleep: _rw_arm).
+    R_ACQ (in: ind 1), or R_TIMEOUT (wt.dl_hit: a deadlock's victim), R_SIGNAL,
+    R_RW_DEADLOCK, R_CORRUPT (ind 0)."""
+    cdef int r = _rw_read_wait1(rm, b, me, w, wt)
+    _rw_unarm(rm, me, wt)
+    return r
+
+
+cdef int _rw_read_wait1(rmap_t* rm, shm_body* b, uint32_t me, uint32_t w,
+                        wait_t* wt) noexcept nogil:
+    cdef int64_t deadline = wt.deadline
     cdef shm_rwword* W = shm_rw_word(b)
     cdef shm_rwrec* rec = shm_rw_rec(b, me)
     cdef uint32_t n = _rw_phase(w)
@@ -147,8 +183,9 @@ cdef int _rw_read_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t w,
         if deadline == 0:
             r = R_TIMEOUT
             break
+        _rw_arm(rm, b, me, wt)
         st32_rlx(&rec.waiting, 1)
-        r = tb_sleep(rm, &t, &W.parked, deadline)
+        r = tb_sleep_w(rm, &t, &W.parked, wt)
         st32_rlx(&rec.waiting, 0)
         if r == R_SIGNAL:
             break
@@ -182,10 +219,20 @@ cdef void _rw_withdraw(shm_body* b, uint32_t me, uint32_t mine) noexcept nogil:
 
 
 cdef int _rw_write_acquire(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
-                           int64_t deadline, bint* waited) noexcept nogil:
-    """R_ACQ (w names us, the readers drained, the holder record ours), R_TIMEOUT,
-    R_SIGNAL, R_RW_DEADLOCK, R_CORRUPT (nothing held). Recoveries it runs keep its
-    deadline. *waited: it found a writer present or a reader to wait for (statistics)."""
+                           wait_t* wt, bint* waited) noexcept nogil:
+    """R_ACQ (w names us, the readers drained, the holder record ours), R_TIMEOUT
+    (wt.dl_hit: a deadlock's victim), R_SIGNAL, R_RW_DEADLOCK, R_CORRUPT (nothing held),
+    by wt's deadline, which the recoveries it runs keep; its wait record is published
+    from its first sleep (_rw_arm). *waited: it found a writer present or a reader to
+    wait for (statistics)."""
+    cdef int r = _rw_write_acquire1(rm, b, me, hid, wt, waited)
+    _rw_unarm(rm, me, wt)
+    return r
+
+
+cdef int _rw_write_acquire1(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
+                            wait_t* wt, bint* waited) noexcept nogil:
+    cdef int64_t deadline = wt.deadline
     cdef shm_rwword* W = shm_rw_word(b)
     cdef shm_rwrec* mine = shm_rw_rec(b, me)
     cdef shm_rwrec* rec
@@ -220,9 +267,10 @@ cdef int _rw_write_acquire(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
             continue
         if deadline == 0 or last:
             return R_TIMEOUT
+        _rw_arm(rm, b, me, wt)
         st32_rlx(&mine.waiting, 1)
         fadd32(&W.wwait, 1)
-        r = tb_sleep(rm, &t, &W.parked, deadline)
+        r = tb_sleep_w(rm, &t, &W.parked, wt)
         fsub32(&W.wwait, 1)
         st32_rlx(&mine.waiting, 0)
         if r == R_SIGNAL:
@@ -257,8 +305,9 @@ cdef int _rw_write_acquire(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
             if last or deadline == 0:
                 _rw_withdraw(b, me, nw)
                 return R_TIMEOUT
+            _rw_arm(rm, b, me, wt)
             st32_rlx(&mine.waiting, 1)
-            r = tb_sleep(rm, &t, &rec.wparked, deadline)
+            r = tb_sleep_w(rm, &t, &rec.wparked, wt)
             st32_rlx(&mine.waiting, 0)
             if r == R_SIGNAL:
                 _rw_withdraw(b, me, nw)
@@ -385,6 +434,7 @@ cdef class RWLock(_TbObject):
         cdef shm_rwrec* rec
         cdef uint32_t v, w
         cdef int rc
+        cdef wait_t wt
         if not (blocking is True and (timeout is _RW_NEG1 or timeout is None)):
             deadline = _deadline_of(blocking, timeout)   # (lockbase.pxd)
         r = self._me()
@@ -409,9 +459,14 @@ cdef class RWLock(_TbObject):
             crashpoint("rwlock.read.raised")
             w = ld32_seq(&shm_rw_word(&self.b).w)
             if w & RW_PRESENT:
+                wt.deadline = deadline           # the rest only if it sleeps (_rw_arm)
+                wt.t0 = 0
+                wt.dl_hit = 0
                 with nogil:
-                    rc = _rw_read_wait(self.rm, &self.b, r.slot, w, deadline)
+                    rc = _rw_read_wait(self.rm, &self.b, r.slot, w, &wt)
                 if rc != R_ACQ:
+                    if rc == R_TIMEOUT and wt.dl_hit:
+                        dl_raise(f"a read of RWLock {self._name!r}")
                     return self._read_failed(rc, deadline)
                 st64_rlx(&rec.read_waits, ld64_rlx(&rec.read_waits) + 1)
         if ld32_acq(&self.b.ctl.flags) & SHM_F_NOTRECOVERABLE:
@@ -521,6 +576,7 @@ cdef class RWLock(_TbObject):
         cdef uint32_t f, slot, hid
         cdef int rc
         cdef bint waited = 0
+        cdef wait_t wt
         if not (blocking is True and (timeout is _RW_NEG1 or timeout is None)):
             deadline = _deadline_of(blocking, timeout)   # (lockbase.pxd)
         r = self._me()
@@ -544,8 +600,11 @@ cdef class RWLock(_TbObject):
         slot = r.slot
         hid = r.hid
         t0 = shm_now_ns()
+        wt.deadline = deadline                   # the rest only if it sleeps (_rw_arm)
+        wt.t0 = 0
+        wt.dl_hit = 0
         with nogil:
-            rc = _rw_write_acquire(self.rm, &self.b, slot, hid, deadline, &waited)
+            rc = _rw_write_acquire(self.rm, &self.b, slot, hid, &wt, &waited)
         if rc != R_ACQ:
             if rc == R_SIGNAL:
                 return _raise_pending()
@@ -556,6 +615,8 @@ cdef class RWLock(_TbObject):
             if rc == R_CORRUPT:
                 raise CorruptRegionError(f"RWLock {self._name!r}: its writer word names "
                                          "no participant")
+            if wt.dl_hit:
+                dl_raise(f"the write of RWLock {self._name!r}")
             if deadline != 0:
                 stats_timeout(self.b.ctl)
             return False

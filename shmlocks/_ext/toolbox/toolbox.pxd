@@ -20,6 +20,7 @@ cdef int tb_guard(shm_body* b, int64_t until, bint sig) noexcept nogil
 cdef void tb_init(shm_body* b) noexcept nogil
 cdef int tb_watch(rmap_t* rm, tb_watch_t* t, uint32_t slot) noexcept nogil
 cdef int tb_sleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline) noexcept nogil
+cdef int tb_sleep_w(rmap_t* rm, tb_watch_t* t, uint32_t* parked, wait_t* w) noexcept nogil
 cdef int tb_asleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline,
                    int64_t* slept) noexcept nogil
 cdef void tb_count(shm_body* b, bint got, bint timed_out, int64_t slept) noexcept nogil

@@ -174,17 +174,26 @@ cdef int tb_sleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline)
     wait policy's (wait.pxi wait_sleep: the signals before it and on EINTR, a slice when
     the set is full or futex_waitv missing). A death seen on waking is recovered here,
     which wakes everyone else who watched it."""
-    cdef watch_t* ws = &t.ws
     cdef wait_t w                                # (no region to hide: w.rm NULL)
+    wait_init(&w, deadline)
+    return tb_sleep_w(rm, t, parked, &w)
+
+
+cdef int tb_sleep_w(rmap_t* rm, tb_watch_t* t, uint32_t* parked, wait_t* w) noexcept nogil:
+    """tb_sleep for a wait that lasts over many sleeps: the caller's `w` gives the
+    deadline (w.deadline), the region whose participant is hidden while Python code runs
+    (w.rm) and, once dl_arm scheduled it, the deadlock look (w.dl_next, deadlock.pxi),
+    due when a sleep ends at its time: R_TIMEOUT with w.dl_hit set for a cycle's victim."""
+    cdef watch_t* ws = &t.ws
     cdef int r, i
+    cdef int64_t now
     if t.rec.sig:                                # a handler raised in a recovery of tb_watch
         return R_SIGNAL
-    wait_init(&w, deadline)
     fadd32(parked, 1)                            # announce (SC), then re-check the word
     if ld32_seq(ws.words[0]) != ws.vals[0]:
         fsub32(parked, 1)
         return R_CONT
-    r = wait_sleep(&w, ws, t.full or not g_wait_waitv)
+    r = wait_sleep(w, ws, t.full or not g_wait_waitv)
     fsub32(parked, 1)
     if r == R_SIGNAL:
         return R_SIGNAL
@@ -193,9 +202,10 @@ cdef int tb_sleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline)
             participant_try_recover(rm, t.slots[i], &t.rec)
             if t.rec.sig:
                 return R_SIGNAL
-    if deadline >= 0 and shm_now_ns() >= deadline:
+    now = shm_now_ns()
+    if w.deadline >= 0 and now >= w.deadline:
         return R_TIMEOUT
-    return R_CONT
+    return wait_look_due(w, now)
 
 
 cdef int tb_asleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline,
