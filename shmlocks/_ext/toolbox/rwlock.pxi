@@ -135,14 +135,7 @@ cdef int _rw_read_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t w,
     """The reader found writer phase w present (its ind is 1): wait for that writer, by
     wt's deadline (its wait record published from its first sleep: _rw_arm).
     R_ACQ (in: ind 1), or R_TIMEOUT (wt.dl_hit: a deadlock's victim), R_SIGNAL,
-    R_RW_DEADLOCK, R_CORRUPT (ind 0)."""
-    cdef int r = _rw_read_wait1(rm, b, me, w, wt)
-    _rw_unarm(rm, me, wt)
-    return r
-
-
-cdef int _rw_read_wait1(rmap_t* rm, shm_body* b, uint32_t me, uint32_t w,
-                        wait_t* wt) noexcept nogil:
+    R_RW_DEADLOCK, R_CORRUPT (ind 0). The caller ends the wait record (_rw_unarm)."""
     cdef int64_t deadline = wt.deadline
     cdef shm_rwword* W = shm_rw_word(b)
     cdef shm_rwrec* rec = shm_rw_rec(b, me)
@@ -209,6 +202,19 @@ cdef inline void _rw_read_undo(shm_rwrec* rec) noexcept nogil:
 
 # ---- write ----
 
+cdef inline uint32_t _rw_next_counted(shm_body* b, uint32_t me, uint32_t tag,
+                                     uint32_t s) noexcept nogil:
+    """The first slot from s on, other than me, whose indicator the writer of phase tag
+    waits for; b.P if none. A loop of its own: it runs over every participant line on
+    each write, and with nothing else live in it each step is one load and a test."""
+    cdef uint32_t n = b.P
+    while s < n:
+        if s != me and _rw_counts(ld32_seq(&shm_rw_rec(b, s).ind), tag):
+            return s
+        s += 1
+    return n
+
+
 cdef void _rw_withdraw(shm_body* b, uint32_t me, uint32_t mine) noexcept nogil:
     """A writer that announced `mine` leaves without holding: w free again (readers tagged
     with its phase are entitled now), every sleeper woken."""
@@ -223,15 +229,8 @@ cdef int _rw_write_acquire(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
     """R_ACQ (w names us, the readers drained, the holder record ours), R_TIMEOUT
     (wt.dl_hit: a deadlock's victim), R_SIGNAL, R_RW_DEADLOCK, R_CORRUPT (nothing held),
     by wt's deadline, which the recoveries it runs keep; its wait record is published
-    from its first sleep (_rw_arm). *waited: it found a writer present or a reader to
-    wait for (statistics)."""
-    cdef int r = _rw_write_acquire1(rm, b, me, hid, wt, waited)
-    _rw_unarm(rm, me, wt)
-    return r
-
-
-cdef int _rw_write_acquire1(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
-                            wait_t* wt, bint* waited) noexcept nogil:
+    from its first sleep (_rw_arm; the caller ends it: _rw_unarm). *waited: it found a
+    writer present or a reader to wait for (statistics)."""
     cdef int64_t deadline = wt.deadline
     cdef shm_rwword* W = shm_rw_word(b)
     cdef shm_rwrec* mine = shm_rw_rec(b, me)
@@ -281,9 +280,8 @@ cdef int _rw_write_acquire1(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
     # 2. drain the readers present at the announcement
     tag = _rw_phase(nw) & RW_TAG_MASK
     last = 0
-    for s in range(b.P):
-        if s == me:
-            continue
+    s = _rw_next_counted(b, me, tag, 0)
+    while s < b.P:
         rec = shm_rw_rec(b, s)
         while True:
             v = ld32_seq(&rec.ind)
@@ -314,6 +312,7 @@ cdef int _rw_write_acquire1(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
                 return r
             if r == R_TIMEOUT:
                 last = 1
+        s = _rw_next_counted(b, me, tag, s + 1)
     crashpoint("rwlock.write.drained")
     # 3. hold: the holder record, then the state a recoverer reads as "in its section"
     st32_seq(&b.ctl.holder, hid)
@@ -464,6 +463,7 @@ cdef class RWLock(_TbObject):
                 wt.dl_hit = 0
                 with nogil:
                     rc = _rw_read_wait(self.rm, &self.b, r.slot, w, &wt)
+                    _rw_unarm(self.rm, r.slot, &wt)
                 if rc != R_ACQ:
                     if rc == R_TIMEOUT and wt.dl_hit:
                         dl_raise(f"a read of RWLock {self._name!r}")
@@ -605,6 +605,7 @@ cdef class RWLock(_TbObject):
         wt.dl_hit = 0
         with nogil:
             rc = _rw_write_acquire(self.rm, &self.b, slot, hid, &wt, &waited)
+            _rw_unarm(self.rm, slot, &wt)
         if rc != R_ACQ:
             if rc == R_SIGNAL:
                 return _raise_pending()
