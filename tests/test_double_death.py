@@ -7,8 +7,14 @@ protocol brings them there: waiting behind H, taking the lock, releasing it, or
 recovering the other (a recoverer killed mid-recovery). Then a live survivor must get the
 lock within 10 s, two processes must count under it exactly, and no slot may be left.
 
+The RWLock has its own matrix over its points and the recovery driver's: H holds the
+write; A and B each read then write, three times; afterwards a survivor gets the write and
+a read, two writers count exactly while a reader never sees a writer inside, and no slot
+is left.
+
 The full matrix runs with `SHMLOCKS_DOUBLE_DEATH=all pytest -s tests/test_double_death.py`
-(about 80 s on 4 workers, 4 min on one); the suite runs a fixed sample of it.
+(about 80 s on 4 workers, 4 min on one, for the locks; the RWLock's 121 pairs about
+3 min); the suite runs a fixed sample of each.
 """
 
 from __future__ import annotations
@@ -21,10 +27,10 @@ import sys
 import time
 
 import pytest
-from support import USERSPACE_KINDS, recovering_sections, uniq
+from support import USERSPACE_KINDS, RWSide, recovering_sections, uniq
 
 import shmlocks
-from shmlocks._harness import Exclusion, words
+from shmlocks._harness import MARK_W, Exclusion, words
 
 
 def _points(kind: str) -> list[str]:
@@ -155,3 +161,136 @@ def test_double_death_every_pair(kind):
             end = run_pair(k, a, b)
             tally[end] = tally.get(end, 0) + 1
     print(f"\n{kind}: {sum(tally.values())} pairs, {tally}")
+
+
+# ---------------------------------------------------------------------------- RWLock
+
+#: the RWLock's points, and the recovery driver's that its recoverers pass through
+RW_POINTS = sorted(p for p in shmlocks._crashpoints() if p.startswith("rwlock.")) + [
+    "recover.done",
+    "recover.locked",
+]
+RW_PAIRS = [(a, b) for a in RW_POINTS for b in RW_POINTS]
+RW_SAMPLE = RW_PAIRS[::10]  # 13 of 121: each point appears
+
+RW_CODE = r"""
+import sys, shmlocks
+rw = shmlocks.RWLock.open(sys.argv[1])
+for _ in range(3):
+    if rw.acquire_read(timeout=3):
+        rw.release_read()
+    if rw.acquire_write(timeout=3):
+        if rw.owner_died:
+            rw.mark_consistent()
+        rw.release_write()
+"""
+
+
+def _hold_write(rw, ready, go) -> None:
+    rw.acquire_write()
+    ready.set()
+    go.wait(30)
+    rw.release_write()
+
+
+def _reads_check(rw, a, bad, stop) -> None:
+    """Read holds until told to stop; a writer's marker seen inside one is a violation."""
+    while not stop.value:
+        if rw.acquire_read(timeout=20):
+            if a[MARK_W]:
+                bad.value += 1
+            rw.release_read()
+
+
+def run_rw_pair(p1: str, p2: str) -> str:
+    """One RWLock pair; returns how A and B ended ("killed"/"done" each)."""
+    rw = shmlocks.RWLock.create(uniq("dd-rw"), max_participants=8)
+    ctx = mp.get_context("fork")
+    ready, go = ctx.Event(), ctx.Event()
+    h = ctx.Process(target=_hold_write, args=(rw, ready, go), daemon=True)
+    armed: list[subprocess.Popen] = []
+    workers: list[mp.process.BaseProcess] = []
+    try:
+        h.start()
+        assert ready.wait(20)
+        for point in (p1, p2):
+            armed.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", RW_CODE, rw.name],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env={**os.environ, "SHMLOCKS_CRASHPOINT": point},
+                )
+            )
+            _settle(armed[-1], 1.0)
+        go.set()
+        h.join(20)
+        ends = []
+        for p in armed:
+            try:
+                _, err = p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"rwlock {p1} x {p2}: a participant hung") from None
+            assert p.returncode in (0, -signal.SIGKILL), (p1, p2, p.returncode, err)
+            ends.append("killed" if p.returncode else "done")
+        assert rw.acquire_write(timeout=10), f"rwlock {p1} x {p2}: the survivor got no write"
+        if rw.owner_died:
+            rw.mark_consistent()
+        rw.release_write()
+        assert rw.acquire_read(timeout=10), f"rwlock {p1} x {p2}: the survivor got no read"
+        rw.release_read()
+        ex = Exclusion(ctx.RawArray("q", words(2)), participants=2)
+        bad, stop = ctx.RawValue("q", 0), ctx.RawValue("i", 0)
+        workers = [ctx.Process(target=_reads_check, args=(rw, ex.a, bad, stop))]
+        workers += [
+            ctx.Process(target=recovering_sections, args=(RWSide(rw, True), ex, 1 + i, 300, 20.0))
+            for i in range(2)
+        ]
+        for w in workers:
+            w.start()
+        for w in workers[1:]:
+            w.join(30)
+            assert w.exitcode == 0, f"rwlock {p1} x {p2}: a counter failed ({w.exitcode})"
+        stop.value = 1
+        workers[0].join(30)
+        assert workers[0].exitcode == 0, f"rwlock {p1} x {p2}: the reader failed"
+        books = ex.report()
+        assert books.ok and books.total == 600, f"rwlock {p1} x {p2}: exclusion lost: {books}"
+        assert bad.value == 0, f"rwlock {p1} x {p2}: a reader saw a writer inside"
+        rw.region._recover_dead()
+        parts = rw.region._describe()["participants"]
+        assert [p["pid"] for p in parts] == [os.getpid()], f"rwlock {p1} x {p2}: {parts}"
+        return "/".join(ends)
+    finally:
+        go.set()
+        for p in armed:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        for w in [h, *workers]:
+            if w.is_alive():
+                w.kill()
+                w.join(10)
+        rw.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("p1", "p2"), RW_SAMPLE, ids=[f"{a}-x-{b}" for a, b in RW_SAMPLE])
+def test_rwlock_double_death_sample(p1, p2):
+    run_rw_pair(p1, p2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(
+    os.environ.get("SHMLOCKS_DOUBLE_DEATH") != "all",
+    reason="the whole matrix runs with SHMLOCKS_DOUBLE_DEATH=all (the suite runs a sample)",
+)
+def test_rwlock_double_death_every_pair():
+    """The RWLock's whole matrix; prints how many pairs killed both, one, or none."""
+    tally: dict[str, int] = {}
+    for a, b in RW_PAIRS:
+        end = run_rw_pair(a, b)
+        tally[end] = tally.get(end, 0) + 1
+    print(f"\nrwlock: {sum(tally.values())} pairs, {tally}")

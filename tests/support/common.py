@@ -435,3 +435,10 @@ class RWSide:
 
     def locked(self):
         return self.rw.locked()
+
+    @property
+    def owner_died(self):
+        return self.rw.owner_died
+
+    def mark_consistent(self):
+        self.rw.mark_consistent()
