@@ -363,8 +363,16 @@ class Case:
     # -- a recovery point: the child recovers victims until it dies doing so
 
     def run_victims(self) -> int | None:
+        """Victims die holding until the child dies recovering one. The survivors, queued
+        behind each victim, race the child for its recovery (their waits wake at the
+        death itself), and on a loaded machine they can win every time: so every other
+        victim dies while the survivors are stopped (SIGSTOP, by PID), and the child, the
+        only one left to look, recovers it; they go on (SIGCONT) once it has died or
+        recovered it, and must then recover the child."""
         ctx_deadline = time.monotonic() + CHILD_BUDGET
+        attempt = 0
         while time.monotonic() < ctx_deadline:
+            attempt += 1
             r, w = mp.get_context("fork").Pipe(duplex=False)
             p = self.procs.start(_victim, self.lock, self.path, w)
             w.close()
@@ -373,17 +381,29 @@ class Case:
             assert seq is not None, "victim could not take the lock within 10 s"
             self.victims.append((p, seq))
             time.sleep(0.03)  # the child's thread and the survivors queue behind it
-            self.a[VICTIM_PID] = p.pid  # the child starts watching the victim's token
-            time.sleep(0.002)
-            os.kill(p.pid, signal.SIGKILL)
-            p.join(10)
-            assert p.exitcode == -signal.SIGKILL
-            t_death = self.child_died_within(0.5)
+            stopped = attempt % 2 == 0
+            if stopped:
+                self._signal_survivors(signal.SIGSTOP)
+            try:
+                self.a[VICTIM_PID] = p.pid  # the child starts watching the victim's token
+                time.sleep(0.002)
+                os.kill(p.pid, signal.SIGKILL)
+                p.join(10)
+                assert p.exitcode == -signal.SIGKILL
+                t_death = self.child_died_within(0.5)
+            finally:
+                if stopped:
+                    self._signal_survivors(signal.SIGCONT)
             if t_death is not None:
                 return t_death
             # someone else recovered this victim first: its next hold must follow soon
             self.wait_for(lambda s=seq: s + 1 in self.died_seqs(), 2.0, "victim's death")
         return self.child_died_within(1.0)
+
+    def _signal_survivors(self, sig: int) -> None:
+        for s in self.survivors:
+            if s.pid is not None and s.exitcode is None:
+                os.kill(s.pid, sig)
 
     # -- checks
 
