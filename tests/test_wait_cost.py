@@ -259,6 +259,10 @@ def test_blocked_waiter_wakes_only_for_the_deadlock_look(
 #: above its fewest beside none: 3 for the machine (a page fault, a stray timer)
 COUNT_S = 2.0
 GIL_SLACK = 3
+#: runs beside a waiter, at most, for the counter's fewest switches: the other threads of a
+#: loaded test process (xdist's) take the GIL now and then too, whatever the waiter does,
+#: while a waiter that wakes to look makes hundreds of switches in every run
+GIL_RUNS = 3
 #: when a run beside a waiter looks at the waiter's count once
 EARLY_S = 0.3
 
@@ -340,16 +344,20 @@ def test_cpu_bound_neighbour_keeps_the_gil(kind, case, make_lock, procs, deadloc
     control: it shows the harness can pass."""
     deadlock_timeout(None)
     lock = make_lock(kind)
-    withs = [_counting_run(lock, procs, True)]
     withouts = [_counting_run(lock, procs, False)]
-    runs = f"runs with a waiter {withs}, without {withouts}"
-    woke = max(r["waiter"] for r in withs)
-    assert woke <= IDLE_MAX, (
-        f"{kind}: a blocked waiter woke {woke} times beside a CPU-bound thread (in "
-        f"{COUNT_S} s at most; {runs})"
-    )
-    sw_with = min(r["switches"] for r in withs)
     sw_without = min(r["switches"] for r in withouts)
+    withs: list[dict] = []
+    for _ in range(GIL_RUNS):
+        withs.append(_counting_run(lock, procs, True))
+        runs = f"runs with a waiter {withs}, without {withouts}"
+        woke = max(r["waiter"] for r in withs)
+        assert woke <= IDLE_MAX, (
+            f"{kind}: a blocked waiter woke {woke} times beside a CPU-bound thread (in "
+            f"{COUNT_S} s at most; {runs})"
+        )
+        if min(r["switches"] for r in withs) <= sw_without + GIL_SLACK:
+            break
+    sw_with = min(r["switches"] for r in withs)
     assert sw_with <= sw_without + GIL_SLACK, (
         f"{kind}: a CPU-bound thread beside a blocked waiter gave up the GIL "
         f"{sw_with} times in {COUNT_S} s, {sw_without} beside none ({runs})"
