@@ -62,6 +62,7 @@ MAGIC = SHM_MAGIC
 # offsets and codes come from the C declarations here, so no reader re-spells them.
 cdef shm_header _lay_h
 cdef shm_participant _lay_p
+cdef shm_rwrec _lay_rw
 LAYOUT = {
     "line": SHM_LINE,
     "header_size": sizeof(shm_header),
@@ -88,6 +89,8 @@ LAYOUT = {
     "rw_tag_shift": RW_TAG_SHIFT,
     "rw_tag_mask": RW_TAG_MASK,
     "rw_w_draining": RW_W_DRAINING,
+    # shm_rwlock.h shm_rwrec: the bytes its fields span (ind .. read_wait_max_ns)
+    "rwrec_fields": <char*>&_lay_rw.read_wait_max_ns - <char*>&_lay_rw + sizeof(uint64_t),
 }
 
 # The kind registry: each kind's file registers its class and its ops (_register_kind, in

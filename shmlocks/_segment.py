@@ -51,7 +51,7 @@ OBJECT_NAMES = {cls.kind_code: name for name, cls in _core.OBJECTS.items()}
 _TBWORD = struct.Struct("<IIIIIIQII")  # shm_toolbox.h shm_tbword: seq .. cycle
 _TBREC_WAITING = 28  # shm_tbrec.waiting
 _TB_BOUNDED = 1
-_RWREC = struct.Struct("<IIIIQQQ")  # shm_rwlock.h shm_rwrec: ind .. timeouts
+_RWREC = struct.Struct("<IIIIQQQQQ")  # shm_rwlock.h shm_rwrec: ind .. read_wait_max_ns
 _RW_PRESENT = _L["rw_present"]
 _RW_SLOT_BITS = _L["rw_slot_bits"]
 _RW_PHASE = _L["rw_phase_mask"]
@@ -108,7 +108,9 @@ class RWRec(NamedTuple):
     waiting: int
     reads: int
     read_waits: int
-    timeouts: int
+    timeouts: int  # its timed reads that gave up
+    read_wait_ns: int  # the wait of its read_waits, summed
+    read_wait_max_ns: int
 
 
 class Lock(NamedTuple):

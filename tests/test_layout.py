@@ -155,6 +155,45 @@ def test_statistics_sit_where_shm_layout_h_says(procs):
         lock.close()
 
 
+@pytest.mark.timeout(30)
+def test_rwlock_read_statistics_sit_where_shm_rwlock_h_says():
+    """An RWLock participant's line (shm_rwrec, a prec line): reads +16, read_waits +24,
+    timeouts +32, read_wait_ns +40, read_wait_max_ns +48, written by the participant."""
+    import threading
+    import time
+
+    P = 3
+    rw = shmlocks.RWLock(uniq("layout-rw"), max_participants=P)
+    try:
+        for _ in range(2):
+            with rw.read_lock():
+                pass
+        with rw.write_lock():
+            t = threading.Thread(target=lambda: rw.acquire_read(timeout=0.001))
+            t.start()
+            t.join(20)  # a read timeout
+            t = threading.Thread(target=lambda: (rw.acquire_read(), rw.release_read()))
+            t.start()
+            deadline = time.monotonic() + 10
+            while rw._describe()["waiters"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.002)
+            time.sleep(0.05)
+        t.join(20)
+        s = rw.stats()
+        with open(os.path.join(SHM_DIR, rw.name), "rb") as f:
+            data = f.read()
+    finally:
+        rw.close()
+    locks_off = HEADER.unpack_from(data)[8]
+    recs = locks_off + (3 + P + 1) * LINE
+    lines = [struct.unpack_from("<5Q", data, recs + x * LINE + 16) for x in range(P)]
+    reads, waits, touts, wns, wmax = (list(col) for col in zip(*lines, strict=True))
+    assert (sum(reads), sum(waits), sum(touts)) == (3, 1, 1), lines
+    assert (s["reads"], s["read_waits"], s["read_timeouts"]) == (3, 1, 1)
+    assert sum(wns) == max(wmax) == round(s["read_wait_total_s"] * 1e9), lines
+    assert wmax[waits.index(1)] >= 50_000_000 and s["read_wait_max_s"] >= 0.05
+
+
 def test_python_readers_take_the_layout_from_the_core():
     """The pread readers (shmlocks/_segment.py, the pytest plugin) take sizes, offsets and
     codes from the compiled core's LAYOUT (C's sizeof/offsetof), and their struct formats
@@ -172,6 +211,7 @@ def test_python_readers_take_the_layout_from_the_core():
     codes = {"ticket": 1, "mcs": 2, "clh": 3, "futex": 4, "robust": 5, "pi": 6}
     assert _segment.KIND_NAMES == {c: k for k, c in codes.items()}
     # shm_toolbox.h, shm_rwlock.h
+    assert _segment._RWREC.size == lay["rwrec_fields"] == 56
     objects = {"event": 7, "semaphore": 8, "barrier": 9, "condition": 10, "rwlock": 11}
     assert _segment.OBJECT_NAMES == {c: k for k, c in objects.items()}
 

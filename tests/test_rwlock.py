@@ -162,6 +162,43 @@ def test_timeouts_and_nonblocking_leave_nothing(rw):
     assert st["timeouts"] == 2 and st["read_timeouts"] == 1
 
 
+def test_read_wait_time_is_counted_only_for_reads_that_waited(rw):
+    """stats(): a read that found a writer counts its wait (``read_wait_total_s``,
+    ``read_wait_max_s``: two clock reads on the waiting path); uncontended and nested
+    reads count none; reset_stats() zeroes them."""
+    for _ in range(3):
+        with rw.read_lock(), rw.read_lock():
+            pass
+    st = rw.stats()
+    assert (st["reads"], st["read_waits"]) == (6, 0), st
+    assert (st["read_wait_total_s"], st["read_wait_max_s"]) == (0, 0), st
+    got: dict = {}
+    with rw.write_lock():
+        ts = [
+            threading.Thread(target=_timed, args=(rw.acquire_read, got, k, rw.release_read))
+            for k in ("a", "b")
+        ]
+        for t in ts:
+            t.start()
+        until(lambda: rw._describe()["waiters"] == 2, what="the readers to wait")
+        time.sleep(0.1)
+    for t in ts:
+        t.join(20)
+    st = rw.stats()
+    assert (st["reads"], st["read_waits"], st["read_timeouts"]) == (8, 2, 0), st
+    waited = sorted((got["a_waited"], got["b_waited"]))
+    assert 0.1 <= st["read_wait_max_s"] <= waited[1], (st, got)
+    assert 0.2 <= st["read_wait_total_s"] <= sum(waited), (st, got)
+    rw.reset_stats()
+    st = rw.stats()
+    assert (st["reads"], st["read_waits"], st["read_wait_total_s"], st["read_wait_max_s"]) == (
+        0,
+        0,
+        0,
+        0,
+    )
+
+
 def _spawned_writer(lk):
     assert lk.acquire_write(timeout=10)
     lk.release_write()

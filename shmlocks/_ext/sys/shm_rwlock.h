@@ -60,11 +60,17 @@ typedef struct shm_rwrec {
     uint64_t reads;     /* read holds begun (statistics: the participant's own line) */
     uint64_t read_waits;/* read holds that waited for a writer */
     uint64_t timeouts;  /* timed read acquires that gave up */
-    char     _pad[SHM_LINE - 40];
+    uint64_t read_wait_ns;     /* the time those read_waits waited, summed (the
+                                  slow path's two clock reads; never the fast path) */
+    uint64_t read_wait_max_ns; /* the longest of them */
+    char     _pad[SHM_LINE - 56];
 } SHM_LINE_ALIGNED shm_rwrec;
 
 _Static_assert(sizeof(shm_rwword) == SHM_LINE, "an rwlock word A is one line");
 _Static_assert(sizeof(shm_rwrec) == SHM_LINE, "an rwlock record is a prec line");
+_Static_assert(offsetof(shm_rwrec, reads) == 16
+               && offsetof(shm_rwrec, read_wait_max_ns) == 48,
+               "the read statistics follow the four words (shmlocks/_segment.py _RWREC)");
 _Static_assert(RW_SLOT_BITS == 13u, "the writer's slot + 1 fits as a holder id's does");
 _Static_assert((RW_COUNT_MASK | (RW_TAG_MASK << RW_TAG_SHIFT) | RW_BLOCKED) == 0xffffffffu
                && (RW_COUNT_MASK & (RW_TAG_MASK << RW_TAG_SHIFT)) == 0,

@@ -420,6 +420,8 @@ cdef extern from "shm_rwlock.h" nogil:
         uint64_t reads
         uint64_t read_waits
         uint64_t timeouts
+        uint64_t read_wait_ns
+        uint64_t read_wait_max_ns
 
     shm_rwword* shm_rw_word(shm_body* b)
     shm_rwrec* shm_rw_rec(shm_body* b, uint32_t p)

@@ -190,6 +190,16 @@ cdef int _rw_read_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t w,
     return r
 
 
+cdef inline void _rw_read_waited(shm_rwrec* rec, int64_t ns) noexcept nogil:
+    """A read that waited `ns` for a writer is in: its statistics, on the participant's
+    own line (plain relaxed stores, as stats_waited's in the holder's ctl line)."""
+    cdef uint64_t t = <uint64_t>ns if ns > 0 else 0
+    st64_rlx(&rec.read_waits, ld64_rlx(&rec.read_waits) + 1)
+    st64_rlx(&rec.read_wait_ns, ld64_rlx(&rec.read_wait_ns) + t)
+    if t > ld64_rlx(&rec.read_wait_max_ns):
+        st64_rlx(&rec.read_wait_max_ns, t)
+
+
 cdef inline void _rw_read_undo(shm_rwrec* rec) noexcept nogil:
     """Give back one read hold (the caller has one)."""
     cdef uint32_t v = ld32_rlx(&rec.ind)
@@ -429,6 +439,7 @@ cdef class RWLock(_TbObject):
 
     cdef object _acquire_read(self, blocking, timeout):
         cdef int64_t deadline = -1
+        cdef int64_t t0
         cdef reg_t* r
         cdef shm_rwrec* rec
         cdef uint32_t v, w
@@ -461,6 +472,7 @@ cdef class RWLock(_TbObject):
                 wt.deadline = deadline           # the rest only if it sleeps (_rw_arm)
                 wt.t0 = 0
                 wt.dl_hit = 0
+                t0 = shm_now_ns()                # the waiting path only: never a fast read
                 with nogil:
                     rc = _rw_read_wait(self.rm, &self.b, r.slot, w, &wt)
                     _rw_unarm(self.rm, r.slot, &wt)
@@ -468,7 +480,7 @@ cdef class RWLock(_TbObject):
                     if rc == R_TIMEOUT and wt.dl_hit:
                         dl_raise(f"a read of RWLock {self._name!r}")
                     return self._read_failed(rc, deadline)
-                st64_rlx(&rec.read_waits, ld64_rlx(&rec.read_waits) + 1)
+                _rw_read_waited(rec, shm_now_ns() - t0)
         if ld32_acq(&self.b.ctl.flags) & SHM_F_NOTRECOVERABLE:
             _rw_read_undo(rec)
             raise LockNotRecoverableError(
@@ -793,18 +805,27 @@ cdef class RWLock(_TbObject):
         """The writers' statistics as a lock's (``acquisitions``, ``contended``,
         ``wait_total_s``, ``wait_max_s``, ``timeouts``, ``owner_deaths``, ``handoffs``:
         write holds only), plus ``reads`` (read holds begun), ``read_waits`` (those that
-        waited for a writer) and ``read_timeouts``, summed over the participants' own
+        waited for a writer), ``read_wait_total_s`` and ``read_wait_max_s`` (their wait)
+        and ``read_timeouts``, summed (the max: the largest) over the participants' own
         lines (a snapshot)."""
         cdef uint32_t i
-        cdef uint64_t reads = 0, waits = 0, tos = 0
+        cdef uint64_t reads = 0, waits = 0, tos = 0, wns = 0, wmax = 0, m
+        cdef shm_rwrec* rec
         self._check()
         d = stats_read(self.b.ctl)
         for i in range(self.b.P):
-            reads += ld64_acq(&shm_rw_rec(&self.b, i).reads)
-            waits += ld64_acq(&shm_rw_rec(&self.b, i).read_waits)
-            tos += ld64_acq(&shm_rw_rec(&self.b, i).timeouts)
+            rec = shm_rw_rec(&self.b, i)
+            reads += ld64_acq(&rec.reads)
+            waits += ld64_acq(&rec.read_waits)
+            tos += ld64_acq(&rec.timeouts)
+            wns += ld64_acq(&rec.read_wait_ns)
+            m = ld64_acq(&rec.read_wait_max_ns)
+            if m > wmax:
+                wmax = m
         d["reads"] = reads
         d["read_waits"] = waits
+        d["read_wait_total_s"] = wns / 1e9
+        d["read_wait_max_s"] = wmax / 1e9
         d["read_timeouts"] = tos
         return d
 
@@ -817,6 +838,8 @@ cdef class RWLock(_TbObject):
             st64_rel(&shm_rw_rec(&self.b, i).reads, 0)
             st64_rel(&shm_rw_rec(&self.b, i).read_waits, 0)
             st64_rel(&shm_rw_rec(&self.b, i).timeouts, 0)
+            st64_rel(&shm_rw_rec(&self.b, i).read_wait_ns, 0)
+            st64_rel(&shm_rw_rec(&self.b, i).read_wait_max_ns, 0)
 
     def _raw(self):
         cdef shm_rwword* W = shm_rw_word(&self.b)
