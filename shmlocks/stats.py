@@ -25,25 +25,66 @@ STAT_KEYS = (
 )
 
 
+#: an RWLock record's ``reads``: the read side's counters under the keys a lock's have
+READ_KEYS = ("acquisitions", "contended", "wait_total_s", "wait_max_s", "timeouts")
+
+
 def segment_stats(name: str) -> dict[str, Any]:
     """Every lock of segment ``name``: its kind, holder (pid, tid, alive), waiters and
-    counters, as plain data (what ``stat --json`` prints)."""
+    counters, as plain data (what ``stat --json`` prints).
+
+    An RWLock's record is its write side (the writer as ``holder``, the writers waiting as
+    ``waiters``, the ctl line's counters), plus ``reads``: the read side (:func:`rw_reads`)."""
     seg = _segment.read(name)  # a private copy read with pread, never a mapping
     d = _segment.describe(seg)
     locks = []
     for lk, body in zip(d["locks"], seg.locks, strict=True):
         c = _segment.lock_stats(body)
-        locks.append(
-            {
-                "name": lk["name"],
-                "kind": lk["kind"],
-                "locked": lk["locked"],
-                "holder": lk["holder"] if lk["locked"] else None,
-                "waiters": lk["waiters"],
-                **{k: c[k] for k in STAT_KEYS},  # type: ignore[literal-required]
-            }
-        )
+        rec = {
+            "name": lk["name"],
+            "kind": lk["kind"],
+            "locked": lk["locked"],
+            "holder": lk["holder"] if lk["locked"] else None,
+            "waiters": lk["waiters"],
+            **{k: c[k] for k in STAT_KEYS},  # type: ignore[literal-required]
+        }
+        if lk["kind"] == "rwlock":
+            reads = rw_reads(seg, body, lk["readers"])
+            rec["waiters"] = reads.pop("writers_waiting")
+            rec["reads"] = reads
+        locks.append(rec)
     return {"name": name, "locks": locks}
+
+
+def rw_reads(
+    seg: _segment.Segment, body: _segment.Lock, readers: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """An RWLock's read side from its participant lines (shm_rwlock.h shm_rwrec): the
+    reads' counters summed over the participants (``wait_max_s``: the largest), the
+    participants holding reads (``holders``, and ``readers`` as ``_segment._rw_describe``
+    lists them), the live ones that sleep waiting to read (``waiters``: their indicator
+    is tagged blocked) and, popped by the caller, those that wait to write
+    (``writers_waiting``)."""
+    recs = body.rw_recs
+    waiting = [
+        r.ind & _segment._RW_BLOCKED != 0
+        for x, r in enumerate(recs)
+        if r.waiting and seg.participant(x).state == 1
+    ]
+    return {
+        "acquisitions": sum(r.reads for r in recs),
+        "contended": sum(r.read_waits for r in recs),
+        "wait_total_s": sum(r.read_wait_ns for r in recs) / 1e9,
+        "wait_max_s": max((r.read_wait_max_ns for r in recs), default=0) / 1e9,
+        "timeouts": sum(r.timeouts for r in recs),
+        "holders": len(readers),
+        "readers": [
+            {k: rd[k] for k in ("slot", "pid", "tid", "alive", "other_namespace", "holds")}
+            for rd in readers
+        ],
+        "waiters": sum(waiting),
+        "writers_waiting": len(waiting) - sum(waiting),
+    }
 
 
 def duration(seconds: float | None) -> str:
@@ -63,12 +104,34 @@ def percent(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
+def _who(h: dict[str, Any]) -> str:
+    if h.get("other_namespace"):
+        return "other namespace"
+    return f"pid {h['pid']} {'alive' if h['alive'] else 'DEAD'}"
+
+
 def holder_text(lk: dict[str, Any]) -> str:
+    """The HOLDER column of a lock's row, or of an RWLock's write row (its writer only:
+    readers are on the read row, :func:`readers_text`)."""
     h = lk.get("holder")
+    if "reads" in lk:  # an RWLock: a writer, or nobody writing
+        return _who(h) if h else "-"
     if not lk.get("locked"):
         return "-"
     if not h:
         return "held"
-    if h.get("other_namespace"):
-        return "other namespace"
-    return f"pid {h['pid']} {'alive' if h['alive'] else 'DEAD'}"
+    return _who(h)
+
+
+def readers_text(reads: dict[str, Any]) -> str:
+    """The HOLDER column of an RWLock's read row: ``-``, the one reader as a lock's
+    holder, or ``3 readers (2 pids)``, with the dead ones called out (``, 1 DEAD``)."""
+    rs = reads["readers"]
+    if not rs:
+        return "-"
+    if len(rs) == 1:
+        return _who(rs[0])
+    pids = len({r["pid"] for r in rs})
+    dead = sum(1 for r in rs if not r["alive"])
+    text = f"{len(rs)} readers ({pids} pid{'s' if pids != 1 else ''})"
+    return text + (f", {dead} DEAD" if dead else "")
