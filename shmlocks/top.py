@@ -3,7 +3,9 @@
 Every ``--interval`` seconds (default 1) it reads the counters of every lock of every
 shmlocks segment in /dev/shm (or of the segments named) and shows, busiest first, the rates
 from the deltas: acquires/s, hand-offs/s, % of the acquires that waited, their mean wait,
-timeouts/s; then the max wait (since the counters began), the holder and the waiters.
+timeouts/s; then the max wait (since the counters began), the holder and the waiters. An
+RWLock has two lines, its writes then its reads (the readers as its holders); its
+busyness is its writes and reads per second.
 
 On a terminal it redraws in place (raw termios + ANSI: the alternate screen, cbreak mode so
 one key is read at once, the cursor hidden) until ``q`` or Ctrl-C (or SIGTERM, SIGHUP),
@@ -28,7 +30,7 @@ from typing import Any, TextIO
 
 import shmlocks
 from shmlocks._table import table
-from shmlocks.stats import duration, holder_text, segment_stats
+from shmlocks.stats import duration, holder_text, readers_text, segment_stats
 
 NO_SEGMENTS = "no shmlocks segments"
 
@@ -60,13 +62,43 @@ def _delta(cur: dict[str, Any], prev: dict[str, Any] | None, key: str) -> float:
     return c - p if c >= p else c  # a reset: what was counted since
 
 
+def _read_rates(
+    r: dict[str, Any], p: dict[str, Any] | None, dt: float | None
+) -> dict[str, float | None]:
+    """An RWLock's read rates, as the write ones (``dt`` None: no earlier sample yet)."""
+    if dt is None:
+        return dict.fromkeys(
+            ("reads_s", "read_timeouts_s", "read_contended_pct", "read_wait_mean_s")
+        )
+    c, o = r["reads"], p["reads"] if p is not None and "reads" in p else None
+    acq = _delta(c, o, "acquisitions")
+    cont = _delta(c, o, "contended")
+    return {
+        "reads_s": acq / dt,
+        "read_timeouts_s": _delta(c, o, "timeouts") / dt,
+        "read_contended_pct": 100.0 * cont / acq if acq else None,
+        "read_wait_mean_s": _delta(c, o, "wait_total_s") / cont if cont else None,
+    }
+
+
+def _busy(w: dict[str, Any]) -> tuple[Any, ...]:
+    """The sort key, busiest first: holds per second (an RWLock's writes and reads), the
+    waiters (both sides), the holds counted, then the segment."""
+    rd = w.get("reads")
+    per_s = (w["acquires_s"] or 0) + (w.get("reads_s") or 0)
+    waiters = w["waiters"] + (rd["waiters"] if rd else 0)
+    acq = w["acquisitions"] + (rd["acquisitions"] if rd else 0)
+    return (-per_s, -waiters, -acq, w["segment"])
+
+
 def rates(
     cur: dict[tuple[str, str], dict[str, Any]],
     prev: dict[tuple[str, str], dict[str, Any]] | None,
     dt: float,
 ) -> list[dict[str, Any]]:
     """One row per lock with the rates over the last ``dt`` seconds (None: no earlier
-    sample yet), busiest first."""
+    sample yet), busiest first. An RWLock's row has its reads' rates too (``reads_s``,
+    ``read_contended_pct``, ``read_wait_mean_s``, ``read_timeouts_s``)."""
     rows = []
     for key, r in cur.items():
         p = prev.get(key) if prev is not None else None
@@ -82,10 +114,10 @@ def rates(
             row["timeouts_s"] = _delta(r, p, "timeouts") / dt
             row["contended_pct"] = 100.0 * cont / acq if acq else None
             row["wait_mean_s"] = _delta(r, p, "wait_total_s") / cont if cont else None
+        if "reads" in r:
+            row.update(_read_rates(r, p, None if prev is None or dt <= 0 else dt))
         rows.append(row)
-    rows.sort(
-        key=lambda w: (-(w["acquires_s"] or 0), -w["waiters"], -w["acquisitions"], w["segment"])
-    )
+    rows.sort(key=_busy)
     return rows
 
 
@@ -97,6 +129,48 @@ def _rate(v: float | None) -> str:
 
 def _n(k: int, what: str) -> str:
     return f"{k} {what}{'' if k == 1 else 's'}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _lines(r: dict[str, Any]) -> list[list[Any]]:
+    """A lock's table row; an RWLock's two: its writes, then its reads (the readers as its
+    holders, the readers waiting as its waiters)."""
+    rd = r.get("reads")
+    lines = [
+        [
+            r["segment"],
+            r["name"],
+            f"{r['kind']} (write)" if rd is not None else r["kind"],
+            _rate(r["acquires_s"]),
+            _rate(r["handoffs_s"]),
+            _pct(r["contended_pct"]),
+            duration(r["wait_mean_s"]),
+            duration(r["wait_max_s"] if r["contended"] else None),
+            _rate(r["timeouts_s"]),
+            holder_text(r),
+            r["waiters"],
+        ]
+    ]
+    if rd is not None:
+        lines.append(
+            [
+                r["segment"],
+                r["name"],
+                f"{r['kind']} (read)",
+                _rate(r["reads_s"]),
+                "-",
+                _pct(r["read_contended_pct"]),
+                duration(r["read_wait_mean_s"]),
+                duration(rd["wait_max_s"] if rd["contended"] else None),
+                _rate(r["read_timeouts_s"]),
+                readers_text(rd),
+                rd["waiters"],
+            ]
+        )
+    return lines
 
 
 def render(rows: list[dict[str, Any]], notes: list[str], interval: float) -> list[str]:
@@ -111,22 +185,7 @@ def render(rows: list[dict[str, Any]], notes: list[str], interval: float) -> lis
         return [head, "", NO_SEGMENTS if not notes else "no readable shmlocks segments"] + [
             f"note: {n}" for n in notes
         ]
-    body = [
-        [
-            r["segment"],
-            r["name"],
-            r["kind"],
-            _rate(r["acquires_s"]),
-            _rate(r["handoffs_s"]),
-            "-" if r["contended_pct"] is None else f"{r['contended_pct']:.1f}",
-            duration(r["wait_mean_s"]),
-            duration(r["wait_max_s"] if r["contended"] else None),
-            _rate(r["timeouts_s"]),
-            holder_text(r),
-            r["waiters"],
-        ]
-        for r in rows
-    ]
+    body = [line for r in rows for line in _lines(r)]
     headers = [
         "SEGMENT",
         "LOCK",

@@ -16,6 +16,7 @@ import termios
 import time
 
 import pytest
+from support import kill
 from test_cli import cli, lock_line
 
 import shmlocks
@@ -170,3 +171,141 @@ def test_top_unit_rates_and_ordering():
     assert rows[0]["contended_pct"] == 25.0 and rows[0]["wait_mean_s"] == 2.0 / 50
     assert rows[1]["contended_pct"] == 0.0 and rows[1]["wait_mean_s"] is None
     assert all(r["acquires_s"] is None for r in rates(cur, None, 1.0))
+
+
+def _read_hammer(rw, stop, started):
+    started.set()
+    deadline = time.monotonic() + 40
+    while not stop.is_set() and time.monotonic() < deadline:
+        for _ in range(200):
+            rw.acquire_read()
+            rw.release_read()
+        time.sleep(0.001)
+
+
+def test_top_json_rates_an_rwlock_reads(new_region, procs):
+    """top --json: an RWLock's row has its reads' rates beside the writes' (a process
+    reading in a loop: reads/s, none of it writes), and its readers' counters; a lock's
+    row has no read keys."""
+    region = new_region(max_locks=2)
+    rw = region.create_rwlock("table")
+    region.create_lock("jobs", "futex")
+    ctx = mp.get_context("fork")
+    stop, started = ctx.Event(), ctx.Event()
+    p = procs.start(_read_hammer, rw, stop, started)
+    assert started.wait(20)
+    try:
+        js = cli("top", region.name, "--interval", "0.3", "--json")
+    finally:
+        stop.set()
+        p.join(20)
+    assert js.returncode == 0, js.stderr
+    rows = json.loads(js.stdout)["locks"]
+    assert [r["name"] for r in rows] == ["table", "jobs"], "busiest first: reads count"
+    t, j = rows
+    assert t["reads_s"] > 0 and t["acquires_s"] == 0, t
+    assert t["read_timeouts_s"] == 0 and t["read_contended_pct"] == 0, t
+    assert t["read_wait_mean_s"] is None and t["reads"]["acquisitions"] > 0, t
+    assert not {"reads", "reads_s", "read_contended_pct"} & set(j), j
+
+
+def test_top_unit_rwlock_read_rates_and_ordering():
+    from shmlocks.top import rates
+
+    def rec(name, acq, reads, rcont, rwait, rtout):
+        return {
+            "segment": "s",
+            "name": name,
+            "kind": "rwlock",
+            "locked": False,
+            "holder": None,
+            "waiters": 0,
+            "acquisitions": acq,
+            "contended": 0,
+            "wait_total_s": 0.0,
+            "wait_max_s": 0.0,
+            "timeouts": 0,
+            "owner_deaths": 0,
+            "handoffs": 0,
+            "reads": {
+                "acquisitions": reads,
+                "contended": rcont,
+                "wait_total_s": rwait,
+                "wait_max_s": rwait,
+                "timeouts": rtout,
+                "holders": 0,
+                "readers": [],
+                "waiters": 0,
+            },
+        }
+
+    prev = {("s", "a"): rec("a", 100, 0, 0, 0.0, 0), ("s", "b"): rec("b", 0, 100, 10, 1.0, 1)}
+    cur = {("s", "a"): rec("a", 160, 0, 0, 0.0, 0), ("s", "b"): rec("b", 10, 300, 60, 3.0, 5)}
+    rows = rates(cur, prev, 2.0)
+    assert [r["name"] for r in rows] == ["b", "a"], "writes + reads per second"
+    b = rows[0]
+    assert (b["acquires_s"], b["reads_s"], b["read_timeouts_s"]) == (5.0, 100.0, 2.0)
+    assert b["read_contended_pct"] == 25.0 and b["read_wait_mean_s"] == 2.0 / 50
+    assert rows[1]["reads_s"] == 0 and rows[1]["read_wait_mean_s"] is None
+    first = rates(cur, None, 1.0)
+    assert all(r["reads_s"] is None and r["read_wait_mean_s"] is None for r in first)
+
+
+def _hold_reads(rw, n, ready):
+    for _ in range(n):
+        rw.acquire_read()
+    ready.set()
+    time.sleep(40)
+
+
+def test_top_in_a_pty_shows_an_rwlock_readers(new_region, procs):
+    """The live view: an RWLock that readers in other processes hold shows its write row
+    (no writer: ``-``) and right after it its read row, the readers as its holder."""
+    region = new_region(max_locks=1)
+    rw = region.create_rwlock("table")
+    ctx = mp.get_context("fork")
+    readers = []
+    for n in (2, 1):
+        ready = ctx.Event()
+        readers.append(procs.start(_hold_reads, rw, n, ready))
+        assert ready.wait(20)
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))
+    p = None
+    try:
+        p = procs.popen(
+            [sys.executable, "-m", "shmlocks", "top", region.name, "--interval", "0.2"],
+            # the pty's size, not a COLUMNS a runner exported (the HOLDER column is far right)
+            env={k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")},
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+            preexec_fn=_take_tty,
+        )
+        screen = b""
+        rows: list[str] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ready_fds, _, _ = select.select([master], [], [], 0.5)
+            if ready_fds:
+                screen += os.read(master, 65536)
+            frame = ANSI.sub("", screen.decode("utf-8", "replace").rsplit("\x1b[2J", 1)[-1])
+            rows = [ln for ln in frame.splitlines() if ln.startswith(region.name)]
+            if len(rows) == 2 and "readers" in rows[1]:
+                break
+        assert len(rows) == 2, f"no rwlock rows on the screen:\n{screen[-2000:]!r}"
+        write, read = (re.split(r"\s{2,}", r.strip()) for r in rows)
+        assert write[1:3] == ["table", "rwlock (write)"] and write[-2:] == ["-", "0"], rows
+        assert read[1:3] == ["table", "rwlock (read)"], rows
+        assert read[-2:] == ["2 readers (2 pids)", "0"], rows
+        os.write(master, b"q")
+        assert p.wait(10) == 0
+    finally:
+        if p is not None and p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(10)
+        os.close(master)
+        os.close(slave)
+        for r in readers:
+            kill(r)
