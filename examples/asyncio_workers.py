@@ -78,14 +78,30 @@ async def client(port: int, answers: list[int]) -> None:
     writer.close()
 
 
+async def stopped(pid: int) -> None:
+    """Until process `pid` is stopped (a signal is delivered when it next runs)."""
+    for _ in range(1000):
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        await asyncio.sleep(0.001)
+
+
 async def kill_a_holder(ledger, workers: dict[int, multiprocessing.Process]) -> int:
-    """SIGKILL the worker inside the critical section, mid-update."""
+    """SIGKILL the worker inside the critical section, mid-update. It is stopped first
+    (SIGSTOP) and the ledger read again: a worker that left the section between our look
+    and the kill would die holding nothing, and nobody would have a repair to make."""
     while True:
         await asyncio.sleep(0.05)
         pid = ledger[2]
-        if pid in workers and ledger[0] + ledger[1] != 0:  # inside, ledger half-updated
+        if pid not in workers or ledger[0] + ledger[1] == 0:
+            continue
+        os.kill(pid, signal.SIGSTOP)
+        await stopped(pid)
+        if ledger[2] == pid and ledger[0] + ledger[1] != 0:  # inside, ledger half-updated
             os.kill(pid, signal.SIGKILL)
             return pid
+        os.kill(pid, signal.SIGCONT)
 
 
 async def run_clients(port: int, ledger, workers) -> tuple[list[int], int]:
