@@ -326,12 +326,12 @@ def timed(func, *args, **kwargs):
     return result, time.monotonic() - t0
 
 
-def assert_timed_out(lock, timeout: float, *, blocking=True) -> float:
-    """``lock.acquire(blocking, timeout)`` must return False after >= timeout, well before
-    timeout + 1 s. Returns the time it took."""
+def assert_timed_out(lock, timeout: float, *, blocking=True, early: float = 1e-3) -> float:
+    """``lock.acquire(blocking, timeout)`` must return False after >= timeout (``early``
+    seconds sooner at most), well before timeout + 1 s. Returns the time it took."""
     result, elapsed = timed(lock.acquire, blocking, timeout)
     assert result is False, f"acquire(timeout={timeout}) returned {result!r} on a held lock"
-    assert elapsed >= timeout - 1e-3, f"acquire(timeout={timeout}) gave up early: {elapsed:.4f}s"
+    assert elapsed >= timeout - early, f"acquire(timeout={timeout}) gave up early: {elapsed:.4f}s"
     assert elapsed < timeout + 1.0, f"acquire(timeout={timeout}) overran: {elapsed:.3f}s"
     return elapsed
 
