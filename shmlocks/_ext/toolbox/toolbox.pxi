@@ -136,7 +136,11 @@ cdef void tb_init(shm_body* b) noexcept nogil:
 cdef int tb_watch(rmap_t* rm, tb_watch_t* t, uint32_t slot) noexcept nogil:
     """Also sleep until participant `slot` dies. DEP_ARMED (watched, or nothing to watch: a
     free slot); DEP_CHANGED: it is dead, and recovered here (never call this holding a
-    guard: the recovery takes them); DEP_UNKNOWN: the set is full (t.full)."""
+    guard: the recovery takes them); DEP_UNKNOWN (t.full: sleep a slice, then look again):
+    the set is full, or it is dead and stays so whatever we do (a quarantined slot, a
+    scribbled token). Callers loop on DEP_CHANGED without a look at the clock, so it
+    must mean that something changed: else a dead slot nobody can recover would keep the
+    waiter spinning past its deadline (the segment fuzzer found such a Barrier.wait)."""
     cdef watch_t* ws = &t.ws
     cdef uint32_t* tw
     cdef uint32_t v, seen
@@ -148,7 +152,12 @@ cdef int tb_watch(rmap_t* rm, tb_watch_t* t, uint32_t slot) noexcept nogil:
         if (v & FUTEX_OWNER_DIED_) or ((v & FUTEX_TID_MASK_) == 0
                                        and ld32_acq(&rm.part[slot].pending)):
             participant_try_recover(rm, slot, &t.rec)
-            return R_SIGNAL if t.rec.sig else DEP_CHANGED
+            if t.rec.sig:
+                return R_SIGNAL
+            if participant_state(rm, slot) == 2 and ld32_seq(tw) == v:
+                t.full = 1                       # no progress: a slice, by the deadline
+                return DEP_UNKNOWN
+            return DEP_CHANGED
         if (v & FUTEX_TID_MASK_) == 0:
             return DEP_ARMED                     # it left: nothing to wait for
         if ws.n >= SHM_WAITV_MAX:
