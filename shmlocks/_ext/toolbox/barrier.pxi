@@ -60,6 +60,26 @@ cdef void _bar_leave(shm_body* b, uint32_t x) noexcept nogil:
     tb_bump(b, 0)
 
 
+cdef bint _bar_sane(rmap_t* rm, shm_body* b) noexcept nogil:
+    """Guard held, departures reaped: is this a state a barrier can be in? `count` is
+    exactly the records inside (the invariant above), each of a participant alive or
+    dead (never a free slot: a recovery takes it out first), at most `parties`; a drain
+    or a reset has someone inside (the last one out ends it). Bytes that say otherwise
+    would keep an arrival waiting, without a timeout as threading's _enter waits, for a
+    drain or an action that no thread runs (the segment fuzzer found a count of 21801)."""
+    cdef shm_tbword* w = shm_tb_word(b)
+    cdef uint32_t x
+    cdef uint32_t n = 0
+    for x in range(b.P):
+        if shm_tb_rec(b, x).inside:
+            if participant_state(rm, x) == 0:
+                return 0
+            n += 1
+    if w.count != n or w.count > w.limit:
+        return 0
+    return n != 0 or (w.value != TB_B_DRAINING and w.value != TB_B_RESETTING)
+
+
 cdef void _bar_reap(shm_body* b) noexcept nogil:
     """Guard held: finish the leaving of the threads that left without the guard ([B6],
     _bar_depart): one that left a round still filling breaks it, one released just
@@ -171,13 +191,14 @@ cdef enum:
     BAR_BROKEN = 2      # BrokenBarrierError
     BAR_ACTION = 3      # the last arrival: run the action, then _bar_release
     BAR_ERR = -3
+    BAR_STATE = -4      # its words are not a state a barrier can be in (_bar_sane)
 
 
 cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t deadline,
                    bint has_action, uint32_t* index, int64_t* slept) noexcept nogil:
     """threading.Barrier.wait up to the action. BAR_PASSED (index set; the thread has left),
     BAR_ACTION (the last to arrive: inside, the state still FILLING; the caller runs the
-    action then _bar_release), BAR_BROKEN (left), R_SIGNAL (left), BAR_ERR."""
+    action then _bar_release), BAR_BROKEN (left), R_SIGNAL (left), BAR_ERR, BAR_STATE."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef shm_tbrec* mine = shm_tb_rec(b, me)
     cdef uint32_t s, cyc
@@ -193,6 +214,10 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
                 r = R_SIGNAL
             break
         _bar_reap(b)
+        if not _bar_sane(rm, b):
+            tb_unlock(b)
+            r = BAR_STATE
+            break
         if mine.member != hid:
             # a new party: the waiters look again at whom they watch (its token too)
             tb_set(b, &mine.member, hid)
@@ -450,6 +475,9 @@ cdef class Barrier(_TbObject):
             raise _threading.BrokenBarrierError
         if rc == R_SIGNAL:
             return _raise_pending()
+        if rc == BAR_STATE:
+            raise CorruptRegionError(f"barrier {self._name!r}: its count and records are "
+                                     "not a state a barrier can be in (scribbled)")
         raise CorruptRegionError(f"barrier {self._name!r}: its guard is unusable")
 
     def _enroll(self):
