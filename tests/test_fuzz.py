@@ -55,7 +55,11 @@ def test_saved_crash_inputs_replay_clean():
     robust-spin-*.bin (the fuzzer, seed 20261205) each made a robust waiter spin past every
     deadline on a word with no owner that trylock would not take (FUTEX_WAITERS alone);
     barrier-enrol-guard-138.bin (the fuzzer, seed 11) hung opening a Barrier whose guard
-    word names a live thread (the open enrols the process, under the guard)."""
+    word names a live thread (the open enrols the process, under the guard);
+    dead-token-spin-72.bin (seed 34) made a Barrier.wait(0.05) spin for good on a member
+    whose token says dead and that no recovery could change (tb_watch said "changed" each
+    time), and barrier-count-349.bin (seed 34) made one wait without end for an action
+    no thread ran (a count of 21801 of 2 parties)."""
     assert SAVED
     s = _run("--replay", *SAVED, budget=60)
     assert s["trials"] == len(SAVED)

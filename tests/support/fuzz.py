@@ -9,10 +9,13 @@ words A/B, nodes and per-participant records, writes the result as a new segment
 forks a child that opens it and runs every operation with short timeouts: describe,
 lock_names, open_lock, locked, owner, stats, acquire(False), acquire(timeout) from two
 threads at once, mark_consistent, release, close; on a toolbox object (open_object) its
-timed waits (Semaphore.acquire, Event.wait, Barrier.wait, Condition.wait) from two
-threads at once, and the calls that take no timeout (release, set, clear, reset, abort,
-notify) in a thread of their own that is not waited for: they wait for a held guard
-without end by design (docs/design.md §12), which is no hang of the interpreter.
+timed waits (Semaphore.acquire, Event.wait, Barrier.wait, Condition.wait, an RWLock's
+timed read and write) from two threads at once, and the calls that take no timeout
+(release, set, clear, reset, abort, notify) in a thread of their own that is not waited
+for: they wait for a held guard without end by design (docs/design.md §12), which is no
+hang of the interpreter. Then the read-only tools over the same bytes: the private copy
+and its describe (inspect), the statistics (stat, top) and the wait-for graph
+(deadlocks).
 
   crash  the child is killed by a signal (SIGABRT, SIGSEGV, SIGBUS, ...)
   hang   the child is still running past its deadline (every operation has a timeout)
@@ -52,8 +55,8 @@ P = 6  # participant slots of the template
 KIND_NAMES = list(shmlocks.KINDS)
 #: the toolbox objects of the template, after the locks, in their directory order (the
 #: condition's lock, an RLock entry of its own, is made just before it)
-TB_NAMES = ["event", "semaphore", "barrier", "condition"]
-ENTRIES = [*KIND_NAMES, "event", "semaphore", "barrier", "condition.lock", "condition"]
+TB_NAMES = ["event", "semaphore", "barrier", "condition", "rwlock"]
+ENTRIES = [*KIND_NAMES, "event", "semaphore", "barrier", "condition.lock", "condition", "rwlock"]
 TARGETS = KIND_NAMES + TB_NAMES
 CHILD_LIMIT = 40.0  # s: a child past this is a hang (each op's own timeout is <= 0.05 s)
 OP_TIMEOUT = 0.05
@@ -110,6 +113,7 @@ class Templates:
         reg.create_semaphore("semaphore", 2, bounded=True)
         reg.create_barrier("barrier", 2)
         reg.create_condition("condition")
+        reg.create_rwlock("rwlock")
         assert reg.lock_names() == ENTRIES, reg.lock_names()
         return name, reg
 
@@ -122,11 +126,12 @@ class Templates:
         name, reg = self._region()
         r, w = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the live helper: holds ticket and clh, a second thread waits
+        if pid == 0:  # the live helper: holds ticket, clh and a read, a second thread waits
             try:
                 rr = shmlocks.Region.open(name)
                 for k in ("ticket", "clh"):
                     rr.open_lock(k).acquire()
+                rr.open_object("rwlock").acquire_read()
                 t = threading.Thread(
                     target=lambda: rr.open_lock("ticket").acquire(timeout=1e6), daemon=True
                 )
@@ -142,11 +147,12 @@ class Templates:
         os.close(w)
         r, w = os.pipe()
         dead = os.fork()
-        if dead == 0:  # holds mcs, futex, robust, pi and is SIGKILLed
+        if dead == 0:  # holds mcs, futex, robust, pi and a read, and is SIGKILLed
             try:
                 rr = shmlocks.Region.open(name)
                 for k in ("mcs", "futex", "robust", "pi"):
                     rr.open_lock(k).acquire()
+                rr.open_object("rwlock").acquire_read()
                 os.write(w, f"{threading.get_native_id()}\n".encode())
             finally:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -217,7 +223,7 @@ def mutex_offsets(img: bytes, target: str) -> list[int]:
     out = [LINE, b + 64] + [part_off + i * 2 * LINE for i in range(npart)]
     if target in ("robust", "pi"):
         out += [b + LINE] * 4
-    if target in TB_NAMES:
+    if target in TB_NAMES and target != "rwlock":  # (an RWLock keeps no guard)
         out += [b + 2 * LINE] * 4
     return out
 
@@ -315,7 +321,19 @@ def exercise(name: str) -> collections.Counter:
         op("timed", take)
         other.join(CHILD_LIMIT)
     op("close", reg.close)
+    tools(name, op)
     return res
+
+
+def tools(name: str, op: Callable[[str, Callable[[], object]], object]) -> None:
+    """The read-only tools over the segment's bytes, as the commands run them."""
+    from shmlocks import _segment, stats, waitgraph
+
+    seg = op("tool_read", lambda: _segment.read(name))
+    if seg is not None:
+        op("tool_describe", lambda: _segment.describe(seg))
+    op("tool_stat", lambda: stats.segment_stats(name))
+    op("tool_graph", lambda: waitgraph.snapshot([name]).cycles())
 
 
 def exercise_object(obj, op: Callable[[str, Callable[[], object]], object]) -> None:
@@ -326,7 +344,16 @@ def exercise_object(obj, op: Callable[[str, Callable[[], object]], object]) -> N
     kind = type(obj).__name__
 
     def timed() -> None:
-        if kind == "Event":
+        if kind == "RWLock":
+            obj.readers, obj.writer, obj.locked(), obj.owner_died  # noqa: B018 - the readers
+            if obj.acquire_read(timeout=OP_TIMEOUT):
+                obj.release_read()
+            if obj.acquire_write(timeout=OP_TIMEOUT):
+                if obj.owner_died:
+                    obj.mark_consistent()
+                obj.release_write()
+            obj.acquire_read(False) and obj.release_read()
+        elif kind == "Event":
             obj.wait(OP_TIMEOUT)
         elif kind in ("Semaphore", "BoundedSemaphore"):
             if obj.acquire(timeout=OP_TIMEOUT):
@@ -350,6 +377,9 @@ def exercise_object(obj, op: Callable[[str, Callable[[], object]], object]) -> N
                 obj.release()
 
     def untimed() -> None:
+        if kind == "RWLock":
+            op("untimed_clear_not_recoverable", obj.clear_not_recoverable)
+            return
         if kind == "Condition":
             if obj._lock is not None:
                 op("untimed_notify", notify)
