@@ -19,6 +19,7 @@ The full matrix runs with `SHMLOCKS_DOUBLE_DEATH=all pytest -s tests/test_double
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -59,9 +60,9 @@ def _hold(lock, ready, go) -> None:
     lock.release()
 
 
-def _armed(lock, point: str) -> subprocess.Popen:
+def _armed(code: str, args: list[str], point: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", CODE, lock.kind, lock.name],
+        [sys.executable, "-c", code, *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -82,18 +83,20 @@ def _settle(p: subprocess.Popen, seconds: float) -> None:
         time.sleep(0.005)
 
 
-def run_pair(kind: str, p1: str, p2: str) -> str:
-    """One pair; returns how A and B ended ("killed"/"done" each)."""
-    lock = shmlocks.KINDS[kind].create(uniq(f"dd-{kind}"), max_participants=8)
+@contextlib.contextmanager
+def _two_deaths(held, code: str, args: list[str], p1: str, p2: str, what: str):
+    """H holds `held` (acquire/release); A and B run `code` armed at p1 and p2, queued
+    behind H in that order; H releases. Yields how A and B ended ("killed"/"done" each),
+    once both have; every process is gone after the block."""
     ctx = mp.get_context("fork")
     ready, go = ctx.Event(), ctx.Event()
-    h = ctx.Process(target=_hold, args=(lock, ready, go), daemon=True)
-    armed = []
+    h = ctx.Process(target=_hold, args=(held, ready, go), daemon=True)
+    armed: list[subprocess.Popen] = []
     try:
         h.start()
         assert ready.wait(20)
         for point in (p1, p2):
-            armed.append(_armed(lock, point))
+            armed.append(_armed(code, args, point))
             _settle(armed[-1], 1.0)
         go.set()
         h.join(20)
@@ -102,29 +105,10 @@ def run_pair(kind: str, p1: str, p2: str) -> str:
             try:
                 _, err = p.communicate(timeout=30)
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"{kind} {p1} x {p2}: a participant hung") from None
-            assert p.returncode in (0, -signal.SIGKILL), (kind, p1, p2, p.returncode, err)
+                raise AssertionError(f"{what}: a participant hung") from None
+            assert p.returncode in (0, -signal.SIGKILL), (what, p.returncode, err)
             ends.append("killed" if p.returncode else "done")
-        assert lock.acquire(timeout=10), f"{kind} {p1} x {p2}: the survivor got no lock"
-        if lock.owner_died:
-            lock.mark_consistent()
-        lock.release()
-        ex = Exclusion(ctx.RawArray("q", words(2)), participants=2)
-        workers = [
-            ctx.Process(target=recovering_sections, args=(lock, ex, 1 + i, 300, 20.0))
-            for i in range(2)
-        ]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(30)
-            assert w.exitcode == 0, f"{kind} {p1} x {p2}: a counter failed ({w.exitcode})"
-        books = ex.report()
-        assert books.ok and books.total == 600, f"{kind} {p1} x {p2}: exclusion lost: {books}"
-        lock.region._recover_dead()
-        parts = lock.region._describe()["participants"]
-        assert [p["pid"] for p in parts] == [os.getpid()], f"{kind} {p1} x {p2}: {parts}"
-        return "/".join(ends)
+        yield "/".join(ends)
     finally:
         go.set()
         for p in armed:
@@ -133,6 +117,45 @@ def run_pair(kind: str, p1: str, p2: str) -> str:
                 p.communicate()
         if h.is_alive():
             h.kill()
+
+
+def _count_exactly(ctx, lock, what: str, *others, a=None) -> None:
+    """Two processes count 300 sections each under `lock` (repairing after owner_died),
+    in the checker's words `a` (new ones if None), beside the processes `others`
+    (started here, joined by the caller); exact counts."""
+    ex = Exclusion(a if a is not None else ctx.RawArray("q", words(2)), participants=2)
+    workers = [
+        ctx.Process(target=recovering_sections, args=(lock, ex, 1 + i, 300, 20.0)) for i in range(2)
+    ]
+    for w in [*workers, *others]:
+        w.start()
+    for w in workers:
+        w.join(30)
+        assert w.exitcode == 0, f"{what}: a counter failed ({w.exitcode})"
+    books = ex.report()
+    assert books.ok and books.total == 600, f"{what}: exclusion lost: {books}"
+
+
+def _no_slot_left(region, what: str) -> None:
+    region._recover_dead()
+    parts = region._describe()["participants"]
+    assert [p["pid"] for p in parts] == [os.getpid()], f"{what}: {parts}"
+
+
+def run_pair(kind: str, p1: str, p2: str) -> str:
+    """One pair; returns how A and B ended ("killed"/"done" each)."""
+    lock = shmlocks.KINDS[kind].create(uniq(f"dd-{kind}"), max_participants=8)
+    what = f"{kind} {p1} x {p2}"
+    try:
+        with _two_deaths(lock, CODE, [lock.kind, lock.name], p1, p2, what) as ends:
+            assert lock.acquire(timeout=10), f"{what}: the survivor got no lock"
+            if lock.owner_died:
+                lock.mark_consistent()
+            lock.release()
+            _count_exactly(mp.get_context("fork"), lock, what)
+            _no_slot_left(lock.region, what)
+            return ends
+    finally:
         lock.close()
 
 
@@ -186,13 +209,6 @@ for _ in range(3):
 """
 
 
-def _hold_write(rw, ready, go) -> None:
-    rw.acquire_write()
-    ready.set()
-    go.wait(30)
-    rw.release_write()
-
-
 def _reads_check(rw, a, bad, stop) -> None:
     """Read holds until told to stop; a writer's marker seen inside one is a violation."""
     while not stop.value:
@@ -205,73 +221,31 @@ def _reads_check(rw, a, bad, stop) -> None:
 def run_rw_pair(p1: str, p2: str) -> str:
     """One RWLock pair; returns how A and B ended ("killed"/"done" each)."""
     rw = shmlocks.RWLock.create(uniq("dd-rw"), max_participants=8)
+    what = f"rwlock {p1} x {p2}"
     ctx = mp.get_context("fork")
-    ready, go = ctx.Event(), ctx.Event()
-    h = ctx.Process(target=_hold_write, args=(rw, ready, go), daemon=True)
-    armed: list[subprocess.Popen] = []
-    workers: list[mp.process.BaseProcess] = []
+    reader = None
     try:
-        h.start()
-        assert ready.wait(20)
-        for point in (p1, p2):
-            armed.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", RW_CODE, rw.name],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    env={**os.environ, "SHMLOCKS_CRASHPOINT": point},
-                )
-            )
-            _settle(armed[-1], 1.0)
-        go.set()
-        h.join(20)
-        ends = []
-        for p in armed:
-            try:
-                _, err = p.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                raise AssertionError(f"rwlock {p1} x {p2}: a participant hung") from None
-            assert p.returncode in (0, -signal.SIGKILL), (p1, p2, p.returncode, err)
-            ends.append("killed" if p.returncode else "done")
-        assert rw.acquire_write(timeout=10), f"rwlock {p1} x {p2}: the survivor got no write"
-        if rw.owner_died:
-            rw.mark_consistent()
-        rw.release_write()
-        assert rw.acquire_read(timeout=10), f"rwlock {p1} x {p2}: the survivor got no read"
-        rw.release_read()
-        ex = Exclusion(ctx.RawArray("q", words(2)), participants=2)
-        bad, stop = ctx.RawValue("q", 0), ctx.RawValue("i", 0)
-        workers = [ctx.Process(target=_reads_check, args=(rw, ex.a, bad, stop))]
-        workers += [
-            ctx.Process(target=recovering_sections, args=(RWSide(rw, True), ex, 1 + i, 300, 20.0))
-            for i in range(2)
-        ]
-        for w in workers:
-            w.start()
-        for w in workers[1:]:
-            w.join(30)
-            assert w.exitcode == 0, f"rwlock {p1} x {p2}: a counter failed ({w.exitcode})"
-        stop.value = 1
-        workers[0].join(30)
-        assert workers[0].exitcode == 0, f"rwlock {p1} x {p2}: the reader failed"
-        books = ex.report()
-        assert books.ok and books.total == 600, f"rwlock {p1} x {p2}: exclusion lost: {books}"
-        assert bad.value == 0, f"rwlock {p1} x {p2}: a reader saw a writer inside"
-        rw.region._recover_dead()
-        parts = rw.region._describe()["participants"]
-        assert [p["pid"] for p in parts] == [os.getpid()], f"rwlock {p1} x {p2}: {parts}"
-        return "/".join(ends)
+        with _two_deaths(RWSide(rw, True), RW_CODE, [rw.name], p1, p2, what) as ends:
+            assert rw.acquire_write(timeout=10), f"{what}: the survivor got no write"
+            if rw.owner_died:
+                rw.mark_consistent()
+            rw.release_write()
+            assert rw.acquire_read(timeout=10), f"{what}: the survivor got no read"
+            rw.release_read()
+            a = ctx.RawArray("q", words(2))
+            bad, stop = ctx.RawValue("q", 0), ctx.RawValue("i", 0)
+            reader = ctx.Process(target=_reads_check, args=(rw, a, bad, stop))
+            _count_exactly(ctx, RWSide(rw, True), what, reader, a=a)
+            stop.value = 1
+            reader.join(30)
+            assert reader.exitcode == 0, f"{what}: the reader failed"
+            assert bad.value == 0, f"{what}: a reader saw a writer inside"
+            _no_slot_left(rw.region, what)
+            return ends
     finally:
-        go.set()
-        for p in armed:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-        for w in [h, *workers]:
-            if w.is_alive():
-                w.kill()
-                w.join(10)
+        if reader is not None and reader.is_alive():
+            reader.kill()
+            reader.join(10)
         rw.close()
 
 
