@@ -62,23 +62,19 @@ def _delta(cur: dict[str, Any], prev: dict[str, Any] | None, key: str) -> float:
     return c - p if c >= p else c  # a reset: what was counted since
 
 
-def _read_rates(
-    r: dict[str, Any], p: dict[str, Any] | None, dt: float | None
-) -> dict[str, float | None]:
-    """An RWLock's read rates, as the write ones (``dt`` None: no earlier sample yet)."""
+def _side_rates(c: dict[str, Any], o: dict[str, Any] | None, dt: float | None) -> list:
+    """(holds/s, timeouts/s, % contended, mean wait) of one side's counters ``c`` since
+    ``o`` (a lock's, or an RWLock's ``reads``); all None without an earlier sample."""
     if dt is None:
-        return dict.fromkeys(
-            ("reads_s", "read_timeouts_s", "read_contended_pct", "read_wait_mean_s")
-        )
-    c, o = r["reads"], p["reads"] if p is not None and "reads" in p else None
+        return [None] * 4
     acq = _delta(c, o, "acquisitions")
     cont = _delta(c, o, "contended")
-    return {
-        "reads_s": acq / dt,
-        "read_timeouts_s": _delta(c, o, "timeouts") / dt,
-        "read_contended_pct": 100.0 * cont / acq if acq else None,
-        "read_wait_mean_s": _delta(c, o, "wait_total_s") / cont if cont else None,
-    }
+    return [
+        acq / dt,
+        _delta(c, o, "timeouts") / dt,
+        100.0 * cont / acq if acq else None,
+        _delta(c, o, "wait_total_s") / cont if cont else None,
+    ]
 
 
 def _busy(w: dict[str, Any]) -> tuple[Any, ...]:
@@ -102,20 +98,15 @@ def rates(
     rows = []
     for key, r in cur.items():
         p = prev.get(key) if prev is not None else None
+        since = None if prev is None or dt <= 0 else dt
         row = dict(r)
-        if prev is None or dt <= 0:
-            row.update(acquires_s=None, handoffs_s=None, timeouts_s=None)
-            row.update(contended_pct=None, wait_mean_s=None)
-        else:
-            acq = _delta(r, p, "acquisitions")
-            cont = _delta(r, p, "contended")
-            row["acquires_s"] = acq / dt
-            row["handoffs_s"] = _delta(r, p, "handoffs") / dt
-            row["timeouts_s"] = _delta(r, p, "timeouts") / dt
-            row["contended_pct"] = 100.0 * cont / acq if acq else None
-            row["wait_mean_s"] = _delta(r, p, "wait_total_s") / cont if cont else None
+        keys = ("acquires_s", "timeouts_s", "contended_pct", "wait_mean_s")
+        row.update(zip(keys, _side_rates(r, p, since), strict=True))
+        row["handoffs_s"] = None if since is None else _delta(r, p, "handoffs") / since
         if "reads" in r:
-            row.update(_read_rates(r, p, None if prev is None or dt <= 0 else dt))
+            o = p["reads"] if p is not None and "reads" in p else None
+            keys = ("reads_s", "read_timeouts_s", "read_contended_pct", "read_wait_mean_s")
+            row.update(zip(keys, _side_rates(r["reads"], o, since), strict=True))
         rows.append(row)
     rows.sort(key=_busy)
     return rows

@@ -16,7 +16,7 @@ import termios
 import time
 
 import pytest
-from support import kill
+from support import RWSide, kill
 from test_cli import cli, lock_line
 
 import shmlocks
@@ -173,16 +173,6 @@ def test_top_unit_rates_and_ordering():
     assert all(r["acquires_s"] is None for r in rates(cur, None, 1.0))
 
 
-def _read_hammer(rw, stop, started):
-    started.set()
-    deadline = time.monotonic() + 40
-    while not stop.is_set() and time.monotonic() < deadline:
-        for _ in range(200):
-            rw.acquire_read()
-            rw.release_read()
-        time.sleep(0.001)
-
-
 def test_top_json_rates_an_rwlock_reads(new_region, procs):
     """top --json: an RWLock's row has its reads' rates beside the writes' (a process
     reading in a loop: reads/s, none of it writes), and its readers' counters; a lock's
@@ -192,7 +182,7 @@ def test_top_json_rates_an_rwlock_reads(new_region, procs):
     region.create_lock("jobs", "futex")
     ctx = mp.get_context("fork")
     stop, started = ctx.Event(), ctx.Event()
-    p = procs.start(_read_hammer, rw, stop, started)
+    p = procs.start(_hammer, RWSide(rw, False), stop, started)  # reads
     assert started.wait(20)
     try:
         js = cli("top", region.name, "--interval", "0.3", "--json")
