@@ -376,7 +376,7 @@ def object_state(seg: Segment, lk: Lock) -> str:
     seq, _parked, value, limit, count, _waiting, _tmo, flags, _cycle = w
     kind = OBJECT_NAMES.get(lk.kind_code)
     if kind == "rwlock":
-        readers = sum(r.ind & _RW_COUNT for r in lk.rw_recs if not r.ind & _RW_BLOCKED)
+        readers = sum(lk.rw_recs[x].ind & _RW_COUNT for x in rw_readers(lk))
         if seq & _RW_PRESENT:
             return "writing" if lk.holder else f"writer draining, readers={readers}"
         return f"readers={readers}" if readers else "free"
@@ -447,13 +447,11 @@ def _rw_describe(seg: Segment, lk: Lock) -> dict[str, Any]:
     h = seg.holder_slot(lk)
     holder = _participant(seg, h) if h is not None else None
     readers = []
-    for x, r in enumerate(lk.rw_recs):
-        v = r.ind
-        if v & _RW_COUNT and not v & _RW_BLOCKED:
-            d = _participant(seg, x)
-            assert d is not None
-            d["holds"] = v & _RW_COUNT
-            readers.append(d)
+    for x in rw_readers(lk):
+        d = _participant(seg, x)
+        assert d is not None
+        d["holds"] = lk.rw_recs[x].ind & _RW_COUNT
+        readers.append(d)
     return {
         "name": lk.name,
         "kind": lk.kind,
