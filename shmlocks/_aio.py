@@ -19,7 +19,8 @@ wait-for graph, owner_died and recovery then see the task as they see any thread
   proxy, which owns the mutex for the task.
 - Cancellation sets the seat's cancel word and wakes it: the proxy's wait leaves as at a
   timeout (the kind abandons its place). A grant that comes at the moment of cancellation
-  is released at once, passing the lock on.
+  is released at once, passing the lock on; nobody saw its owner_died, so it is handed on
+  to the next holder (``_Seat.pass_on``), as by a with block left by an exception.
 
 Proxies come from a per-process pool (``_IDLE_MAX`` kept idle, the others end). A proxy
 that ends gives its slots back as any thread does; the pool is emptied at exit and
@@ -162,13 +163,14 @@ class _WaitState:
 
 
 def _wait_cmd(seat: Any, rc: int, deadline: int, st: _WaitState) -> bool:
-    """On the proxy thread: the wait, and the pass-on of a grant nobody awaits any more."""
-    got = seat.wait(rc, deadline)
+    """On the proxy thread: the wait (deadline 0: the one attempt of a pthread kind), and
+    the pass-on of a grant nobody awaits any more."""
+    got = seat.try_() if deadline == 0 else seat.wait(rc, deadline)
     if got:
         with st.mutex:
             st.granted = not st.cancelled
         if not st.granted:
-            seat.release()
+            seat.pass_on()  # owner_died, if it came with the grant, goes to the next holder
             _count_passed_on()
             return False
     return bool(got)
@@ -229,13 +231,18 @@ def _inline(lock: Any, p: _Proxy) -> bool:
     return lock.recovery == "user" and p.idle()
 
 
-def _release_seat(p: _Proxy, seat: Any, handing_on: bool = False) -> None:
+def _release_seat(p: _Proxy, seat: Any, handing_on: bool | None = False) -> None:
     """Release seat's hold now (on the loop's thread, or on the idle proxy), or post it
-    behind the proxy's work in progress (a cancelled wait still ending)."""
+    behind the proxy's work in progress (a cancelled wait still ending). handing_on None:
+    a grant its task never saw, passed on (``_Seat.pass_on``: owner_died goes on)."""
+    if handing_on is None:
+        release, args = seat.pass_on, ()
+    else:
+        release, args = seat.release, (handing_on,)
     if _inline(seat.lock, p):
-        seat.release(handing_on)
+        release(*args)
     elif p.idle():
-        p.call_sync(seat.release, handing_on)
+        p.call_sync(release, *args)
     else:
         loop = asyncio.get_running_loop()
 
@@ -246,7 +253,7 @@ def _release_seat(p: _Proxy, seat: Any, handing_on: bool = False) -> None:
                 )
             _maybe_return(p)
 
-        p.post(seat.release, (handing_on,), _threadsafe(loop, after))
+        p.post(release, args, _threadsafe(loop, after))
 
 
 async def _seat(p: _Proxy, lock: Any) -> Any:
@@ -281,13 +288,8 @@ async def acquire(lock: Any, deadline: int) -> bool:
                     p.holds.add(lock)
                 return got
             rc = got  # in line: the proxy waits on from here
-        elif deadline == 0:
-            got = await p.call(seat.try_)
-            if got:
-                p.holds.add(lock)
-            return bool(got)
         else:
-            rc = 0  # the proxy takes, then waits
+            rc = 0  # the proxy takes (deadline 0: tries), then waits
         got = await _wait(p, seat, rc, deadline)
         if got:
             p.holds.add(lock)
@@ -312,7 +314,7 @@ async def _wait(p: _Proxy, seat: Any, rc: int, deadline: int) -> bool:
             st.cancelled = True
             granted = st.granted
         if granted:
-            _release_seat(p, seat)  # granted before the cancellation: pass the lock on
+            _release_seat(p, seat, None)  # granted before the cancellation: pass it on
             _count_passed_on()
         else:
             seat.cancel()  # the wait ends as at a timeout (or the proxy passes it on)

@@ -268,6 +268,35 @@ def test_cancel_while_waiting_behind_another_process(kind, new_lock, procs, loop
     assert_free(lock)
 
 
+def test_a_non_blocking_acquire_cancelled_as_it_succeeds_leaks_nothing(
+    kind, new_lock, loop_factory
+):
+    """``acquire_async(blocking=False)`` whose task is cancelled while the attempt
+    succeeds (the loop busy meanwhile): either the task got the lock (and the task that
+    awaited it releases it) or the grant is passed on; the lock is never left held by
+    nobody."""
+    lock = new_lock(kind)
+
+    async def main():
+        async with lock:  # (a task after this one may find everything ready)
+            pass
+        t = asyncio.create_task(lock.acquire_async(blocking=False))
+        await asyncio.sleep(0)  # t calls
+        time.sleep(0.05)  # the loop is busy while the attempt succeeds
+        t.cancel()
+        try:
+            got = await t
+        except asyncio.CancelledError:
+            got = None
+        if got:
+            lock.release()  # t ended holding it: its awaiter releases
+        assert not lock.locked(), "a non-blocking grant met by a cancellation was leaked"
+
+    run(loop_factory, main())
+    settle_proxies()
+    assert_free(lock)
+
+
 async def _until_waiters(lock, n, timeout=10.0):
     end = time.monotonic() + timeout
     while lock._describe()["waiters"] != n:
@@ -480,6 +509,50 @@ def test_handing_owner_died_on_from_async_with(kind, new_lock, procs, loop_facto
 
     run(loop_factory, main())
     settle_proxies()
+
+
+def test_a_grant_passed_on_at_cancellation_hands_owner_died_on(kind, new_lock, procs, loop_factory):
+    """A task cancelled just as it is granted the lock of a holder process that died (the
+    loop busy while the grant comes, then task.cancel(), as asyncio.timeout() or
+    wait_for() do when their deadline falls then) never saw owner_died: the grant passed
+    on hands it on, as a ``with`` block left by an exception does (docs/design.md §6.4).
+    The next holder gets the lock with owner_died (not LockNotRecoverableError for
+    everyone), repairs, and the one after it gets a plain hold."""
+    lock = new_lock(kind)
+    holder = Holder(procs, lock)
+
+    async def main():
+        waiting = asyncio.create_task(lock.acquire_async(timeout=30))
+        await _until_waiters(lock, 1)
+        holder.kill()
+        end = time.monotonic() + 20
+        while (lock.owner or (0,))[0] != os.getpid():  # the loop busy: granted meanwhile
+            assert time.monotonic() < end, "the dead holder's lock was never granted"
+            time.sleep(0.001)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+        async def next_holder():
+            assert await lock.acquire_async(timeout=10) is True
+            assert lock.owner_died, "the next holder was not told of the owner death"
+            lock.mark_consistent()
+            lock.release()
+
+        await asyncio.create_task(next_holder())
+
+    run(loop_factory, main())
+
+    def after():
+        assert lock.acquire(timeout=10)
+        try:
+            return lock.owner_died
+        finally:
+            lock.release()
+
+    assert after() is False
+    settle_proxies()
+    assert_free(lock)
 
 
 # --------------------------------------------------------------------------- diagnostics

@@ -971,6 +971,15 @@ cdef class _Seat:
         if rc < 0:
             _raise_code(lk, rc)
 
+    def pass_on(self):
+        """Release a hold its task never saw (granted as the task was cancelled): nobody
+        saw owner_died, so a hold that has it hands it on to the next holder, as a with
+        block left by an exception does (docs/design.md §6.4), never NOTRECOVERABLE."""
+        cdef _Lock lk = self.wlk()
+        if lk is None:
+            raise ValueError("the lock is gone")
+        self.release(ld32_acq(&lk.b.ctl.flags) & SHM_F_OWNER_DIED != 0)
+
     def mark_consistent(self):
         cdef _Lock lk = self._lk()
         if ld32_acq(&lk.b.ctl.flags) & SHM_F_OWNER_DIED:
