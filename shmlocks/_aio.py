@@ -235,6 +235,7 @@ def _release_seat(p: _Proxy, seat: Any, handing_on: bool | None = False) -> None
     """Release seat's hold now (on the loop's thread, or on the idle proxy), or post it
     behind the proxy's work in progress (a cancelled wait still ending). handing_on None:
     a grant its task never saw, passed on (``_Seat.pass_on``: owner_died goes on)."""
+    args: tuple[Any, ...]
     if handing_on is None:
         release, args = seat.pass_on, ()
     else:
