@@ -12,8 +12,10 @@ wait-for graph, owner_died and recovery then see the task as they see any thread
   cancel word), with the GIL released. Its result comes back through
   ``loop.call_soon_threadsafe``. No polling.
 - The user-space kinds (ticket, mcs, clh, futex) take their place in line on the loop's
-  thread, on the proxy's behalf, when the call is made (so FIFO kinds serve tasks in the
-  order they called), and release there too, while the proxy is idle: one thread at a time
+  thread, on the proxy's behalf, when the call is made, and in call order: a task that
+  must await something first (its proxy's first use of the lock) makes the tasks of its
+  loop that call after it wait for its place (``_tail``), so FIFO kinds serve tasks in the
+  order they called. They release there too, while the proxy is idle: one thread at a time
   acts for a participant, so any step while the proxy is busy goes through its queue. The
   pthread kinds (robust, pi) are owned by a thread id: every step of theirs runs on the
   proxy, which owns the mutex for the task.
@@ -47,6 +49,10 @@ _idle: list[_Proxy] = []
 _all: weakref.WeakSet[_Proxy] = weakref.WeakSet()
 _of_task: weakref.WeakKeyDictionary[asyncio.Task[Any], _Proxy] = weakref.WeakKeyDictionary()
 passed_on = 0  # grants released because their task was cancelled as they came (tests)
+# per lock: the turn of the last task of this process that called acquire_async() and had
+# to await something before taking its place; a task that calls later takes its place
+# after that one's (call order, docs/design.md §14)
+_tail: weakref.WeakKeyDictionary[Any, asyncio.Future[None]] = weakref.WeakKeyDictionary()
 
 
 def _count_passed_on() -> None:
@@ -265,6 +271,31 @@ async def _seat(p: _Proxy, lock: Any) -> Any:
     return seat
 
 
+def _line_up(lock: Any, seat: Any) -> tuple[asyncio.Future[None] | None, Any]:
+    """The turn of a task that must await something before it takes its place in line
+    (its seat on the lock, the turn of a task that called before it), or None when it
+    takes its place at once; and the turn it waits for."""
+    prev = _tail.get(lock)
+    if prev is not None and prev.done():
+        prev = None
+    if seat is not None and prev is None:
+        return None, None
+    loop = asyncio.get_running_loop()
+    if prev is not None and prev.get_loop() is not loop:
+        prev = None  # (another loop's task: tasks of different loops have no call order)
+    turn = loop.create_future()
+    _tail[lock] = turn
+    return turn, prev
+
+
+def _taken(lock: Any, turn: asyncio.Future[None] | None) -> None:
+    """The task took its place (or gave up): the next task that called may take its own."""
+    if turn is not None and not turn.done():
+        turn.set_result(None)
+        if _tail.get(lock) is turn:
+            del _tail[lock]
+
+
 async def acquire(lock: Any, deadline: int) -> bool:
     """Lock.acquire_async's body: deadline 0 non-blocking, -1 forever, else absolute ns."""
     task = _current()
@@ -280,10 +311,17 @@ async def acquire(lock: Any, deadline: int) -> bool:
         )
     p = _lease(task, lock)
     p.calls += 1
+    turn = None
     try:
-        seat = await _seat(p, lock)
+        seat = p.seats.get(lock)
+        turn, prev = _line_up(lock, seat)
+        if seat is None:
+            seat = await _seat(p, lock)
+        if prev is not None and not prev.done():
+            await asyncio.shield(prev)  # (its cancellation is ours, not prev's)
         if _inline(lock, p):
             got = seat.try_() if deadline == 0 else seat.take()
+            _taken(lock, turn)
             if got is True or got is False:
                 if got:
                     p.holds.add(lock)
@@ -291,11 +329,13 @@ async def acquire(lock: Any, deadline: int) -> bool:
             rc = got  # in line: the proxy waits on from here
         else:
             rc = 0  # the proxy takes (deadline 0: tries), then waits
+        _taken(lock, turn)  # (the wait is posted before the next task runs)
         got = await _wait(p, seat, rc, deadline)
         if got:
             p.holds.add(lock)
         return bool(got)
     finally:
+        _taken(lock, turn)
         p.calls -= 1
         _maybe_return(p)
 
@@ -427,6 +467,7 @@ def _after_fork() -> None:
     _idle.clear()
     _all.clear()
     _of_task.clear()
+    _tail.clear()
 
 
 atexit.register(_shutdown)

@@ -460,6 +460,50 @@ def test_fifo_across_tasks_threads_processes(kind, new_lock, procs, loop_factory
     assert_free(lock)
 
 
+async def _call_order(lock, n, gap, rnd):
+    """n tasks call acquire_async() one after another while the loop's thread holds the
+    lock, with no wait for one to be in line before the next calls: (call order, service
+    order)."""
+    called, served = [], []
+
+    async def task(i):
+        called.append(i)
+        async with lock:
+            served.append(i)
+
+    lock.acquire()
+    tasks = []
+    for i in range(n):
+        tasks.append(asyncio.create_task(task(i)))
+        g = rnd.choice(("none", "next iteration", "1 ms")) if gap == "mixed" else gap
+        if g == "next iteration":
+            await asyncio.sleep(0)  # task i calls before task i + 1 is made
+        elif g == "1 ms":
+            await asyncio.sleep(0.001)
+    await _until_waiters(lock, n, timeout=20)
+    lock.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    return called, served
+
+
+@pytest.mark.parametrize("kind", FIFO_KINDS)
+@pytest.mark.parametrize("gap", ["next iteration", "none", "mixed"])
+def test_fifo_tasks_are_served_in_call_order(kind, gap, new_lock, loop_factory):
+    """Tasks that call acquire_async() a loop iteration apart (``create_task`` in a loop),
+    or in one iteration, or mixed with 1 ms gaps, are served in the order they called:
+    a task's place in line is taken in call order, however long anything before the
+    place (a first use of the lock by the task) takes. Three rounds on one lock (a later
+    round's tasks may find things ready from an earlier one, others not)."""
+    lock = new_lock(kind)
+    rnd = random.Random(os.getpid())
+    for _ in range(3):
+        called, served = run(loop_factory, _call_order(lock, 12, gap, rnd))
+        assert called == list(range(12))
+        assert served == called, f"tasks called in order 0..11, served {served}"
+    settle_proxies()
+    assert_free(lock)
+
+
 # --------------------------------------------------------------------------- owner death
 
 
