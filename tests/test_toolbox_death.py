@@ -208,6 +208,59 @@ def test_party_dies_before_arriving_once_others_wait(procs):
         bar.close()
 
 
+_VICTIM = [False]  # True in the one child whose action hangs (set after its fork)
+
+
+def _barrier_action():
+    if _VICTIM[0]:
+        _ACTION_IN[0].set()
+        time.sleep(60)  # killed in here
+
+
+_ACTION_IN: list = [None]
+
+
+@pytest.mark.parametrize("timeout", [20, None])
+def test_fresh_party_killed_in_the_action_breaks_it_at_once(procs, timeout):
+    """A party no one knew of before (a fork child not given the barrier in its
+    arguments, so not enrolled) arrives last in its first round, runs the action and is
+    SIGKILLed in it: the two waiters get BrokenBarrierError at once, not at their own
+    timeout (nor never, with timeout None)."""
+    import multiprocessing as mp
+
+    bar = shmlocks.Barrier(3, _barrier_action, name=uniq("bar"))
+    _ACTION_IN[0] = shmlocks.Event(uniq("ev"))
+    out = mp.get_context("fork").Queue()
+
+    def victim():  # reaches `bar` through a closure: a party from its first wait only
+        _VICTIM[0] = True
+        bar.wait(timeout)
+
+    try:
+        live = [procs.start(_barrier_party_t, bar, timeout, out) for _ in range(2)]
+        until(lambda: bar.n_waiting == 2, 30, "two parties waiting")
+        v = procs.start(victim)
+        assert _ACTION_IN[0].wait(30)
+        time.sleep(0.2)  # the waiters asleep again, the victim in its action
+        t0 = time.monotonic()
+        kill(v)
+        results = [out.get(timeout=10) for _ in live]
+        assert time.monotonic() - t0 < 2.0
+        assert results == ["broken", "broken"]
+        assert bar.broken
+    finally:
+        _ACTION_IN[0].close()
+        bar.close()
+
+
+def _barrier_party_t(bar, timeout, out):
+    try:
+        bar.wait(timeout)
+        out.put("passed")
+    except threading.BrokenBarrierError:
+        out.put("broken")
+
+
 def _barrier_never_arrives(bar, ready):
     ready.set()
     time.sleep(60)  # its setup: killed before its first wait()

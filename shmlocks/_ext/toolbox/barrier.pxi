@@ -186,6 +186,17 @@ cdef int _bar_sleep(rmap_t* rm, shm_body* b, uint32_t me, uint32_t s,
     return r
 
 
+cdef inline void _bar_unlock(shm_body* b, bint* joined) noexcept nogil:
+    """Let go of the guard in _bar_wait; if this thread became a member meanwhile (its
+    change bumped seq), wake the waiters, whatever it does next, so they look again and
+    watch its token too: its death, even in the action it runs as the last arrival of
+    its first round, then breaks the barrier for them at once ([B1] [B3])."""
+    tb_unlock(b)
+    if joined[0]:
+        tb_wake(b, 0x7fffffff)
+        joined[0] = 0
+
+
 cdef enum:
     BAR_PASSED = 1      # released: the index is in *index
     BAR_BROKEN = 2      # BrokenBarrierError
@@ -225,18 +236,18 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
             joined = 1
         if w.value == TB_B_DRAINING or w.value == TB_B_RESETTING:
             s = w.seq
-            tb_unlock(b)
+            _bar_unlock(b, &joined)
             r = _bar_sleep(rm, b, me, s, -1, slept)      # threading's _enter waits without timeout
             if r == R_SIGNAL:
                 break
             continue
         if w.value == TB_B_BROKEN:
-            tb_unlock(b)
+            _bar_unlock(b, &joined)
             r = BAR_BROKEN
             break
         if w.count >= w.limit:                    # the action runs: wait for it as a drain
             s = w.seq
-            tb_unlock(b)
+            _bar_unlock(b, &joined)
             r = _bar_sleep(rm, b, me, s, -1, slept)
             if r == R_SIGNAL:
                 break
@@ -246,7 +257,7 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
         tb_set(b, &mine.inside, 1)
         if w.count == w.limit:
             if has_action:
-                tb_unlock(b)
+                _bar_unlock(b, &joined)           # (its death in the action is seen)
                 r = BAR_ACTION
                 break
             r = BAR_BROKEN
@@ -266,10 +277,7 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
             if w.value != TB_B_FILLING or w.cycle != cyc:
                 break
             s = w.seq
-            tb_unlock(b)
-            if joined:                            # a new party: wake them (not under the
-                tb_wake(b, 0x7fffffff)            # guard) to watch it too
-                joined = 0
+            _bar_unlock(b, &joined)
             r = _bar_sleep(rm, b, me, s, deadline, slept)
             # inside the barrier: leaving needs the guard (as threading's wait takes its
             # lock back to leave), by the wait's deadline; past it (or a handler raised),
