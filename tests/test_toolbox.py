@@ -5,7 +5,9 @@ synchronization toolbox"; docs/design.md §12)."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
 import threading
 import time
 
@@ -430,6 +432,45 @@ def test_condition_notify_counts(made):
         cond.notify_all()
     _join(ts)
     assert woke == [True] * 5
+
+
+def _cv_waiter_sigint(cond, out, tag):
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    cond.acquire()
+    try:
+        got = cond.wait(20)
+    except KeyboardInterrupt:  # the lock not taken back (as threading's)
+        out.put((tag, "KeyboardInterrupt"))
+        return
+    cond.release()
+    out.put((tag, got))
+
+
+@pytest.mark.parametrize("lock", ["futex", "rlock-mcs", "robust"])
+def test_condition_ctrl_c_while_taking_the_lock_back_passes_the_notify_on(procs, lock, made):
+    """[N3]: notify(1) picks the older waiter, which wakes and blocks taking the lock
+    back (the notifier holds it); Ctrl-C there ends its wait with KeyboardInterrupt, and
+    the notification goes to the other waiter rather than being swallowed."""
+    import multiprocessing as mp
+
+    if lock.startswith("rlock-"):
+        lk = shmlocks.RLock(lock[6:], uniq("cvl"))
+    else:
+        lk = shmlocks.KINDS[lock](uniq("cvl"))
+    cond = shmlocks.Condition(lk, uniq("cv"))
+    made += [cond, lk]
+    out = mp.get_context("fork").Queue()
+    a = procs.start(_cv_waiter_sigint, cond, out, "a")
+    until(lambda: cond._describe()["waiters"] == 1, what="a waits")
+    procs.start(_cv_waiter_sigint, cond, out, "b")
+    until(lambda: cond._describe()["waiters"] == 2, what="b waits")
+    with cond:
+        cond.notify(1)  # -> a, the older
+        until(lambda: cond._describe()["waiters"] == 1, what="a woke")
+        time.sleep(0.2)  # a is blocked taking the lock back
+        os.kill(a.pid, signal.SIGINT)
+        assert out.get(timeout=5) == ("a", "KeyboardInterrupt")
+    assert out.get(timeout=5) == ("b", True)
 
 
 def test_condition_wait_for(made):

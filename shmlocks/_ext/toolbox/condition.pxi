@@ -12,8 +12,9 @@
 #        its recoverer passes the notification on to the oldest live waiter not notified;
 #   [N2] a waiter that dies not notified: its record is dropped; notify() never picks a
 #        dead one, so notify(n) reaches n live waiters when there are n;
-#   [N3] a waiter that leaves by an exception (a signal handler's) while notified passes
-#        the notification on too; one that times out notified returns True (it had it);
+#   [N3] a waiter that leaves by an exception (a signal handler's, while it sleeps or
+#        while it takes the lock back) while notified passes the notification on too;
+#        one that times out notified returns True (it had it);
 #   [N4] one that died holding the guard: its change is undone (tb_undo).
 #   [N5] (not a death) one that has its lock back but not the guard by its deadline leaves
 #        without it (_cv_depart): notified 0 -> TB_N_GONE by CAS, against the notifiers'
@@ -430,9 +431,15 @@ cdef class Condition(_TbObject):
                 _raise_pending()
             passing = 0
         finally:
+            restored = False
             try:
                 self._acquire_restore(saved)
+                restored = True
             finally:
+                # an exception while it takes the lock back (a handler's: Ctrl-C) leaves
+                # by that exception too: a notification it had goes on ([N3])
+                if not restored:
+                    passing = 1
                 with nogil:
                     got = _cv_leave(self.rm, &self.b, me, passing, deadline)
                 if got == R_SIGNAL:
