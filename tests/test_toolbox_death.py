@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+import textwrap
 import threading
 import time
 
 import pytest
-from support.common import kill, uniq, until
+from support.common import kill, run_python, shm_exists, shm_remove, uniq, until
 
 import shmlocks
 
@@ -346,6 +347,74 @@ def test_party_that_ends_normally_breaks_nothing(procs, method):
         assert not bar.broken
     finally:
         bar.close()
+
+
+FORK_PARTY = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time, shmlocks
+    end, name = sys.argv[1:3]
+    bar = shmlocks.Barrier(2, name=name)
+
+    def child(how):  # a plain os.fork child: the barrier is inherited, not given
+        pid = os.fork()
+        if pid == 0:
+            try:
+                bar.wait(10)
+                code = 0
+            except BaseException:
+                code = 3
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if how == "close":
+                bar.close()
+            if how == "sys.exit":
+                sys.exit(code)
+            os._exit(code)
+        return pid
+
+    a = child(end)
+    bar.wait(10)  # round 1: the parent and child A, which then ends as `end` says
+    _, st = os.waitpid(a, 0)
+    b = child("close")
+    t0 = time.monotonic()
+    try:
+        bar.wait(10)  # round 2: the parent and child B
+        r = "passed"
+    except threading.BrokenBarrierError:
+        r = "broken"
+    took = time.monotonic() - t0
+    os.waitpid(b, 0)
+    bar.close()
+    print(os.waitstatus_to_exitcode(st), r, f"{took:.3f}")
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "end, code, result",
+    [
+        ("close", 0, "passed"),  # close() before os._exit(): it left
+        ("sys.exit", 0, "passed"),  # an end that runs the exit handlers: it left
+        ("_exit", 0, "broken"),  # os._exit() without close(): its end is a death
+        ("kill", -signal.SIGKILL, "broken"),  # a SIGKILL between rounds: a death
+    ],
+)
+def test_fork_child_party_leaves_by_close_or_exit_handlers(end, code, result):
+    """The rule of docs/design.md §12 (README "The synchronization toolbox"): a plain
+    os.fork child that waited on a barrier is one of its parties from its first wait; it
+    leaves alive only by close() or an end that runs the exit handlers (sys.exit, a
+    return). os._exit() runs nothing, and nothing tells it from a SIGKILL: its end breaks
+    the next round at once, as a killed party's does (which no party may hang on)."""
+    name = uniq("bar")
+    try:
+        proc = run_python(FORK_PARTY, end, name, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        got_code, got, took = proc.stdout.split()
+        assert (int(got_code), got) == (code, result), proc.stdout
+        assert float(took) < 2.0  # broken at once, never at the wait's timeout
+        assert not shm_exists(name)
+    finally:
+        shm_remove(name)
 
 
 # ----------------------------------------------------------------------- condition

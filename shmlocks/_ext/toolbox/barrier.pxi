@@ -30,6 +30,9 @@
 # A member that leaves alive stops being one (not a death): its thread ends (its token is
 # given back, so its record names a free slot), or its process ends or closes the object
 # (_bar_forget_mine clears its records, run at exit as the names' leaving is).
+# An end that runs no code (os._exit(), the usual end of a plain os.fork child) cannot be
+# told from a kill: it is a death unless the process closed the object first
+# (docs/design.md §12 says why this is the rule).
 
 cdef bint _bar_member(rmap_t* rm, shm_body* b, uint32_t x) noexcept nogil:
     """Is x a member now (a live or dead occupant of its slot that waited here)?"""
@@ -413,7 +416,9 @@ cdef class Barrier(_TbObject):
     ``n_waiting``, ``broken`` are threading's. A party (a thread that has waited on it,
     or a process that made, opened, unpickled it or was started by multiprocessing with
     it in its arguments) that dies while others wait, or before it arrives once others
-    wait, breaks it: they get ``threading.BrokenBarrierError`` at once. ``action`` runs in the last thread
+    wait, breaks it: they get ``threading.BrokenBarrierError`` at once. A party leaves
+    alive by ``close()`` or an end that runs the exit handlers; ``os._exit()`` runs none
+    (a plain ``os.fork()`` child: close it first), so that end is a death too. ``action`` runs in the last thread
     to arrive; it is this object's (each process gives its own; a pickled Barrier carries
     a picklable one). ``timeout`` (the default for wait) is the barrier's, shared.
     ``create(parties, action=None, timeout=None, name=None, *, max_participants=64,
