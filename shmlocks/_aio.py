@@ -40,7 +40,7 @@ import weakref
 from typing import Any
 
 from . import _core
-from .errors import DeadlockError, NotOwnerError
+from .errors import CapacityError, DeadlockError, NotOwnerError
 
 _IDLE_MAX = 8  # idle proxies kept for the next task (each keeps its slots)
 
@@ -266,7 +266,14 @@ def _release_seat(p: _Proxy, seat: Any, handing_on: bool | None = False) -> None
 async def _seat(p: _Proxy, lock: Any) -> Any:
     seat = p.seats.get(lock)
     if seat is None:
-        seat = await p.call(lock._async_seat)  # registers the proxy thread (maybe recovers)
+        try:
+            seat = await p.call(lock._async_seat)  # registers the proxy (maybe recovers)
+        except CapacityError as e:
+            raise CapacityError(
+                f"{e}: each asyncio task waiting in acquire_async() (or holding a lock it "
+                "got there) uses one, as a thread does; create the lock or its region "
+                "with a larger max_participants"
+            ) from None
         p.seats[lock] = seat
     return seat
 

@@ -661,6 +661,49 @@ def test_deadlock_between_tasks_is_detected(kind, new_lock):
     settle_proxies()
 
 
+# --------------------------------------------------------------------------- capacity
+
+
+def test_too_many_waiting_tasks_get_a_capacity_error_that_names_tasks(kind, new_lock, loop_factory):
+    """More tasks waiting at once than the lock's max_participants: each task either gets
+    the lock (once, counted exactly) or a CapacityError that says what to do: that asyncio
+    tasks waiting in acquire_async() take participant slots, and to raise
+    max_participants (a message about live threads alone leaves a program that started
+    no thread nowhere)."""
+    lock = new_lock(kind, max_participants=4)
+    n = 12
+
+    async def main():
+        held = 0
+
+        async def one():
+            nonlocal held
+            async with lock:
+                held += 1
+
+        lock.acquire()  # the loop's own thread holds it: every task waits
+        tasks = [asyncio.create_task(one()) for _ in range(n)]
+        end = time.monotonic() + 20
+        while sum(t.done() for t in tasks) + lock._describe()["waiters"] != n:
+            assert time.monotonic() < end, "the tasks neither waited nor failed"
+            await asyncio.sleep(0.005)
+        lock.release()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+        return held, results
+
+    held, results = run(loop_factory, main())
+    errors = [r for r in results if r is not None]
+    for e in errors:
+        assert isinstance(e, shmlocks.CapacityError), repr(e)
+        msg = str(e)
+        assert "asyncio task" in msg, msg
+        assert "max_participants" in msg, msg
+    assert held == n - len(errors)
+    assert lock.stats()["acquisitions"] == 1 + held
+    settle_proxies()
+    assert_free(lock)
+
+
 # --------------------------------------------------------------------------- Ctrl-C
 
 _CTRL_C = r"""
