@@ -350,6 +350,7 @@ cdef class Condition(_TbObject):
 
     cdef object _the_lock(self):
         if self._lock is None:
+            self._check()                        # (its name is read from the mapping)
             self._lock = _cv_lock_of(&self.b, self._name)
             self._owns_lock = True
         return self._lock
@@ -361,14 +362,16 @@ cdef class Condition(_TbObject):
         return self._the_lock()
 
     def acquire(self, *args, **kwargs):
-        """The lock's acquire()."""
+        """The lock's acquire(); ValueError once this Condition is closed."""
+        self._check()
         return self._the_lock().acquire(*args, **kwargs)
 
     def release(self):
-        """The lock's release()."""
+        """The lock's release() (a hold taken before close() is released after it)."""
         return self._the_lock().release()
 
     def __enter__(self):
+        self._check()
         return self._the_lock().__enter__()
 
     def __exit__(self, *args):
