@@ -534,8 +534,17 @@ cdef class Barrier(_TbObject):
         cdef int rc
         if self._closed or self.rm.closed:
             return
-        with nogil:
-            rc = tb_guard(&self.b, shm_now_ns() + BAR_GUARD_NS, 1)
+        # a thread that is no participant here (one that never waited) pins the mapping
+        # while it waits for the guard, whatever another thread closes (docs/design.md §2)
+        pinned = reg_lookup(self.rm) == NULL
+        if pinned:
+            rmap_pin(self.rm)
+        try:
+            with nogil:
+                rc = tb_guard(&self.b, shm_now_ns() + BAR_GUARD_NS, 1)
+        finally:
+            if pinned:
+                rmap_unpin(self.rm)
         if rc == R_SIGNAL:
             _raise_pending()
         if rc != R_ACQ:

@@ -482,6 +482,7 @@ cdef class Condition(_TbObject):
         if n <= 0:
             return
         nn = min(n, 0xffffffff)
+        self._me()                               # its token keeps the mapping (tb_guard)
         with nogil:
             rc = _cv_notify(self.rm, &self.b, nn)
         if rc == R_SIGNAL:

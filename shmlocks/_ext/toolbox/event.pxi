@@ -7,15 +7,20 @@
 #   clear()  CAS seq: flag on -> off
 #   wait()   reads seq once (g0); it is over when the flag is on or the generation is not
 #            g0's any more: a set() then clear() while it slept still returns True, as
-#            threading's does. It sleeps on seq itself (futex), depending on nobody.
+#            threading's does. It sleeps on seq itself (futex), depending on nobody. The
+#            waiting thread is a participant (registered, as every wait's): its token
+#            keeps the mapping while it sleeps, whatever another thread closes
+#            (docs/design.md §2), and its record's `waiting` is what inspect counts.
 
 cdef inline bint _ev_over(uint32_t v, uint32_t v0) noexcept nogil:
     return (v & 1) != 0 or (v >> 1) != (v0 >> 1)
 
 
-cdef int _ev_wait(rmap_t* rm, shm_body* b, int64_t deadline, int64_t* slept) noexcept nogil:
+cdef int _ev_wait(rmap_t* rm, shm_body* b, uint32_t me, int64_t deadline,
+                  int64_t* slept) noexcept nogil:
     """R_ACQ once set (since the call), R_TIMEOUT, R_SIGNAL."""
     cdef shm_tbword* w = shm_tb_word(b)
+    cdef shm_tbrec* mine = shm_tb_rec(b, me)
     cdef uint32_t v0 = ld32_seq(&w.seq)
     cdef uint32_t v
     cdef int r
@@ -29,7 +34,9 @@ cdef int _ev_wait(rmap_t* rm, shm_body* b, int64_t deadline, int64_t* slept) noe
         if _ev_over(v, v0):
             return R_ACQ
         tb_watch_init(&t, &w.seq, v, deadline)
+        st32_rlx(&mine.waiting, 1)
         r = tb_asleep(rm, &t, &w.parked, deadline, slept)
+        st32_rlx(&mine.waiting, 0)
         if _ev_over(ld32_seq(&w.seq), v0):
             return R_ACQ
         if r != R_CONT:
@@ -37,7 +44,8 @@ cdef int _ev_wait(rmap_t* rm, shm_body* b, int64_t deadline, int64_t* slept) noe
 
 
 cdef void _ev_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil:
-    pass                                   # one word, CAS only: nothing to complete
+    """One word, CAS only: nothing to complete; a dead waiter's record waits no more."""
+    st32_rlx(&shm_tb_rec(b, q).waiting, 0)
 
 
 cdef class Event(_TbObject):
@@ -99,9 +107,9 @@ cdef class Event(_TbObject):
         cdef int64_t deadline = tb_deadline(timeout)
         cdef int64_t slept = 0
         cdef int r
-        self._check()
+        cdef uint32_t me = self._me().slot
         with nogil:
-            r = _ev_wait(self.rm, &self.b, deadline, &slept)
+            r = _ev_wait(self.rm, &self.b, me, deadline, &slept)
             tb_count(&self.b, r == R_ACQ, r == R_TIMEOUT and deadline != 0, slept)
         if r == R_SIGNAL:
             return _raise_pending()

@@ -377,8 +377,11 @@ cdef class _TbObject:
 
     cdef int _guard(self) except -1:
         """Take the guard (with the GIL released while it waits; a Python signal handler
-        that raises there ends the wait with its exception, the guard not taken)."""
+        that raises there ends the wait with its exception, the guard not taken). The
+        thread registers first: its token keeps the mapping while it waits, whatever
+        another thread closes (docs/design.md §2)."""
         cdef int rc
+        self._me()
         with nogil:
             rc = tb_guard(&self.b, -1, 1)
         if rc == R_SIGNAL:
