@@ -214,6 +214,26 @@ def test_semaphore_unbounded_and_bounded_release(made):
     assert d.value == 1  # the default
 
 
+def test_semaphore_release_past_the_largest_value_is_overflowerror(made):
+    """A value is a 32-bit word: release() that would take it past 2**31-1 is the user's
+    error, OverflowError saying so, and releases nothing (it used to be a
+    CorruptRegionError blaming the guard); the semaphore goes on working."""
+    top = 2**31 - 1
+    s = shmlocks.Semaphore(top, uniq("sem"))
+    made.append(s)
+    with pytest.raises(OverflowError, match=r"semaphore value would exceed 2\*\*31-1"):
+        s.release()
+    assert s.value == top
+    assert s.acquire(False)
+    with pytest.raises(OverflowError, match=r"would exceed 2\*\*31-1"):
+        s.release(2)
+    assert s.value == top - 1
+    with s:
+        assert s.value == top - 2
+    s.release()
+    assert s.value == top and s.stats()["held_with"] == 0
+
+
 def test_semaphore_contended_release_n_wakes_n(made):
     s = shmlocks.Semaphore(0, uniq("sem"))
     made.append(s)

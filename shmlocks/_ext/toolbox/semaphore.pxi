@@ -82,9 +82,14 @@ cdef int _sem_acquire(rmap_t* rm, shm_body* b, uint32_t me, bint owned,
                 last = 1                       # one last look, as threading's does
 
 
+cdef enum:
+    SEM_OVERFLOW = -5   # _sem_release: the value would pass 2**31-1 (nothing released)
+
+
 cdef int _sem_release(shm_body* b, uint32_t me, uint32_t n, bint owned) noexcept nogil:
-    """0, R_BOUND (past a bounded semaphore's initial value), R_SIGNAL (a handler raised
-    while it waited for the guard: nothing released) or R_CORRUPT."""
+    """0, R_BOUND (past a bounded semaphore's initial value), SEM_OVERFLOW (past
+    2**31-1), R_SIGNAL (a handler raised while it waited for the guard: nothing
+    released) or R_CORRUPT (the guard)."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef shm_tbrec* r = shm_tb_rec(b, me)
     cdef int g = tb_guard(b, -1, 1)
@@ -95,7 +100,7 @@ cdef int _sem_release(shm_body* b, uint32_t me, uint32_t n, bint owned) noexcept
         return R_BOUND
     if <uint64_t>w.value + n > 0x7fffffff:
         tb_unlock(b)
-        return R_CORRUPT
+        return SEM_OVERFLOW
     if owned and r.units > 0:
         tb_set(b, &r.units, r.units - 1)
     tb_set(b, &w.value, w.value + n)
@@ -187,7 +192,8 @@ cdef class Semaphore(_TbObject):
 
     def release(self, n=1):
         """Give back ``n`` units (any thread, any process), waking up to ``n`` waiters.
-        ValueError if n < 1, or (BoundedSemaphore) past the initial value."""
+        ValueError if n < 1, or (BoundedSemaphore) past the initial value; OverflowError
+        if the value would exceed 2**31-1 (nothing released)."""
         if n < 1:
             raise ValueError("n must be one or more")
         self._release(n, 0)
@@ -205,9 +211,10 @@ cdef class Semaphore(_TbObject):
             return _raise_pending()
         if rc == R_BOUND:
             raise ValueError("Semaphore released too many times")
+        if rc == SEM_OVERFLOW:
+            raise OverflowError("semaphore value would exceed 2**31-1")
         if rc == R_CORRUPT:
-            raise CorruptRegionError(f"semaphore {self._name!r}: its guard is unusable, "
-                                     "or the value would overflow")
+            raise CorruptRegionError(f"semaphore {self._name!r}: its guard is unusable")
         if owned and r.held > 0:
             r.held -= 1
         return 0
