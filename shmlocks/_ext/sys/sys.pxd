@@ -304,6 +304,7 @@ cdef extern from "shm_sys.h" nogil:
     int pm_clocklock "shm_pm_clocklock"(pthread_mutex_t* m, bint pi, const timespec* ts)
     int pm_unlock "shm_pm_unlock"(pthread_mutex_t* m, bint pi)
     int pm_consistent "shm_pm_consistent"(pthread_mutex_t* m, bint pi)
+    bint pm_kind_ok "shm_pm_kind_ok"(pthread_mutex_t* m, bint pi)
 
 cdef extern from "shm_debug.h" nogil:
     enum: SHM_DEBUG_BUILT

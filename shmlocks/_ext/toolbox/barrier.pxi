@@ -220,7 +220,7 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
     cdef bint joined = 0
     r = BAR_ERR
     while True:                                   # _enter: wait for a drain or reset to end
-        g = tb_guard(b, deadline, 1)              # (nothing of ours in the state yet)
+        g = tb_guard(rm, b, deadline, 1)          # (nothing of ours in the state yet)
         if g != R_ACQ:
             if g == R_TIMEOUT:
                 r = BAR_BROKEN                    # threading's timeout result; unchanged
@@ -286,7 +286,7 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
             # lock back to leave), by the wait's deadline; past it (or a handler raised),
             # it leaves without it ([B6])
             # (leaving by a handler's exception: at once, the guard's grace only)
-            g = tb_guard(b, shm_now_ns() if r == R_SIGNAL else deadline, 1)
+            g = tb_guard(rm, b, shm_now_ns() if r == R_SIGNAL else deadline, 1)
             if g != R_ACQ:
                 if g == R_CORRUPT:
                     r = BAR_ERR
@@ -320,14 +320,15 @@ cdef int _bar_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid, int64_t d
     return r
 
 
-cdef int _bar_release(shm_body* b, uint32_t me, bint ok, int64_t deadline) noexcept nogil:
+cdef int _bar_release(rmap_t* rm, shm_body* b, uint32_t me, bint ok,
+                      int64_t deadline) noexcept nogil:
     """After the action (ok: it returned): release the waiters, or break the barrier (it
     raised). BAR_PASSED, BAR_BROKEN (reset or aborted while it ran), R_SIGNAL, BAR_ERR.
     Inside, it must leave: the guard by the wait's deadline, else it leaves without it,
     breaking the round ([B6])."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef int r = BAR_PASSED
-    cdef int g = tb_guard(b, deadline, 1)
+    cdef int g = tb_guard(rm, b, deadline, 1)
     if g != R_ACQ:
         if g == R_CORRUPT:
             return BAR_ERR
@@ -475,10 +476,10 @@ cdef class Barrier(_TbObject):
                 self._action()
             except BaseException:
                 with nogil:
-                    _bar_release(&self.b, me, 0, deadline)
+                    _bar_release(self.rm, &self.b, me, 0, deadline)
                 raise
             with nogil:
-                rc = _bar_release(&self.b, me, 1, deadline)
+                rc = _bar_release(self.rm, &self.b, me, 1, deadline)
         with nogil:
             tb_count(&self.b, rc == BAR_PASSED, rc == BAR_BROKEN and 0 <= deadline <= shm_now_ns(),
                      slept)
@@ -491,7 +492,7 @@ cdef class Barrier(_TbObject):
         if rc == BAR_STATE:
             raise CorruptRegionError(f"barrier {self._name!r}: its count and records are "
                                      "not a state a barrier can be in (scribbled)")
-        raise CorruptRegionError(f"barrier {self._name!r}: its guard is unusable")
+        raise self._guard_error()
 
     def _enroll(self):
         """This process has the barrier (it made, opened, unpickled or was forked with
@@ -508,7 +509,7 @@ cdef class Barrier(_TbObject):
         if ld32_acq(&rec.member) == r.hid:
             return
         with nogil:
-            rc = tb_guard(&self.b, shm_now_ns() + BAR_GUARD_NS, 1)
+            rc = tb_guard(self.rm, &self.b, shm_now_ns() + BAR_GUARD_NS, 1)
         if rc == R_SIGNAL:
             _raise_pending()
         if rc != R_ACQ:
@@ -541,7 +542,7 @@ cdef class Barrier(_TbObject):
             rmap_pin(self.rm)
         try:
             with nogil:
-                rc = tb_guard(&self.b, shm_now_ns() + BAR_GUARD_NS, 1)
+                rc = tb_guard(self.rm, &self.b, shm_now_ns() + BAR_GUARD_NS, 1)
         finally:
             if pinned:
                 rmap_unpin(self.rm)

@@ -124,13 +124,13 @@ cdef int _cv_depart(rmap_t* rm, shm_body* b, uint32_t me, bint passing,
     return 1 if (was and not passing) else 0
 
 
-cdef int _cv_enter(shm_body* b, uint32_t me, int64_t deadline) noexcept nogil:
+cdef int _cv_enter(rmap_t* rm, shm_body* b, uint32_t me, int64_t deadline) noexcept nogil:
     """Take a ticket (the caller holds the user's lock): R_ACQ, or R_TIMEOUT, R_SIGNAL,
     R_CORRUPT with no ticket taken (the guard not had by the wait's deadline)."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef shm_tbrec* r = shm_tb_rec(b, me)
     cdef uint32_t t
-    cdef int g = tb_guard(b, deadline, 1)
+    cdef int g = tb_guard(rm, b, deadline, 1)
     if g != R_ACQ:
         return g
     _cv_reap(b)
@@ -190,7 +190,7 @@ cdef int _cv_leave(rmap_t* rm, shm_body* b, uint32_t me, bint passing,
     cdef int g
     if passing:
         deadline = shm_now_ns()                 # leaving by an exception: at once (grace)
-    g = tb_guard(b, deadline, 1)
+    g = tb_guard(rm, b, deadline, 1)
     if g != R_ACQ:
         if g == R_CORRUPT:
             return R_CORRUPT
@@ -217,7 +217,7 @@ cdef int _cv_notify(rmap_t* rm, shm_body* b, uint64_t n) noexcept nogil:
     R_SIGNAL (a handler raised while it waited for the guard: nobody notified), R_CORRUPT."""
     cdef int x
     cdef uint64_t k = 0
-    cdef int g = tb_guard(b, -1, 1)
+    cdef int g = tb_guard(rm, b, -1, 1)
     if g != R_ACQ:
         return R_SIGNAL if g == R_SIGNAL else R_CORRUPT
     _cv_reap(b)
@@ -419,13 +419,13 @@ cdef class Condition(_TbObject):
         r = self._me()
         me = r.slot
         with nogil:
-            rc = _cv_enter(&self.b, me, deadline)
+            rc = _cv_enter(self.rm, &self.b, me, deadline)
         if rc == R_TIMEOUT:
             return False                         # no ticket, the lock never let go
         if rc == R_SIGNAL:
             return _raise_pending()
         if rc != R_ACQ:
-            raise CorruptRegionError(f"condition {self._name!r}: its guard is unusable")
+            raise self._guard_error()
         saved = self._release_save()
         try:
             with nogil:
@@ -448,7 +448,7 @@ cdef class Condition(_TbObject):
                 if got == R_SIGNAL:
                     _raise_pending()
         if got < 0:
-            raise CorruptRegionError(f"condition {self._name!r}: its guard is unusable")
+            raise self._guard_error()
         with nogil:
             tb_count(&self.b, got == 1, got == 0 and rc == R_TIMEOUT, slept)
         return got == 1
@@ -488,7 +488,7 @@ cdef class Condition(_TbObject):
         if rc == R_SIGNAL:
             _raise_pending()
         if rc != 0:
-            raise CorruptRegionError(f"condition {self._name!r}: its guard is unusable")
+            raise self._guard_error()
 
     def notify_all(self):
         """Wake every waiter."""

@@ -45,7 +45,7 @@ cdef int _sem_acquire(rmap_t* rm, shm_body* b, uint32_t me, bint owned,
     cdef recov_t rec
     if True:
         while True:
-            r = tb_guard(b, deadline, 1)
+            r = tb_guard(rm, b, deadline, 1)
             if r != R_ACQ:
                 return r                       # R_TIMEOUT, R_SIGNAL, R_CORRUPT: nothing taken
             if _sem_take(b, me, owned):
@@ -86,13 +86,14 @@ cdef enum:
     SEM_OVERFLOW = -5   # _sem_release: the value would pass 2**31-1 (nothing released)
 
 
-cdef int _sem_release(shm_body* b, uint32_t me, uint32_t n, bint owned) noexcept nogil:
+cdef int _sem_release(rmap_t* rm, shm_body* b, uint32_t me, uint32_t n,
+                      bint owned) noexcept nogil:
     """0, R_BOUND (past a bounded semaphore's initial value), SEM_OVERFLOW (past
     2**31-1), R_SIGNAL (a handler raised while it waited for the guard: nothing
     released) or R_CORRUPT (the guard)."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef shm_tbrec* r = shm_tb_rec(b, me)
-    cdef int g = tb_guard(b, -1, 1)
+    cdef int g = tb_guard(rm, b, -1, 1)
     if g != R_ACQ:
         return R_SIGNAL if g == R_SIGNAL else R_CORRUPT
     if w.flags & TB_F_BOUNDED and <uint64_t>w.value + n > w.limit:
@@ -187,7 +188,7 @@ cdef class Semaphore(_TbObject):
         if rc == R_SIGNAL:
             return _raise_pending()
         if rc == R_CORRUPT:
-            raise CorruptRegionError(f"semaphore {self._name!r}: its guard is unusable")
+            raise self._guard_error()
         return False
 
     def release(self, n=1):
@@ -206,7 +207,7 @@ cdef class Semaphore(_TbObject):
             raise OverflowError("n is too large")
         nn = n
         with nogil:
-            rc = _sem_release(&self.b, r.slot, nn, owned)
+            rc = _sem_release(self.rm, &self.b, r.slot, nn, owned)
         if rc == R_SIGNAL:
             return _raise_pending()
         if rc == R_BOUND:
@@ -214,7 +215,7 @@ cdef class Semaphore(_TbObject):
         if rc == SEM_OVERFLOW:
             raise OverflowError("semaphore value would exceed 2**31-1")
         if rc == R_CORRUPT:
-            raise CorruptRegionError(f"semaphore {self._name!r}: its guard is unusable")
+            raise self._guard_error()
         if owned and r.held > 0:
             r.held -= 1
         return 0

@@ -15,8 +15,8 @@ cdef struct tb_watch_t:
     recov_t rec                    # recoveries this sleep runs keep its deadline (ws.rec)
 
 
-cdef int tb_lock(shm_body* b, int64_t until) noexcept nogil
-cdef int tb_guard(shm_body* b, int64_t until, bint sig) noexcept nogil
+cdef int tb_lock(rmap_t* rm, shm_body* b, int64_t until) noexcept nogil
+cdef int tb_guard(rmap_t* rm, shm_body* b, int64_t until, bint sig) noexcept nogil
 cdef void tb_init(shm_body* b) noexcept nogil
 cdef int tb_watch(rmap_t* rm, tb_watch_t* t, uint32_t slot) noexcept nogil
 cdef int tb_sleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline) noexcept nogil
@@ -127,4 +127,5 @@ cdef class _TbObject:
     cdef reg_t* _me(self) except NULL
     cdef int _check(self) except -1
     cdef int _guard(self) except -1
+    cdef object _guard_error(self)
     cdef int _waiters(self) noexcept nogil

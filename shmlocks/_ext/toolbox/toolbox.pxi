@@ -69,14 +69,41 @@ cdef int tb_got(shm_body* b, int rc) noexcept nogil:
     return rc
 
 
-cdef int tb_lock(shm_body* b, int64_t until) noexcept nogil:
+cdef bint tb_stray(rmap_t* rm, shm_body* b, uint32_t* seen) noexcept nogil:
+    """A wait for the guard ran a whole slice: is its owner a thread that holds no token
+    of the region? Only a participant takes a guard (every call registers first; a
+    recoverer holds the dead participant's token), so such an owner is in no change and
+    will never let go: bytes scribbled into the word, or a segment copied while a guard
+    was held; or naming the calling thread itself, which waits for it and so cannot be
+    in a change. It must be seen twice in a row, a slice apart, naming the same thread (a
+    thread that lets go and leaves the region between the two loads is no stray). One
+    pass over the participants' tokens a slice (tb_guard, tb_lock): 1 once seen twice."""
+    cdef uint32_t v = ld32_acq(<uint32_t*>shm_tb_guard(b)) & FUTEX_TID_MASK_
+    cdef uint32_t i
+    if v == 0:
+        seen[0] = 0
+        return 0
+    if v != (<uint32_t>shm_gettid() & FUTEX_TID_MASK_):
+        for i in range(rm.P):
+            if (ld32_acq(<uint32_t*>&rm.part[i].token.m) & FUTEX_TID_MASK_) == v:
+                seen[0] = 0
+                return 0
+    if seen[0] == v:
+        return 1
+    seen[0] = v
+    return 0
+
+
+cdef int tb_lock(rmap_t* rm, shm_body* b, int64_t until) noexcept nogil:
     """Take the object's guard by `until` (-1: no end): 0, ETIMEDOUT, or an error (a
-    mutex that is not one of ours). After its holder's death, undo its change first.
-    Runs no signal handler: recovery's (tb_recover_lock); the calls use tb_guard."""
+    mutex that is not one of ours, or held by no participant: tb_stray). After its
+    holder's death, undo its change first. Runs no signal handler: recovery's
+    (tb_recover_lock); the calls use tb_guard."""
     cdef pthread_mutex_t* m = shm_tb_guard(b)
     cdef int rc = pm_trylock(m, 0)
     cdef int64_t end
     cdef timespec ts
+    cdef uint32_t seen = 0
     while rc == EBUSY:
         end = shm_now_ns() + TB_GUARD_SLICE_NS
         if 0 <= until < end:
@@ -86,24 +113,29 @@ cdef int tb_lock(shm_body* b, int64_t until) noexcept nogil:
         if rc == ETIMEDOUT:
             if 0 <= until <= shm_now_ns():
                 return ETIMEDOUT
+            if tb_stray(rm, b, &seen):
+                return SHM_PM_CORRUPT
             rc = EBUSY
     return tb_got(b, rc)
 
 
-cdef int tb_guard(shm_body* b, int64_t until, bint sig) noexcept nogil:
+cdef int tb_guard(rmap_t* rm, shm_body* b, int64_t until, bint sig) noexcept nogil:
     """Take the object's guard for a call whose own deadline is `until` (-1: none; 0: a
     non-blocking call): R_ACQ (held), R_TIMEOUT, R_SIGNAL, R_CORRUPT; nothing is changed
     unless R_ACQ. A guard is held for a few stores, but its holder may be stopped (Ctrl-Z,
     a debugger) or the word scribbled: the wait gives up at `until`, never sooner than
     TB_GUARD_GRACE_NS after it began (a holder preempted mid-change is no reason to fail
     a call), and, with `sig`, the main thread runs Python's handlers every
-    TB_GUARD_SLICE_NS (R_SIGNAL if one raised: Ctrl-C within 100 ms). A call that must
-    finish what it began under the guard (a waiter leaving) passes -1 and no `sig`."""
+    TB_GUARD_SLICE_NS (R_SIGNAL if one raised: Ctrl-C within 100 ms). An owner that is
+    no participant of the region (tb_stray: it will never let go) is R_CORRUPT after two
+    slices, whatever `until`: so no wait for a guard lasts for ever on foreign bytes.
+    The caller is a participant of rm (registered: its token keeps the mapping)."""
     cdef pthread_mutex_t* m = shm_tb_guard(b)
     cdef int rc = pm_trylock(m, 0)
     cdef int64_t end, now
     cdef timespec ts
     cdef bint main
+    cdef uint32_t seen = 0
     cdef wait_t ws                       # (for wait_signals: no region to hide, rm NULL)
     if rc == EBUSY:
         wait_init(&ws, until)
@@ -122,6 +154,8 @@ cdef int tb_guard(shm_body* b, int64_t until, bint sig) noexcept nogil:
                     return R_SIGNAL
                 if 0 <= until <= shm_now_ns():
                     return R_TIMEOUT
+                if tb_stray(rm, b, &seen):
+                    return R_CORRUPT
                 rc = EBUSY
     return R_ACQ if tb_got(b, rc) == 0 else R_CORRUPT
 
@@ -379,17 +413,32 @@ cdef class _TbObject:
         """Take the guard (with the GIL released while it waits; a Python signal handler
         that raises there ends the wait with its exception, the guard not taken). The
         thread registers first: its token keeps the mapping while it waits, whatever
-        another thread closes (docs/design.md §2)."""
+        another thread closes (docs/design.md §2), and a guard's owner is always a
+        participant (tb_stray)."""
         cdef int rc
         self._me()
         with nogil:
-            rc = tb_guard(&self.b, -1, 1)
+            rc = tb_guard(self.rm, &self.b, -1, 1)
         if rc == R_SIGNAL:
             return _raise_pending()
         if rc != R_ACQ:
-            raise CorruptRegionError(f"{type(self).__name__} {self._name!r}: its guard is "
-                                     "not a usable mutex")
+            raise self._guard_error()
         return 0
+
+    cdef object _guard_error(self):
+        """The CorruptRegionError of a call that could not have the guard (R_CORRUPT):
+        what its word says (the calling thread is registered: the mapping is there)."""
+        cdef pthread_mutex_t* m = shm_tb_guard(&self.b)
+        cdef uint32_t tid = ld32_acq(<uint32_t*>m) & FUTEX_TID_MASK_
+        what = f"{self.kind_name} {self._name!r}"
+        if not pm_kind_ok(m, 0):
+            return CorruptRegionError(f"{what}: its guard is not a usable mutex (scribbled)")
+        if tid != 0:
+            return CorruptRegionError(
+                f"{what}: its guard is held by thread {tid}, which is no participant of "
+                "the region and so will never let it go (scribbled, or a copy of a "
+                "segment made while the guard was held)")
+        return CorruptRegionError(f"{what}: its guard is not a usable mutex")
 
     def _opened(self):
         """Called once this process has opened the object by name (Region.open_object)."""
@@ -477,7 +526,7 @@ def _tb_open_in_region(region_name, name):
 cdef int tb_recover_lock(rmap_t* rm, shm_body* b, recov_t* rec) noexcept nogil:
     """A recovery takes the guard by the recoverer's deadline (at most 2 s: participants.pxd
     recover_until); cut short, the participant is left pending for the next one."""
-    cdef int rc = tb_lock(b, recover_until(rec, 2000000000))
+    cdef int rc = tb_lock(rm, b, recover_until(rec, 2000000000))
     if rc != 0:
         rec.cut = 1
     return rc
