@@ -49,6 +49,7 @@ KIND_NAMES = {cls.kind_code: name for name, cls in _core.KINDS.items()}
 # the synchronization toolbox's objects: in the directory beside the locks, never held
 OBJECT_NAMES = {cls.kind_code: name for name, cls in _core.OBJECTS.items()}
 _TBWORD = struct.Struct("<IIIIIIQII")  # shm_toolbox.h shm_tbword: seq .. cycle
+_TBREC_UNITS = 0  # shm_tbrec.units: a semaphore's units its participant took with `with`
 _TBREC_WAITING = 28  # shm_tbrec.waiting
 _TB_BOUNDED = 1
 _RWREC = struct.Struct("<IIIIQQQQQ")  # shm_rwlock.h shm_rwrec: ind .. read_wait_max_ns
@@ -129,6 +130,7 @@ class Lock(NamedTuple):
     tbword: tuple[int, ...] | None = None  # a toolbox object's word A (shm_tbword)
     tb_waiting: tuple[int, ...] = ()  # a toolbox object's records: the slots that wait
     rw_recs: tuple[RWRec, ...] = ()  # an RWLock's participant lines, one per slot
+    tb_units: tuple[int, ...] = ()  # a semaphore's records: each slot's `with` units
 
     @property
     def kind(self) -> str | None:
@@ -246,6 +248,7 @@ def _read(fd: int, size: int, name: str) -> Segment:
         tbword: tuple[int, ...] | None = None
         tb_waiting: tuple[int, ...] = ()
         rw_recs: tuple[RWRec, ...] = ()
+        tb_units: tuple[int, ...] = ()
         if d_kind in OBJECT_NAMES:
             tbword = _TBWORD.unpack_from(body, LINE)
             recs = pread_exact(fd, body_off + (3 + P + 1) * LINE, P * LINE)
@@ -258,6 +261,11 @@ def _read(fd: int, size: int, name: str) -> Segment:
                     for x in range(P)
                     if struct.unpack_from("<I", recs, x * LINE + _TBREC_WAITING)[0]
                 )
+                if OBJECT_NAMES[d_kind] == "semaphore":
+                    tb_units = tuple(
+                        struct.unpack_from("<I", recs, x * LINE + _TBREC_UNITS)[0]
+                        for x in range(P)
+                    )
         lname = raw[: NAME_MAX - 1].split(b"\0", 1)[0].decode("utf-8", "replace")
         locks.append(
             Lock(
@@ -276,6 +284,7 @@ def _read(fd: int, size: int, name: str) -> Segment:
                 tbword,
                 tb_waiting,
                 rw_recs,
+                tb_units,
             )
         )
     return Segment(name, size, L, P, cpid, cns, records, locks)
@@ -395,6 +404,14 @@ def object_waiters(seg: Segment, lk: Lock) -> int:
     return sum(1 for x in lk.tb_waiting if seg.participant(x).state == 1)
 
 
+def sem_holders(seg: Segment, lk: Lock) -> list[tuple[int, int]]:
+    """(slot, units) of each participant (alive, or dead and not yet recovered) holding
+    units of semaphore ``lk`` taken with ``with`` (semaphore.pxi ``_describe``)."""
+    return [
+        (x, u) for x, u in enumerate(lk.tb_units) if u and seg.participant(x).state != 0
+    ]
+
+
 def rw_readers(lk: Lock) -> list[int]:
     """The slots that hold reads of RWLock ``lk`` (an indicator with holds, not waiting)."""
     return [x for x, r in enumerate(lk.rw_recs) if r.ind & _RW_COUNT and not r.ind & _RW_BLOCKED]
@@ -481,19 +498,22 @@ def describe(seg: Segment) -> dict[str, Any]:
             locks.append(_rw_describe(seg, lk))
             continue
         if lk.kind_code in OBJECT_NAMES:
-            locks.append(
-                {
-                    "name": lk.name,
-                    "kind": lk.kind,
-                    "locked": False,
-                    "holder": None,
-                    "waiters": object_waiters(seg, lk),
-                    "owner_died": False,
-                    "not_recoverable": False,
-                    "stale_step": False,
-                    "state": object_state(seg, lk),
-                }
-            )
+            obj: dict[str, Any] = {
+                "name": lk.name,
+                "kind": lk.kind,
+                "locked": False,
+                "holder": None,
+                "waiters": object_waiters(seg, lk),
+                "owner_died": False,
+                "not_recoverable": False,
+                "stale_step": False,
+                "state": object_state(seg, lk),
+            }
+            if lk.kind == "semaphore":
+                obj["holders"] = [
+                    dict(_participant(seg, x) or {}, units=u) for x, u in sem_holders(seg, lk)
+                ]
+            locks.append(obj)
             continue
         waiters = sum(
             1

@@ -45,6 +45,11 @@ def cycles_report(g: waitgraph.Graph) -> dict[str, Any]:
     return {"cycles": cycles, "waiting_threads": waiting, "skipped": list(g.notes)}
 
 
+def units(n: int) -> str:
+    """A semaphore's units held, as HOLDS shows them."""
+    return f"{n} unit" if n == 1 else f"{n} units"
+
+
 def annotate(d: dict[str, Any]) -> dict[str, Any]:
     """Add to ``Region._describe()``'s participants what each holds and waits for, over
     every segment (``holds``, ``waits_for``, ``waiting_s``; None: not waiting)."""
@@ -57,6 +62,8 @@ def annotate(d: dict[str, Any]) -> dict[str, Any]:
             here.setdefault(h["slot"], []).append(lk["name"])
         for r in lk.get("readers", ()):  # an RWLock's readers hold it too (shared)
             here.setdefault(r["slot"], []).append(f"{lk['name']} (read)")
+        for u in lk.get("holders", ()):  # a semaphore's units taken with `with`
+            here.setdefault(u["slot"], []).append(f"{lk['name']} ({units(u['units'])})")
 
     def short(ref: waitgraph.LockRef) -> str:
         return ref.name if ref.segment == name else ref.label

@@ -58,7 +58,8 @@ class ThreadInfo:
     detects: bool = False  # its process looks for deadlocks (a victim candidate)
     #: an RWLock's side: "read" or "write" for the one it waits for (None: a lock), and
     #: per RWLock it holds (or keeps readers out of, as the writer that announced itself
-    #: and drains the readers before it: "write, draining")
+    #: and drains the readers before it: "write, draining"); per semaphore whose units
+    #: it holds with `with`, how many ("1 unit")
     waits_as: str | None = None
     modes: dict[LockRef, str] = field(default_factory=dict)
 
@@ -221,7 +222,8 @@ def _scan_segment(g: Graph, seg: _segment.Segment) -> None:
                 waiting.append((p.slot, p.op_lock - 1))
                 t.since_ns = p.wait_since
                 t.detects = bool(p.detects)
-    # locks: name, kind, holder (an RWLock: its readers and its writer)
+    # locks: name, kind, holder (an RWLock: its readers and its writer; a semaphore: its
+    # `with` holders)
     refs: dict[int, LockRef] = {}
     holders: dict[int, int] = {}
     rwlocks: dict[int, _segment.Lock] = {}
@@ -246,6 +248,10 @@ def _scan_segment(g: Graph, seg: _segment.Segment) -> None:
             ws, draining = _segment.rw_writer(lk)
             if ws is not None:
                 held(ws, ref, "write, draining" if draining else "write")
+            continue
+        if lk.kind == "semaphore":
+            for x, u in _segment.sem_holders(seg, lk):  # units taken with `with`
+                held(x, ref, f"{u} unit" if u == 1 else f"{u} units")
             continue
         h = seg.holder_slot(lk)
         if h is None:

@@ -654,6 +654,98 @@ def test_cli_inspect_ls_stat_show_them(new_region):
     assert "deadlocks 0" in dl or ("deadlocks 3" in dl and r.name not in dl), dl
 
 
+_UNIT_HOLDER = (
+    "import shmlocks, sys, time\n"
+    "r = shmlocks.Region.open(sys.argv[1])\n"
+    "sem = r.open_semaphore('sem')\n"
+    "other = shmlocks.BoundedSemaphore.open(sys.argv[2])\n"
+    "sem.__enter__(); other.__enter__()\n"
+    "print('in', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def _inspect(name):
+    import json
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-m", "shmlocks", "inspect", name, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert p.returncode == 0, p.stderr
+    text = subprocess.run(
+        [sys.executable, "-m", "shmlocks", "inspect", name],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert text.returncode == 0, text.stderr
+    d = json.loads(p.stdout)
+    return {lk["name"]: lk for lk in d["locks"]}, d["participants"], text.stdout
+
+
+def test_inspect_shows_event_waiters_and_the_units_held_with_with(new_region, made):
+    """inspect (and its --json) counts a thread blocked in Event.wait() as a waiter, and
+    lists the units a participant holds with ``with sem:`` under its HOLDS (this segment's
+    and another's), alive and, after its SIGKILL, dead until they are recovered; the
+    semaphore's HOLDER names them. The CLI's copy describes them as the mapping does."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    r = new_region(max_locks=4)
+    sem = r.create_semaphore("sem", 2)
+    ev = r.create_event("ev")
+    other = shmlocks.BoundedSemaphore(3, uniq("bsem"))
+    made.append(other)
+    waiter = threading.Thread(target=ev.wait, args=(30,), daemon=True)
+    waiter.start()
+    child = subprocess.Popen(
+        [sys.executable, "-c", _UNIT_HOLDER, r.name, other.name],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "in"
+        until(lambda: ev._describe()["waiters"] == 1, what="the Event's waiter")
+        locks, parts, text = _inspect(r.name)
+        assert locks["ev"]["waiters"] == 1, locks["ev"]
+        (h,) = locks["sem"]["holders"]
+        assert (h["pid"], h["units"], h["alive"]) == (child.pid, 1, True), h
+        (cp,) = [p for p in parts if p["pid"] == child.pid]
+        assert "sem (1 unit)" in cp["holds"], cp
+        assert f"{other.name} (1 unit)" in cp["holds"], cp  # another segment's, through it
+        row = [ln for ln in text.splitlines() if ln.split()[:2] == [str(cp["slot"]), str(child.pid)]]
+        assert len(row) == 1 and "sem (1 unit)" in row[0], text
+        assert f"with: pid {child.pid}" in text and "alive x1" in text, text
+        copied = _segment.describe(_segment.read(r.name))["locks"]
+        assert r._describe()["locks"] == copied
+
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+        locks, parts, _ = _inspect(r.name)
+        (h,) = locks["sem"]["holders"]
+        assert (h["pid"], h["units"], h["alive"]) == (child.pid, 1, False), h
+        (cp,) = [p for p in parts if p["pid"] == child.pid]
+        assert not cp["alive"] and cp["holds"] == ["sem (1 unit)"], cp
+        assert r._describe()["locks"] == _segment.describe(_segment.read(r.name))["locks"]
+        # its unit comes back to the next call that would fail for want of it
+        assert sem.acquire(False) and sem.acquire(False)
+        locks, _, _ = _inspect(r.name)
+        assert locks["sem"]["holders"] == [] and locks["sem"]["state"] == "value=0"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+        ev.set()
+        waiter.join(10)
+
+
 def test_no_leak_after_normal_exit():
     from support.common import run_python
 

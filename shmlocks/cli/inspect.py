@@ -28,7 +28,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _holder(lk: dict[str, Any]) -> str:
-    """The HOLDER cell: the holder, or an RWLock's readers (each with its holds)."""
+    """The HOLDER cell: the holder, an RWLock's readers (each with its holds), or a
+    semaphore's `with` holders (each with its units)."""
+    holders = lk.get("holders")
+    if holders:
+        return "with: " + ", ".join(f"{who(h)} x{h['units']}" for h in holders)
     if not lk["locked"]:
         return "-"
     readers = lk.get("readers")

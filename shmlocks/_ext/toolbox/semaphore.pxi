@@ -242,6 +242,21 @@ cdef class Semaphore(_TbObject):
             return f"value={w.value}/{w.limit}"
         return f"value={w.value}"
 
+    def _describe(self):
+        """As _TbObject's, plus ``holders``: the participants (alive, or dead and not yet
+        recovered) holding units taken with ``with``, each with its ``units``."""
+        cdef uint32_t i, u
+        d = _TbObject._describe(self)
+        holders = []
+        for i in range(self.b.P):
+            u = ld32_acq(&shm_tb_rec(&self.b, i).units)
+            if u != 0 and participant_state(self.rm, i) != 0:
+                h = self._part(i)
+                h["units"] = u
+                holders.append(h)
+        d["holders"] = holders
+        return d
+
     def stats(self):
         """``value`` (free units), ``held_with`` (units held by `with` blocks, by live or
         not yet recovered participants) and ``recovered`` (units given back after their

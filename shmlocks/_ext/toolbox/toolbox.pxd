@@ -129,3 +129,4 @@ cdef class _TbObject:
     cdef int _guard(self) except -1
     cdef object _guard_error(self)
     cdef int _waiters(self) noexcept nogil
+    cdef dict _part(self, uint32_t i)

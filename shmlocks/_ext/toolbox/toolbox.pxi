@@ -494,6 +494,13 @@ cdef class _TbObject:
     def _state(self):
         return ""
 
+    cdef dict _part(self, uint32_t i):
+        """Participant i as Region._describe shows one."""
+        cdef shm_participant* p = &self.rm.part[i]
+        return {"slot": i, "pid": ld32_rlx(&p.pid), "tid": ld32_rlx(&p.tid),
+                "alive": participant_state(self.rm, i) == 1,
+                "other_namespace": other_pidns(ld64_acq(&p.pidns))}
+
     def _describe(self):
         """As a lock's _describe (inspect), plus ``state``: never held, no owner."""
         self._check()
