@@ -42,7 +42,7 @@ def _installed_elsewhere() -> str | None:
             if finder is importlib.machinery.PathFinder:
                 spec = finder.find_spec("shmlocks", path)
             else:
-                spec = finder.find_spec("shmlocks", None)  # type: ignore[call-arg]
+                spec = finder.find_spec("shmlocks", None)
         except Exception:  # noqa: BLE001 - a third-party finder's trouble is not ours
             continue
         origin = spec.origin if spec is not None else None
@@ -57,7 +57,7 @@ def _core_elsewhere() -> str | None:
     here = _os.path.dirname(_os.path.realpath(__file__))
     for finder in _sys.meta_path:
         try:
-            spec = finder.find_spec("shmlocks._core", [here])  # type: ignore[call-arg]
+            spec = finder.find_spec("shmlocks._core", [here])
         except Exception:  # noqa: BLE001 - a third-party finder's trouble is not ours
             continue
         if spec is not None and spec.origin:

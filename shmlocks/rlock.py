@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shmlocks import _core
 from shmlocks.errors import NotOwnerError
 
+if TYPE_CHECKING:
+    # threading.Condition(rlock) works (the methods below are what it asks of its lock),
+    # and typeshed accepts only the (final) stdlib locks there: to type checkers alone,
+    # this is a threading.RLock (shmlocks/_core.pyi does the same for the locks).
+    _RLockBase = threading.RLock
+else:
+    _RLockBase = object
 
-class RLock:
+
+class RLock(_RLockBase):  # type: ignore[misc]
     """RLock(kind="futex") -> a shared-memory ``threading.RLock`` on a lock of ``kind``.
 
     ``acquire(blocking=True, timeout=-1)``, ``release()``, ``with``, as threading's; the
@@ -150,7 +158,7 @@ class RLock:
 
     @property
     def owner(self) -> tuple[int, int] | None:
-        return self._lock.owner  # type: ignore[no-any-return]
+        return self._lock.owner
 
     @property
     def owner_died(self) -> bool:

@@ -46,7 +46,7 @@ def segment_stats(name: str) -> dict[str, Any]:
             "locked": lk["locked"],
             "holder": lk["holder"] if lk["locked"] else None,
             "waiters": lk["waiters"],
-            **{k: c[k] for k in STAT_KEYS},  # type: ignore[literal-required]
+            **{k: c[k] for k in STAT_KEYS},
         }
         if lk["kind"] == "rwlock":
             reads = rw_reads(seg, body, lk["readers"])
