@@ -131,6 +131,17 @@ class Lock(NamedTuple):
     tb_waiting: tuple[int, ...] = ()  # a toolbox object's records: the slots that wait
     rw_recs: tuple[RWRec, ...] = ()  # an RWLock's participant lines, one per slot
     tb_units: tuple[int, ...] = ()  # a semaphore's records: each slot's `with` units
+    dead_pidns: int = 0  # robust, pi: word B's u64[1], the dead holder's namespace
+
+    def dead_holder(self) -> tuple[int, int, int] | None:
+        """robust, pi: (pid, tid, pidns) of the holder that died holding and whose slot was
+        recovered, while nobody has taken the lock since, or None (robust.pxi
+        ``_dead_holder``, docs/design.md §7.4 [R1]). Word B: pid, tid, then the namespace."""
+        w = self.word_a & 0xFFFFFFFF
+        pid, tid = self.word_b & 0xFFFFFFFF, self.word_b >> 32
+        if self.kind_code not in (5, 6) or not w & FUTEX_OWNER_DIED or w & FUTEX_TID_MASK:
+            return None
+        return (pid, tid, self.dead_pidns) if pid else None
 
     @property
     def kind(self) -> str | None:
@@ -234,9 +245,9 @@ def _read(fd: int, size: int, name: str) -> Segment:
         body_off = locks_off + i * stride
         body = pread_exact(fd, body_off, _BODY_READ)
         kind, flags, holder, bmagic, *rest = _CTL.unpack_from(body, 0)
-        word_a, word_b = (
+        word_a, word_b, word_b1 = (
             struct.unpack_from("<Q", body, LINE)[0],
-            struct.unpack_from("<Q", body, 2 * LINE)[0],
+            *struct.unpack_from("<QQ", body, 2 * LINE),
         )
         node_state = None
         if d_kind == _CLH:
@@ -285,6 +296,7 @@ def _read(fd: int, size: int, name: str) -> Segment:
                 tb_waiting,
                 rw_recs,
                 tb_units,
+                word_b1,
             )
         )
     return Segment(name, size, L, P, cpid, cns, records, locks)
@@ -521,12 +533,22 @@ def describe(seg: Segment) -> dict[str, Any]:
             if p.op_lock == lk.idx + 1 and p.op_step == OP_WAITING and p.state == 1
         )
         locked, holder, stale = _weigh(seg, lk, in_use)
+        hd = _participant(seg, holder) if locked else None
+        dead = lk.dead_holder() if locked and hd is None else None
+        if dead is not None:  # its slot was reused: the record (no slot of its own now)
+            hd = {
+                "slot": None,
+                "pid": dead[0],
+                "tid": dead[1],
+                "alive": False,
+                "other_namespace": other_pidns(dead[2]),
+            }
         locks.append(
             {
                 "name": lk.name,
                 "kind": lk.kind,
                 "locked": locked,
-                "holder": _participant(seg, holder) if locked else None,
+                "holder": hd,
                 "waiters": waiters,
                 "owner_died": bool(lk.flags & 1),
                 "not_recoverable": bool(lk.flags & 2),

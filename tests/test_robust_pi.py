@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from support import ROBUST_KINDS, kill, me, outcome, wait_blocked
+from support import ROBUST_KINDS, kill, me, outcome, until, wait_blocked
 
 import shmlocks
 from shmlocks.testing import kill_while_holding
@@ -175,4 +175,111 @@ def test_dead_waiter_does_not_block_the_lock(procs, new_lock, kind):
     assert procs.call(_acquire_report, lock) == (True, False)
     assert lock.acquire(timeout=1) is True
     assert lock.owner_died is False
+    lock.release()
+
+
+# -- a dead holder whose participant slot was reused (docs/design.md §7.4 [R1]) ----------
+
+
+def _die_holding(lock, at=None):
+    """A forked child takes the lock and is SIGKILLed holding it: by a real SIGKILL right
+    after acquire() returns, or at library crash point ``at``. Returns its pid (= its
+    thread id: the child's main thread)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            if at is not None:
+                shmlocks._core._arm_crashpoint(at)
+            lock.acquire(timeout=10)
+            os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    return pid
+
+
+def _region_of_two(new_region, kind):
+    """A region of two participant slots, one this thread's: a child takes the other."""
+    region = new_region(max_locks=2, max_participants=2)
+    lock = region.create_lock("held", kind)
+    other = region.create_lock("other", "futex")
+    assert other.acquire(timeout=5)  # this thread's slot
+    other.release()
+    return region, lock, other
+
+
+def _reuse_the_slot(other):
+    """A new thread registers in the region (on another lock of it): with the other slot
+    this thread's, only by recovering the dead child's slot and taking it over."""
+    errors, tids = [], []
+
+    def run():
+        tids.append(threading.get_native_id())
+        try:
+            assert other.acquire(timeout=10)
+            other.release()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(20)
+    assert not t.is_alive() and not errors, errors
+    # join() returns before the kernel has ended the thread (and marked its slot's token):
+    # a registration before that would find no free slot
+    until(lambda: not os.path.exists(f"/proc/self/task/{tids[0]}"), 10, "the thread's exit")
+
+
+def _assert_dead_holder(region, lock, pid):
+    from shmlocks import stats
+    from shmlocks.cli._common import describe
+
+    assert lock.locked() is True
+    assert lock.owner == (pid, pid)
+    seen = [
+        lock._describe()["holder"],  # this process's view (Lock, inspect in-process)
+        describe(region.name)["locks"][0]["holder"],  # `shmlocks inspect` (the copy)
+        stats.segment_stats(region.name)["locks"][0]["holder"],  # `shmlocks stat`, `top`
+    ]
+    for h in seen:
+        assert h is not None and (h["pid"], h["tid"], h["alive"]) == (pid, pid, False), seen
+
+
+def test_a_dead_holder_is_reported_after_its_slot_is_reused(new_region, kind):
+    """SPEC: the holder (pid, tid, alive or dead). The kernel keeps no owner in the mutex
+    word once it marks the death, and the slot that named the holder is recovered and
+    reused: the holder is still reported, as dead, until the next acquire recovers the
+    lock (as for the user-space kinds, which release a dead holder's lock at once)."""
+    region, lock, other = _region_of_two(new_region, kind)
+    pid = _die_holding(lock)
+    _assert_dead_holder(region, lock, pid)  # (its slot still names it)
+    _reuse_the_slot(other)
+    _assert_dead_holder(region, lock, pid)
+    assert lock.acquire(timeout=5) is True
+    assert lock.owner_died is True and lock.owner == me()
+    lock.mark_consistent()
+    lock.release()
+    assert lock.owner is None and lock._describe()["holder"] is None
+
+
+def test_a_holder_killed_before_its_holder_record_after_an_earlier_death(new_region, kind):
+    """A holder killed between the kernel's grant and its holder record (crash point
+    lock.acquire.got) is reported from its published step, and after its slot is reused
+    from the record its recoverer kept; never as the holder of an earlier, repaired
+    death."""
+    region, lock, other = _region_of_two(new_region, kind)
+    first = _die_holding(lock)
+    _reuse_the_slot(other)
+    assert lock.acquire(timeout=5) is True and lock.owner_died is True
+    lock.mark_consistent()
+    lock.release()
+    second = _die_holding(lock, at="lock.acquire.got")
+    assert second != first
+    assert lock.locked() is True
+    assert lock._describe()["holder"]["pid"] == second
+    _reuse_the_slot(other)
+    _assert_dead_holder(region, lock, second)
+    assert lock.acquire(timeout=5) is True and lock.owner_died is True
+    lock.mark_consistent()
     lock.release()

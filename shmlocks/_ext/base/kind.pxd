@@ -221,3 +221,10 @@ cdef class _Lock:
     # HOOK _held_by_tid(tid): (kernel-recovered kinds) does the lock word name thread `tid`
     #   as its owner, or say its owner died? For inspect's view of a dead holder.
     cdef bint _held_by_tid(self, uint32_t tid) noexcept nogil
+    # HOOK _dead_holder(): (kernel-recovered kinds) (pid, tid, pidns) of a holder that died
+    #   holding and whose slot was recovered (so no holder record names it any more) while
+    #   nobody has taken the lock since, or None (default: None). docs/design.md §7.4 [R1].
+    cdef object _dead_holder(self)
+    # HOOK _died_taken(): a hold begins with R_ACQ_DIED: forget what _dead_holder kept
+    #   (default: nothing). Off the fast path (_got_flags).
+    cdef void _died_taken(self) noexcept nogil

@@ -27,7 +27,20 @@ cdef void _robust_init(shm_body* b) noexcept nogil:
 
 cdef void _pmutex_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil:
     """Dead participant q: the kernel marked a mutex it held OWNER_DIED (the next locker
-    gets EOWNERDEAD); only its holder id is left to clear."""
+    gets EOWNERDEAD); only its holder id is left to clear. Its slot is about to be reused,
+    so a hold it died in is kept in word B first ([R1]): who held the lock (pid, tid,
+    dead) stays known until the next holder takes it over (_died_taken)."""
+    cdef shm_participant* p = &rm.part[q]
+    cdef uint32_t h = ld32_acq(&b.ctl.holder)
+    cdef uint32_t w = ld32_acq(pm_word(b))
+    if pm_died_untaken(w) and (
+            h == participant_hid(rm, q)
+            # died taking it, before its holder record (lockbase.pxi _describe's case)
+            or (h == 0 and ld32_acq(pm_dead_pid(b)) == 0
+                and participant_op(rm, q, b.index + 1) != 0)):
+        st64_rlx(pm_dead_pidns(b), ld64_rlx(&p.pidns))
+        st32_rlx(pm_dead_tid(b), ld32_rlx(&p.tid))
+        st32_rel(pm_dead_pid(b), ld32_rlx(&p.pid))   # last: the record is whole once set
     holder_forget(rm, b, q)
 
 
@@ -186,6 +199,21 @@ cdef class _PthreadMutexLock(_Lock):
         # the futex word: its owner's TID, or OWNER_DIED once the kernel saw the owner die
         cdef uint32_t w = ld32_acq(pm_word(&self.b))
         return (w & FUTEX_OWNER_DIED_) != 0 or (w & FUTEX_TID_MASK_) == tid
+
+    cdef object _dead_holder(self):
+        # [R1] the record, only while the word says nobody has taken the mutex since the
+        # death (a snapshot, as owner is)
+        cdef uint32_t pid
+        if not pm_died_untaken(ld32_acq(pm_word(&self.b))):
+            return None
+        pid = ld32_acq(pm_dead_pid(&self.b))
+        if pid == 0:
+            return None
+        return (pid, ld32_rlx(pm_dead_tid(&self.b)), ld64_rlx(pm_dead_pidns(&self.b)))
+
+    cdef void _died_taken(self) noexcept nogil:
+        # a hold that began with EOWNERDEAD: the dead holder's record is history now
+        st32_rel(pm_dead_pid(&self.b), 0)
 
 
 cdef class RobustMutex(_PthreadMutexLock):

@@ -196,6 +196,12 @@ cdef class _Lock:
     cdef bint _held_by_tid(self, uint32_t tid) noexcept nogil:
         return 0
 
+    cdef object _dead_holder(self):
+        return None
+
+    cdef void _died_taken(self) noexcept nogil:
+        pass
+
     # -- acquire ------------------------------------------------------------------------
 
     cdef inline reg_t* _me_fast(self) noexcept nogil:
@@ -252,6 +258,7 @@ cdef class _Lock:
         cdef uint32_t f
         if rc == R_ACQ_DIED:
             for32(&self.b.ctl.flags, SHM_F_OWNER_DIED)
+            self._died_taken()
         f = ld32_acq(&self.b.ctl.flags)
         if f & SHM_F_HANDON:                 # the hand-on is over: the hold is ours now
             fand32(&self.b.ctl.flags, ~(<uint32_t>SHM_F_HANDON))
@@ -677,8 +684,13 @@ cdef class _Lock:
         cdef uint32_t h
         self._check()
         h = holder_slot(self.rm, ld32_acq(&self.b.ctl.holder))
-        if h == 0 or other_pidns(ld64_acq(&self.rm.part[h - 1].pidns)):
-            return None                  # nobody, or a pid that means nothing here
+        if h == 0:
+            dead = self._dead_holder()       # robust, pi: a dead holder whose slot was reused
+            if dead is None or other_pidns(dead[2]):
+                return None
+            return (dead[0], dead[1])
+        if other_pidns(ld64_acq(&self.rm.part[h - 1].pidns)):
+            return None                  # a pid that means nothing here
         return (ld32_rlx(&self.rm.part[h - 1].pid), ld32_rlx(&self.rm.part[h - 1].tid))
 
     @property
@@ -828,8 +840,16 @@ cdef class _Lock:
         if stale:
             locked = False
             h = 0
+        holder = None
+        if locked:
+            holder = (<Region>self._region)._participant(h)
+            if holder is None and kernel:
+                dead = self._dead_holder()  # its slot was reused: the record [R1] (no slot)
+                if dead is not None:
+                    holder = {"slot": None, "pid": dead[0], "tid": dead[1], "alive": False,
+                              "other_namespace": other_pidns(dead[2])}
         return {"name": self._name, "kind": self.kind_name, "locked": locked,
-                "holder": (<Region>self._region)._participant(h) if locked else None,
+                "holder": holder,
                 "waiters": self._waiters(),
                 "owner_died": bool(f & SHM_F_OWNER_DIED),
                 "not_recoverable": bool(f & SHM_F_NOTRECOVERABLE),
