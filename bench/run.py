@@ -3,7 +3,7 @@
     python bench/run.py            quick run (about a minute)
     python bench/run.py --full     the complete run (several minutes)
     python bench/run.py --smoke    a few seconds: every code path, for CI
-    python -m shmlocks bench [--full] [--out DIR]
+    python -m shmlocks bench [--full] [--out DIR] [--json]
 
 Measures, in one run, for the six shmlocks kinds and the anchors threading.Lock (the
 in-process floor, measured with threads), multiprocessing.Lock, posix_ipc.Semaphore and
@@ -22,7 +22,8 @@ into tables, targets, plots and JSON) and writes, to bench/results/<YYYYmmdd-HHM
 tables of medians with min-max and ratios to multiprocessing.Lock from the same run, the
 issue's targets, met or not), results.json (every raw figure), pyperf.json (pyperf's own
 output), and throughput.png / handoff.png when matplotlib is importable. The markdown is
-printed to stdout; progress goes to stderr.
+printed to stdout (with --json: results.json's object is, and the markdown goes to stderr);
+progress goes to stderr.
 
 Repeats are interleaved (round r of every lock, then round r+1, each round starting at
 the next lock), so slow drift on a busy machine spreads over all locks rather than landing
@@ -359,6 +360,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"only these locks (multiprocessing.Lock is always added); from "
         f"{', '.join(adapters.NAMES)}",
     )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the results (results.json's object) to stdout, the markdown to stderr",
+    )
     # no positional arguments here, so a "--" (`shmlocks bench --out D -- --smoke` passes
     # its separator through) means nothing: drop it
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--"]
@@ -438,8 +444,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "notes": notes,
         "files": sorted({p.name for p in out.iterdir()} | {"results.json"}),
     }
-    (out / "results.json").write_text(json.dumps(report.jsonable(doc), indent=1) + "\n")
-    print(md)
+    text = json.dumps(report.jsonable(doc), indent=1)
+    (out / "results.json").write_text(text + "\n")
+    if args.json:  # one JSON object for scripts on stdout; the report for people on stderr
+        print(md, file=sys.stderr)
+        print(text, flush=True)
+    else:
+        print(md)
     log(f"wrote {out}")
     if interrupted:
         return 130

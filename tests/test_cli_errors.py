@@ -15,6 +15,9 @@ import pytest
 from support import shm_remove, uniq
 
 import shmlocks
+from shmlocks.cli import COMMANDS
+from shmlocks.cli import bench as cli_bench
+from shmlocks.cli import main as cli_main
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -92,3 +95,65 @@ def test_version_has_one_source():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]
     assert "version" not in project and "version" in project["dynamic"]
+
+
+NEEDS_A_NAME = {"inspect", "stat", "unlink"}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_an_unknown_argument_is_the_commands_usage_error(command, capsys):
+    """`shmlocks ls --bogus` is a mistake in `ls`: its usage line, not the top level's."""
+    args = [command, *(["x"] if command in NEEDS_A_NAME else []), "--no-such-option"]
+    with pytest.raises(SystemExit) as e:
+        cli_main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err.startswith(f"usage: shmlocks {command} "), err
+    assert f"shmlocks {command}: error: unrecognized arguments: --no-such-option" in err
+
+
+def test_an_unknown_argument_before_the_command_is_the_top_levels(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["--no-such-option", "ls"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err.startswith("usage: shmlocks [-h]") and "unrecognized arguments" in err, err
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_has_json_for_scripts(command, capsys):
+    """A table for people, and --json for scripts: every command."""
+    with pytest.raises(SystemExit) as e:
+        cli_main([command, "--help"])
+    assert e.value.code == 0
+    assert "--json" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+def test_bench_runs_from_any_directory_and_prints_json(tmp_path):
+    """`shmlocks bench` finds the suite in the checkout it is installed from, whatever the
+    current directory; --json prints results.json's object, the report going to stderr."""
+    out = tmp_path / "out"
+    p = subprocess.run(
+        [sys.executable, "-m", "shmlocks", "bench", "--smoke", "--json", "--out", str(out)]
+        + ["--", "--locks", "futex", "--repeats", "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    doc = json.loads(p.stdout)
+    assert doc["locks"] == ["futex", "multiprocessing.Lock"] and doc["problems"] == []
+    assert json.loads((out / "results.json").read_text()) == doc
+    assert "futex" in p.stderr  # the markdown report, for people
+
+
+def test_bench_without_a_checkout_is_one_error(monkeypatch, capsys):
+    """Installed from a wheel there is no bench/: one error line (exit status 1), and with
+    --json the error object on stdout, as every command's."""
+    monkeypatch.setattr(cli_bench, "_find_bench", lambda: None)
+    assert cli_main(["bench", "--json"]) == 1
+    io = capsys.readouterr()
+    assert set(json.loads(io.out)) == {"error"}
+    assert io.err.startswith("shmlocks: error: the benchmark suite (bench/run.py) is in the")

@@ -86,25 +86,42 @@ COMMANDS: dict[str, Command] = {
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser: every command's arguments, or only ``command``'s (so that only
-    its module is imported; the others are listed with their summary, as before)."""
+    its module is imported; the others are listed with their summary, as before). Each
+    command's own parser is in its ``subparsers`` attribute, by name."""
     parser = argparse.ArgumentParser(
         prog="shmlocks",
         description="Interprocess locks in POSIX shared memory: inspect, clean up, demonstrate.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {shmlocks.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subparsers = {}
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.summary)
         if command is None or command == name:
             importlib.import_module(cmd.module).add_arguments(p)
+        subparsers[name] = p
+    parser.subparsers = subparsers  # type: ignore[attr-defined]
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
+def _parse(args_list: list[str]) -> argparse.Namespace:
     # the command is the first word that is not an option (the top level's take no value)
-    command = next((a for a in args_list if not a.startswith("-")), None)
-    args = build_parser(command if command in COMMANDS else None).parse_args(args_list)
+    i, command = next(
+        ((i, a) for i, a in enumerate(args_list) if not a.startswith("-")), (len(args_list), None)
+    )
+    parser = build_parser(command if command in COMMANDS else None)
+    args, extra = parser.parse_known_args(args_list)
+    if extra:
+        # an argument the command does not know is the command's usage error, with its
+        # usage line, unless it came before the command (then it is the top level's)
+        own = command in COMMANDS and not any(a in args_list[:i] for a in extra)
+        target = parser.subparsers[command] if own else parser  # type: ignore[attr-defined]
+        target.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(list(sys.argv[1:] if argv is None else argv))
     from shmlocks.cli._common import EXIT_ERROR, EXIT_INTERRUPTED, CliError, error_text, fail
 
     try:
