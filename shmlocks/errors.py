@@ -39,7 +39,8 @@ class LockOrderWarning(RuntimeWarning):
 
 
 class LockNotRecoverableError(ShmLockError):
-    """The lock was released without mark_consistent() after its owner died."""
+    """The lock was released without mark_consistent() after its owner died: every acquire
+    raises this until ``clear_not_recoverable()`` (then the next holder gets owner_died)."""
 
 
 class LockKindError(ShmLockError, TypeError):

@@ -85,8 +85,10 @@ def test_bare_release_still_makes_it_unrecoverable_and_clear_brings_it_back(kind
         assert lock.acquire(timeout=5) and lock.owner_died
         lock.release()  # without mark_consistent(): the documented meaning
         assert _next_holder(lock, repair=True) == "not-recoverable"
-        with pytest.raises(shmlocks.LockNotRecoverableError):
+        with pytest.raises(shmlocks.LockNotRecoverableError) as e:
             lock.acquire(timeout=1)
+        assert "until clear_not_recoverable() is called" in str(e.value)  # the way back
+        assert "permanently" not in str(e.value)
         # any process may bring it back: here another object of the lock
         other = type(lock).open(lock.name)
         try:

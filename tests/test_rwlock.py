@@ -545,10 +545,11 @@ def test_dead_writer_unrepaired_release_is_not_recoverable(rw, procs):
             raise RuntimeError("repair failed")  # the with block hands owner_died on
         assert rw.acquire_write(timeout=10) and rw.owner_died
         rw.release_write()  # without mark_consistent(): not recoverable, as locks
-        with pytest.raises(shmlocks.LockNotRecoverableError):
-            rw.acquire_write(timeout=1)
-        with pytest.raises(shmlocks.LockNotRecoverableError):
-            rw.acquire_read(timeout=1)
+        for acquire in (rw.acquire_write, rw.acquire_read):
+            with pytest.raises(shmlocks.LockNotRecoverableError) as e:
+                acquire(timeout=1)
+            assert "until clear_not_recoverable() is called" in str(e.value)  # the way back
+            assert "permanently" not in str(e.value)
         assert rw.clear_not_recoverable() is True
         assert rw.acquire_write(timeout=1) and rw.owner_died
         rw.mark_consistent()

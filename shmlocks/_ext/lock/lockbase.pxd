@@ -6,3 +6,5 @@ cdef double _TIMEOUT_MAX                # a timeout above threading.TIMEOUT_MAX:
 # acquire()'s argument rules (blocking, timeout) -> 0 (do not wait), -1 (forever) or an
 # absolute CLOCK_MONOTONIC deadline in ns; also RWLock's (toolbox/rwlock.pxi)
 cdef int64_t _deadline_of(blocking, timeout) except -2
+# the LockNotRecoverableError of a lock or an RWLock: what happened, and the way back
+cdef object _not_recoverable(str what)

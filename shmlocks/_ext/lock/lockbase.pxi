@@ -11,11 +11,19 @@ cdef object _NEG1 = -1
 cdef double _TIMEOUT_MAX = __import__("threading").TIMEOUT_MAX   # larger: OverflowError
 
 
+cdef object _not_recoverable(str what):
+    """LockNotRecoverableError for a lock (or an RWLock, toolbox/rwlock.pxi) released
+    without mark_consistent() after an owner death: `what` happened, and the way back."""
+    return LockNotRecoverableError(
+        f"{what}: every acquire fails until clear_not_recoverable() is called (by any "
+        "process that has it open, once the data can be repaired; the next holder then "
+        "gets owner_died)")
+
+
 cdef _raise_code(_Lock lk, int rc):
     if rc == R_NOTREC:
-        raise LockNotRecoverableError(
-            f"lock {lk._name!r} was released without mark_consistent() after its owner died; "
-            "it is permanently unusable")
+        raise _not_recoverable(
+            f"lock {lk._name!r} was released without mark_consistent() after its owner died")
     raise CorruptRegionError(f"lock {lk._name!r}: shared state is corrupt (code {rc})")
 
 

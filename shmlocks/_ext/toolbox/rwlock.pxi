@@ -483,9 +483,9 @@ cdef class RWLock(_TbObject):
                 _rw_read_waited(rec, shm_now_ns() - t0)
         if ld32_acq(&self.b.ctl.flags) & SHM_F_NOTRECOVERABLE:
             _rw_read_undo(rec)
-            raise LockNotRecoverableError(
+            raise _not_recoverable(
                 f"RWLock {self._name!r}: a writer released it without mark_consistent() "
-                "after a writer died; it is permanently unusable")
+                "after a writer died")
         st64_rlx(&rec.reads, ld64_rlx(&rec.reads) + 1)
         r.held += 1                              # keeps the slot while it holds
         if g_lockdep is not None:
@@ -604,9 +604,9 @@ cdef class RWLock(_TbObject):
                                 "upgrade to write is refused (two upgraders would wait "
                                 "for each other forever); release the read first")
         if ld32_acq(&self.b.ctl.flags) & SHM_F_NOTRECOVERABLE:
-            raise LockNotRecoverableError(
+            raise _not_recoverable(
                 f"RWLock {self._name!r}: a writer released it without mark_consistent() "
-                "after a writer died; it is permanently unusable")
+                "after a writer died")
         if g_lockdep is not None and deadline != 0:
             self._lockdep_before()
         slot = r.slot
@@ -640,9 +640,9 @@ cdef class RWLock(_TbObject):
         if f & SHM_F_NOTRECOVERABLE:             # made so while we waited
             _rw_write_release(&self.b, slot, hid, 0)
             r.held -= 1
-            raise LockNotRecoverableError(
+            raise _not_recoverable(
                 f"RWLock {self._name!r}: a writer released it without mark_consistent() "
-                "after a writer died; it is permanently unusable")
+                "after a writer died")
         stats_hold(self.b.ctl, r.pid)
         if waited:
             stats_waited(self.b.ctl, shm_now_ns() - t0)
