@@ -16,6 +16,7 @@ import pytest
 from support import uniq
 
 import shmlocks
+from shmlocks.testing import kill_while_holding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -118,3 +119,38 @@ def test_readme_usage_example_runs_as_printed(tmp_path):
     assert p.returncode == 0, err
     assert out.strip() == "40000"
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shmlocks-{p.pid}-")]
+
+
+def _take(lock) -> None:
+    assert lock.acquire(timeout=10)
+    time.sleep(30)  # SIGKILLed as soon as it holds the lock
+
+
+@pytest.mark.timeout(60)
+def test_readme_usage_example_survives_a_worker_killed_holding_the_lock():
+    """README's first example, as written, is death-safe: after a worker is SIGKILLed
+    holding the lock, the others' work() finishes with every count (without its
+    owner_died lines, the first release makes the lock unrecoverable for all of them)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        code = f.read().split("```python\n", 1)[1].split("```", 1)[0]
+    ns: dict = {"__name__": "readme_usage"}  # defines work(); its __main__ part is skipped
+    exec(compile(code, "README.md", "exec"), ns)
+    ctx = mp.get_context("fork")
+    lock = shmlocks.MCSLock(uniq("readme-kill"))
+    procs: list = []
+    try:
+        kill_while_holding(lock, _take, lock, start_method="fork", timeout=20)
+        counter = ctx.RawValue("q", 0)
+        procs = [ctx.Process(target=ns["work"], args=(lock, counter)) for _ in range(3)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(40)
+        assert [p.exitcode for p in procs] == [0, 0, 0]
+        assert counter.value == 30_000
+        assert not lock.locked()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        lock.close()
