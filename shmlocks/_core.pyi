@@ -261,6 +261,15 @@ class Event(_TbObject):
         mode: int = 0o600,
         persist: bool = False,
     ) -> Self: ...
+    @classmethod
+    def open_or_create(
+        cls,
+        name: str,
+        *,
+        max_participants: int = 64,
+        mode: int = 0o600,
+        persist: bool = False,
+    ) -> Self: ...
     def is_set(self) -> bool: ...
     def isSet(self) -> bool: ...
     def set(self) -> None: ...
@@ -282,6 +291,16 @@ class Semaphore(_TbObject):
         cls,
         value: int = 1,
         name: str | None = None,
+        *,
+        max_participants: int = 64,
+        mode: int = 0o600,
+        persist: bool = False,
+    ) -> Self: ...
+    @classmethod
+    def open_or_create(
+        cls,
+        name: str,
+        value: int = 1,
         *,
         max_participants: int = 64,
         mode: int = 0o600,
@@ -321,6 +340,18 @@ class Barrier(_TbObject):
         mode: int = 0o600,
         persist: bool = False,
     ) -> Self: ...
+    @classmethod
+    def open_or_create(
+        cls,
+        name: str,
+        parties: int,
+        action: Callable[[], object] | None = None,
+        timeout: float | None = None,
+        *,
+        max_participants: int = 64,
+        mode: int = 0o600,
+        persist: bool = False,
+    ) -> Self: ...
     @property
     def action(self) -> Callable[[], object] | None: ...
     def wait(self, timeout: float | None = None) -> int: ...
@@ -349,6 +380,16 @@ class Condition(_TbObject):
         cls,
         lock: Any = None,
         name: str | None = None,
+        *,
+        max_participants: int = 64,
+        mode: int = 0o600,
+        persist: bool = False,
+    ) -> Self: ...
+    @classmethod
+    def open_or_create(
+        cls,
+        name: str,
+        lock: Any = None,
         *,
         max_participants: int = 64,
         mode: int = 0o600,
@@ -386,6 +427,15 @@ class RWLock(_TbObject):
     def create(
         cls,
         name: str | None = None,
+        *,
+        max_participants: int = 64,
+        mode: int = 0o600,
+        persist: bool = False,
+    ) -> Self: ...
+    @classmethod
+    def open_or_create(
+        cls,
+        name: str,
         *,
         max_participants: int = 64,
         mode: int = 0o600,

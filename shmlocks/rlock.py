@@ -71,6 +71,29 @@ class RLock(_RLockBase):  # type: ignore[misc]
         return cls(kind, name, max_participants=max_participants, mode=mode, persist=persist)
 
     @classmethod
+    def open_or_create(
+        cls,
+        name: str,
+        kind: Any = "futex",
+        *,
+        max_participants: int = 64,
+        mode: int = 0o600,
+        persist: bool = False,
+    ) -> RLock:
+        """Open the lock of segment ``name`` as an RLock, or create it (a lock of
+        ``kind``, with these arguments) if there is none: atomic (``Kind.open_or_create``),
+        so that of any number of processes racing on one name, all end up with the same
+        lock. LockKindError if the existing one is of another kind (or not a lock); the
+        arguments do not apply to a lock that exists already."""
+        lock_cls = _core.KINDS.get(kind) if isinstance(kind, str) else kind
+        if not (isinstance(lock_cls, type) and issubclass(lock_cls, _core.Lock)):
+            raise ValueError(f"unknown lock kind {kind!r}: expected one of {list(_core.KINDS)}")
+        lock = lock_cls.open_or_create(
+            name, max_participants=max_participants, mode=mode, persist=persist
+        )
+        return cls(_lock=lock)
+
+    @classmethod
     def open(cls, name: str) -> RLock:
         """Attach to the lock of segment ``name`` (of any kind) as an RLock."""
         return cls(_lock=_core.Lock.open(name))

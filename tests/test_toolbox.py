@@ -593,6 +593,206 @@ def test_lifecycle(make):
         type(o).open(name)
 
 
+# ------------------------------------------------------------------ open_or_create
+
+N_RACERS = 6
+
+#: how a racer gets each object standalone, by Class.open_or_create (README
+#: "The synchronization toolbox"), and in a region, by create_x else open_x there
+OOC = {
+    "event": lambda n: shmlocks.Event.open_or_create(n),
+    "semaphore": lambda n: shmlocks.Semaphore.open_or_create(n, 10),
+    "bounded": lambda n: shmlocks.BoundedSemaphore.open_or_create(n, 10),
+    "barrier": lambda n: shmlocks.Barrier.open_or_create(n, N_RACERS, timeout=20),
+    "condition": lambda n: shmlocks.Condition.open_or_create(n),
+    "rwlock": lambda n: shmlocks.RWLock.open_or_create(n),
+    "rlock": lambda n: shmlocks.RLock.open_or_create(n, "mcs"),
+}
+IN_REGION = {
+    "event": (lambda r: r.create_event("o"), lambda r: r.open_event("o")),
+    "semaphore": (lambda r: r.create_semaphore("o", 10), lambda r: r.open_semaphore("o")),
+    "bounded": (
+        lambda r: r.create_semaphore("o", 10, bounded=True),
+        lambda r: r.open_semaphore("o"),
+    ),
+    "barrier": (
+        lambda r: r.create_barrier("o", N_RACERS, timeout=20),
+        lambda r: r.open_barrier("o"),
+    ),
+    # its lock first (a Condition made with lock=None makes two entries, not at once)
+    "condition": (
+        lambda r: r.create_condition("o", _get_in(r, "rlock")),
+        lambda r: r.open_condition("o"),
+    ),
+    "rwlock": (lambda r: r.create_rwlock("o"), lambda r: r.open_rwlock("o")),
+    "rlock": (lambda r: r.create_rlock("o.lock", "mcs"), lambda r: r.open_rlock("o.lock")),
+}
+
+
+def _get_in(region, what):
+    make, open_ = IN_REGION[what]
+    try:
+        return make(region)
+    except FileExistsError:
+        return open_(region)
+
+
+def _mapped_inode(name):
+    """The inode of segment `name` if this process maps that file (/proc/self/maps), or
+    None."""
+    ino = os.stat(f"/dev/shm/{name}").st_ino
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and int(parts[4]) == ino:
+                return ino
+    return None
+
+
+def _ooc_racer(what, name, in_region, go, done, out):
+    try:
+        go.wait(30)
+        if in_region:
+            reg = shmlocks.Region.open_or_create(name, max_locks=4)
+            o = _get_in(reg, what)
+        else:
+            o = OOC[what](name)
+        proof = None
+        if what in ("semaphore", "bounded"):
+            o.acquire()  # (bare: the parent counts them)
+        elif what == "barrier":
+            proof = o.wait(20)  # all N_RACERS pass one round: one barrier
+        elif what == "rwlock":
+            o.acquire_read()
+        out.put(("ok", _mapped_inode(name), proof))
+        done.wait(30)
+    except BaseException as e:
+        out.put(("err", f"{type(e).__name__}: {e}", None))
+
+
+@pytest.mark.parametrize("in_region", [False, True], ids=["standalone", "region"])
+@pytest.mark.parametrize("what", list(OOC))
+def test_open_or_create_racers_end_with_one_object(procs, what, in_region):
+    """Processes racing to open-or-create one name all end with the same object: one
+    segment (one inode mapped by all), and what each did to it seen by all. Standalone:
+    Class.open_or_create; in a region: Region.open_or_create, then create_x else open_x."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    go, done, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    name = uniq(f"ooc-{what}")
+    racers = [
+        procs.start(_ooc_racer, what, name, in_region, go, done, out) for _ in range(N_RACERS)
+    ]
+    go.set()
+    try:
+        got = [out.get(timeout=30) for _ in racers]
+        assert all(g[0] == "ok" for g in got), got
+        assert len({g[1] for g in got}) == 1 and got[0][1] is not None, got
+        if what == "barrier":
+            assert sorted(g[2] for g in got) == list(range(N_RACERS))
+        if what in ("semaphore", "bounded", "rwlock"):
+            reg = shmlocks.Region.open(name) if in_region else None
+            o = reg.open_object("o") if reg else OOC[what](name)
+            try:
+                if what == "rwlock":
+                    assert o.readers == N_RACERS
+                else:
+                    assert o.value == 10 - N_RACERS
+            finally:
+                o.close()
+                if reg:
+                    reg.close()
+    finally:
+        done.set()
+        for p in racers:
+            p.join(20)
+    assert all(p.exitcode == 0 for p in racers)
+    assert not shm_exists(name)
+
+
+def test_open_or_create_of_an_existing_object(made):
+    """What open_or_create does with an object that exists: another class is
+    LockKindError; what makes the object what it is must match (a BoundedSemaphore's
+    bound, a Barrier's parties, a Condition's lock, an RLock's kind), else ValueError (or
+    LockKindError for the kind); what it holds now (a Semaphore's value), its default
+    timeout and the segment's arguments are the existing one's."""
+    name = uniq("ooc")
+    sem = shmlocks.Semaphore.open_or_create(name, 3)
+    made.append(sem)
+    sem.acquire()
+    again = shmlocks.Semaphore.open_or_create(name, 7, max_participants=8)
+    made.append(again)
+    assert type(again) is shmlocks.Semaphore and again.value == 2
+    for cls in (
+        shmlocks.BoundedSemaphore,
+        shmlocks.Event,
+        shmlocks.Barrier,
+        shmlocks.Condition,
+        shmlocks.RWLock,
+    ):
+        args = (2,) if cls is shmlocks.Barrier else ()
+        with pytest.raises(shmlocks.LockKindError, match="holds a Semaphore"):
+            cls.open_or_create(name, *args)
+    with pytest.raises(shmlocks.LockKindError):
+        shmlocks.RLock.open_or_create(name)
+
+    bname = uniq("ooc-b")
+    b = shmlocks.BoundedSemaphore.open_or_create(bname, 3)
+    made.append(b)
+    made.append(shmlocks.BoundedSemaphore.open_or_create(bname, 3))
+    with pytest.raises(ValueError, match="bound of 3, not 4"):
+        shmlocks.BoundedSemaphore.open_or_create(bname, 4)
+    with pytest.raises(shmlocks.LockKindError, match="holds a BoundedSemaphore"):
+        shmlocks.Semaphore.open_or_create(bname, 3)
+
+    act = []
+    bar = shmlocks.Barrier.open_or_create(uniq("ooc-bar"), 2, timeout=5)
+    made.append(bar)
+    bar2 = shmlocks.Barrier.open_or_create(bar.name, 2, lambda: act.append(1), timeout=1)
+    made.append(bar2)
+    assert bar2.parties == 2 and bar2.action is not None and bar.action is None
+    with pytest.raises(ValueError, match="exists for 2 parties, not 3"):
+        shmlocks.Barrier.open_or_create(bar.name, 3)
+    t = threading.Thread(target=bar.wait)
+    t.start()
+    until(lambda: bar.n_waiting == 1, what="the thread waits")
+    bar2.wait()
+    t.join(10)
+    assert act == [1]  # this object's action ran, as the last arrival's
+
+    lk = shmlocks.FutexMutex(uniq("ooc-l"))
+    made.append(lk)
+    cv = shmlocks.Condition.open_or_create(uniq("ooc-cv"), lk)
+    made.append(cv)
+    same = shmlocks.Condition.open_or_create(cv.name, lk)
+    made.append(same)
+    assert same.lock is lk
+    opened = shmlocks.Condition.open_or_create(cv.name)  # None: the lock it names
+    made.append(opened)
+    assert opened.lock.name == lk.name and opened.lock.kind == "futex"
+    other = shmlocks.FutexMutex(uniq("ooc-l2"))
+    made.append(other)
+    for wrong in (other, shmlocks.RLock._wrap(lk), threading.Lock()):
+        with pytest.raises(ValueError, match="exists on another lock"):
+            shmlocks.Condition.open_or_create(cv.name, wrong)
+
+    rl = shmlocks.RLock.open_or_create(uniq("ooc-rl"), "ticket")
+    made.append(rl)
+    made.append(shmlocks.RLock.open_or_create(rl.name, "ticket"))
+    with pytest.raises(shmlocks.LockKindError):
+        shmlocks.RLock.open_or_create(rl.name, "futex")
+    with pytest.raises(ValueError):
+        shmlocks.RLock.open_or_create(uniq("ooc-rl"), "nonesuch")
+
+    with pytest.raises(ValueError):  # the arguments are checked before anything
+        shmlocks.Semaphore.open_or_create(uniq("ooc"), -1)
+    with pytest.raises(ValueError):
+        shmlocks.Barrier.open_or_create(uniq("ooc"), 0)
+    with pytest.raises(ValueError):
+        shmlocks.Event.open_or_create("a/b")
+
+
 def test_region_holds_the_toolbox(new_region, made):
     r = new_region(max_locks=8)
     r.create_lock("m", "clh")

@@ -441,6 +441,27 @@ cdef class Barrier(_TbObject):
         return cls(parties, action, timeout, name, max_participants=max_participants,
                    mode=mode, persist=persist)
 
+    @classmethod
+    def open_or_create(cls, name, parties, action=None, timeout=None, *,
+                       max_participants=64, mode=0o600, persist=False):
+        """Open barrier ``name``, or create it (for ``parties``, with these arguments) if
+        there is none: atomic, so that of any number of processes racing on one name,
+        all end up with the same barrier, this process a party of it (as by create or
+        open). ValueError if it exists for another number of parties; its default
+        ``timeout`` is the existing one's (shared); ``action`` is this object's either
+        way. LockKindError if the segment holds something else."""
+        _check_create_args(1, max_participants, mode)
+        _bar_setup(parties, timeout)              # (the checks of the arguments)
+
+        def same(o):
+            if o.parties != parties:
+                raise ValueError(f"barrier {o.name!r} exists for {o.parties} parties, "
+                                 f"not {parties}")
+            o._action = action
+        return cls._open_or_create(name, lambda n: cls(parties, action, timeout, n,
+                                                       max_participants=max_participants,
+                                                       mode=mode, persist=persist), same)
+
     @property
     def action(self):
         return self._action

@@ -348,6 +348,42 @@ cdef class Condition(_TbObject):
         """A new Condition on ``lock`` (None: a new RLock) in a segment of its own."""
         return cls(lock, name, max_participants=max_participants, mode=mode, persist=persist)
 
+    @classmethod
+    def open_or_create(cls, name, lock=None, *, max_participants=64, mode=0o600,
+                       persist=False):
+        """Open condition ``name``, or create it (on ``lock``, None: a new RLock, with
+        these arguments) if there is none: atomic, so that of any number of processes
+        racing on one name, all end up with the same condition. With ``lock`` given, an
+        existing condition must be on that lock (the same segment and entry, an RLock
+        or not as it was made), else ValueError; with None it is on the lock it names.
+        LockKindError if the segment holds something else."""
+        _check_create_args(1, max_participants, mode)
+        if lock is not None:
+            _cv_setup(lock)                       # (the checks of the lock's names)
+
+        def same(Condition o):
+            if lock is None:
+                return
+            if _cv_ref_of(lock) != o._ref() or _cv_ref_of(lock)[0] == TB_REF_NONE:
+                raise ValueError(f"condition {o._name!r} exists on another lock than "
+                                 f"{lock!r}")
+            o._lock = lock
+            o._owns_lock = False
+        return cls._open_or_create(name, lambda n: cls(lock, n,
+                                                       max_participants=max_participants,
+                                                       mode=mode, persist=persist), same)
+
+    def _ref(self):
+        """(how, region name, lock name) of the lock this condition's body names, as
+        _cv_ref_of gives them for a lock object."""
+        cdef shm_tbref* ref
+        self._check()
+        ref = shm_tb_ref(&self.b)
+        how = ld32_acq(&ref.how)
+        region = ref.region[:strnlen(ref.region, 247)]
+        lname = ref.lock[:strnlen(ref.lock, SHM_NAME_MAX - 1)]
+        return (how, region, lname)
+
     cdef object _the_lock(self):
         if self._lock is None:
             self._check()                        # (its name is read from the mapping)

@@ -66,6 +66,16 @@ cdef class Event(_TbObject):
         ``name=None`` generates one."""
         return cls(name, max_participants=max_participants, mode=mode, persist=persist)
 
+    @classmethod
+    def open_or_create(cls, name, *, max_participants=64, mode=0o600, persist=False):
+        """Open Event ``name``, or create it (not set, with these arguments) if there is
+        none: atomic, so that of any number of processes racing on one name, all end up
+        with the same Event. LockKindError if the segment holds something else; the
+        arguments do not apply to an Event that exists already."""
+        _check_create_args(1, max_participants, mode)
+        return cls._open_or_create(name, lambda n: cls(n, max_participants=max_participants,
+                                                       mode=mode, persist=persist))
+
     def is_set(self):
         """True if the flag is set."""
         self._check()

@@ -426,6 +426,16 @@ cdef class RWLock(_TbObject):
 
     # -- read --
 
+    @classmethod
+    def open_or_create(cls, name, *, max_participants=64, mode=0o600, persist=False):
+        """Open RWLock ``name``, or create it (free, with these arguments) if there is
+        none: atomic, so that of any number of processes racing on one name, all end up
+        with the same RWLock. LockKindError if the segment holds something else; the
+        arguments do not apply to an RWLock that exists already."""
+        _check_create_args(1, max_participants, mode)
+        return cls._open_or_create(name, lambda n: cls(n, max_participants=max_participants,
+                                                       mode=mode, persist=persist))
+
     def acquire_read(self, blocking=True, timeout=-1):
         """acquire_read(blocking=True, timeout=-1) -> bool
 

@@ -161,6 +161,27 @@ cdef class Semaphore(_TbObject):
         return cls(value, name, max_participants=max_participants, mode=mode,
                    persist=persist)
 
+    @classmethod
+    def open_or_create(cls, name, value=1, *, max_participants=64, mode=0o600,
+                       persist=False):
+        """Open semaphore ``name``, or create it (``value`` units, with these arguments)
+        if there is none: atomic, so that of any number of processes racing on one name,
+        all end up with the same semaphore. An existing one keeps the units its users
+        left it (``value`` is its initial value only); a BoundedSemaphore's bound is what
+        it is, so another ``value`` there is ValueError. LockKindError if the segment
+        holds something else (a BoundedSemaphore for Semaphore, and the reverse)."""
+        _check_create_args(1, max_participants, mode)
+        _sem_setup(cls, value)                    # (the checks of value)
+
+        def same(Semaphore o):
+            cdef uint32_t bound = ld32_acq(&shm_tb_word(&o.b).limit)
+            if cls._bounded and bound != value:
+                raise ValueError(f"bounded semaphore {o._name!r} exists with a bound of "
+                                 f"{bound}, not {value}")
+        return cls._open_or_create(name, lambda n: cls(value, n,
+                                                       max_participants=max_participants,
+                                                       mode=mode, persist=persist), same)
+
     def acquire(self, blocking=True, timeout=None):
         """acquire(blocking=True, timeout=None) -> bool
 

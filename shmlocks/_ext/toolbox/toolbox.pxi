@@ -385,16 +385,53 @@ cdef class _TbObject:
                 raise LockKindError(f"{region.name!r} holds {len(names)} objects, not a "
                                     f"single {cls.__name__}: open it with "
                                     f"shmlocks.Region.open({region.name!r}).open_object(name)")
-            o = region.open_object(names[0])
+            try:
+                o = region.open_object(names[0])
+            except LockKindError:
+                raise LockKindError(f"{region.name!r} holds a lock, not "
+                                    f"{_a(cls.__name__)}") from None
             if not isinstance(o, cls):
-                raise LockKindError(f"{region.name!r} holds a {type(o).__name__}, "
-                                    f"not a {cls.__name__}")
+                raise LockKindError(f"{region.name!r} holds {_a(type(o).__name__)}, "
+                                    f"not {_a(cls.__name__)}")
         except BaseException:
             region.close()
             raise
         o._standalone = True
         o._name = region.name
         return o
+
+    @classmethod
+    def _open_or_create(cls, name, make, same=None):
+        """The loop of every toolbox class's open_or_create, a lock kind's (lockbase.pxi):
+        make(n) creates the object in a segment of its own (FileExistsError if the name
+        is taken), else it is opened; created or opened, by any number of racers, it is
+        the one segment the name stands for. An object of another class (a
+        BoundedSemaphore for Semaphore too) is LockKindError; same(o) raises (ValueError)
+        if o is not what the caller's arguments say it must be (a Barrier's parties)."""
+        cdef _TbObject o
+        n = _check_name(name)
+        deadline = _time.monotonic() + 5.0
+        while True:
+            try:
+                return make(n)
+            except FileExistsError:
+                pass
+            try:
+                o = cls.open(n)
+            except FileNotFoundError:              # its last user left meanwhile: again
+                if _time.monotonic() > deadline:
+                    raise
+                continue
+            try:
+                if type(o) is not cls:
+                    raise LockKindError(f"{n!r} holds {_a(type(o).__name__)}, "
+                                        f"not {_a(cls.__name__)}")
+                if same is not None:
+                    same(o)
+            except BaseException:
+                o.close()
+                raise
+            return o
 
     cdef reg_t* _me(self) except NULL:
         cdef reg_t* r
@@ -520,6 +557,11 @@ cdef class _TbObject:
         return {"seq": w.seq, "parked": w.parked, "value": w.value, "limit": w.limit,
                 "count": w.count, "cycle": w.cycle, "journal": shm_tb_journal(&self.b).n,
                 "recs (units, inside, member, ticket, notified, waiting)": recs}
+
+
+def _a(str noun):
+    """The noun with its article: "a Semaphore", "an Event"."""
+    return ("an " if noun[:1] in "AEIOU" or noun[:2] == "RW" else "a ") + noun
 
 
 def _tb_open_standalone(cls, name):
