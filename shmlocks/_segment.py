@@ -274,8 +274,7 @@ def _read(fd: int, size: int, name: str) -> Segment:
                 )
                 if OBJECT_NAMES[d_kind] == "semaphore":
                     tb_units = tuple(
-                        struct.unpack_from("<I", recs, x * LINE + _TBREC_UNITS)[0]
-                        for x in range(P)
+                        struct.unpack_from("<I", recs, x * LINE + _TBREC_UNITS)[0] for x in range(P)
                     )
         lname = raw[: NAME_MAX - 1].split(b"\0", 1)[0].decode("utf-8", "replace")
         locks.append(
@@ -419,9 +418,7 @@ def object_waiters(seg: Segment, lk: Lock) -> int:
 def sem_holders(seg: Segment, lk: Lock) -> list[tuple[int, int]]:
     """(slot, units) of each participant (alive, or dead and not yet recovered) holding
     units of semaphore ``lk`` taken with ``with`` (semaphore.pxi ``_describe``)."""
-    return [
-        (x, u) for x, u in enumerate(lk.tb_units) if u and seg.participant(x).state != 0
-    ]
+    return [(x, u) for x, u in enumerate(lk.tb_units) if u and seg.participant(x).state != 0]
 
 
 def rw_readers(lk: Lock) -> list[int]:

@@ -32,6 +32,22 @@ def test_ruff_check():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.timeout(60)
+def test_ruff_format():
+    """The repository is formatted as `ruff format` would (checked, never rewritten)."""
+    ruff = _ruff()
+    if ruff is None:
+        pytest.skip("ruff is not installed")
+    proc = subprocess.run(
+        [*ruff, "format", "--check", "--no-cache", ROOT],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 @pytest.mark.timeout(180)
 def test_mypy_package():
     """The package's Python modules type-check against the stubs of the compiled core."""

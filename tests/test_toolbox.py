@@ -920,7 +920,9 @@ def test_inspect_shows_event_waiters_and_the_units_held_with_with(new_region, ma
         (cp,) = [p for p in parts if p["pid"] == child.pid]
         assert "sem (1 unit)" in cp["holds"], cp
         assert f"{other.name} (1 unit)" in cp["holds"], cp  # another segment's, through it
-        row = [ln for ln in text.splitlines() if ln.split()[:2] == [str(cp["slot"]), str(child.pid)]]
+        row = [
+            ln for ln in text.splitlines() if ln.split()[:2] == [str(cp["slot"]), str(child.pid)]
+        ]
         assert len(row) == 1 and "sem (1 unit)" in row[0], text
         assert f"with: pid {child.pid}" in text and "alive x1" in text, text
         copied = _segment.describe(_segment.read(r.name))["locks"]
