@@ -6,6 +6,7 @@
 include "_ext/sys/sys.pxd"
 include "_ext/base/kind.pxd"
 include "_ext/base/participants.pxd"
+include "_ext/base/uring.pxd"
 include "_ext/base/wait.pxd"
 include "_ext/base/region.pxd"
 include "_ext/diag/stats.pxd"

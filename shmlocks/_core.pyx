@@ -26,6 +26,7 @@ from shmlocks.errors import (CapacityError, CorruptRegionError, DeadlockError,
 
 include "_ext/base/kind.pxi"
 include "_ext/base/participants.pxi"
+include "_ext/base/uring.pxi"
 include "_ext/base/wait.pxi"
 include "_ext/base/region.pxi"
 include "_ext/diag/stats.pxi"
@@ -51,6 +52,11 @@ CACHE_LINE = SHM_LINE
 #: lives it depends on) or "sliced" (the fallback: no futex_waitv in this kernel, or
 #: SHMLOCKS_WAIT=sliced at import; it wakes every 5 ms to look)
 WAIT_MODE = wait_mode_init(_os.environ.get("SHMLOCKS_WAIT", ""))
+#: how a waiter that must not block a thread (an asyncio task's) sleeps (docs/design.md §5,
+#: "Resumable waits"): "io_uring" (IORING_OP_FUTEX_WAITV, Linux 6.7+: the event loop's
+#: thread is told by a completion) or "thread" (the fallback: io_uring refused or too old,
+#: or SHMLOCKS_AIO=thread at import; a waiter thread sleeps in futex_waitv)
+AIO_MODE = aio_mode_init(_os.environ.get("SHMLOCKS_AIO", ""))
 _os.register_at_fork(after_in_child=_wait_after_fork)
 #: True in an assertion build (SHMLOCKS_DEBUG=1 at build time: docs/design.md §8)
 DEBUG = bool(SHM_DEBUG_BUILT)

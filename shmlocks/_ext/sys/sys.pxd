@@ -306,6 +306,36 @@ cdef extern from "shm_sys.h" nogil:
     int pm_consistent "shm_pm_consistent"(pthread_mutex_t* m, bint pi)
     bint pm_kind_ok "shm_pm_kind_ok"(pthread_mutex_t* m, bint pi)
 
+# futex waits through io_uring (Linux 6.7+): a thread that must not block arms a wait on a
+# watch set and is told by a completion (docs/design.md §5 "Resumable waits")
+cdef extern from "shm_uring.h" nogil:
+    cdef struct shm_waitv:
+        uint64_t val
+        uint64_t uaddr
+        uint32_t flags
+        uint32_t reserved
+    ctypedef struct shm_uring:
+        int fd
+        int efd
+        unsigned sq_entries
+        unsigned cq_entries
+    void shm_uring_zero(shm_uring* r)
+    int shm_uring_setup(shm_uring* r, unsigned entries, unsigned cq_entries)
+    void shm_uring_close(shm_uring* r)
+    int shm_uring_eventfd(shm_uring* r)
+    int shm_uring_prep_waitv(shm_uring* r, shm_waitv* v, unsigned n, uint64_t user_data)
+    int shm_uring_prep_cancel(shm_uring* r, uint64_t target, uint64_t user_data)
+    void shm_waitv_fill(shm_waitv* e, uint32_t* word, uint32_t val)
+    int shm_uring_enter(shm_uring* r, unsigned min_complete, int64_t deadline_ns)
+    int shm_uring_submit(shm_uring* r)
+    int shm_uring_reap(shm_uring* r, uint64_t* user_data, int32_t* res)
+    uint64_t shm_uring_drain_eventfd(shm_uring* r)
+    int shm_uring_probe()
+    enum: ETIME
+    enum: ECANCELED
+    enum: ENOSYS
+    enum: EBADF
+
 cdef extern from "shm_debug.h" nogil:
     enum: SHM_DEBUG_BUILT
     # an invariant of a state table, checked in SHMLOCKS_DEBUG builds only (not even
