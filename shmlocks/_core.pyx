@@ -148,6 +148,11 @@ _CRASHPOINTS = {
     "futex.wait.announced": ("futex",),     # waiter set the W bit, before sleeping
     "futex.release.swapped": ("futex",),    # word swapped to 0, before the wake
     "futex.recover.flagged": ("futex",),    # recoverer set owner_died, before the release
+    # passed only by a resumable wait (docs/design.md §5): the generic matrices of
+    # tests/test_crashpoints.py and tests/test_double_death.py run blocking participants,
+    # tests/test_nbwait.py kills a resumable waiter at each
+    "pi.async.marked": ("pi",),             # async waiter's mark up, asyncw not yet set
+    "pi.async.unmarked": ("pi",),           # its mark down, the flag not yet looked at
     # the reader-writer lock (toolbox/rwlock.pxi), an object, not a kind of KINDS
     "rwlock.read.raised": ("rwlock",),      # indicator raised, writer word not yet read
     "rwlock.read.blocked": ("rwlock",),     # indicator tagged blocked, before the wake

@@ -50,6 +50,8 @@ cdef enum:
     R_CONT = 5         # the wait layer: go on (poll again; a check found nothing)
     R_PARK = 6         # the wait layer: spinning and yielding are over, park
     R_TICK = 7         # the wait layer: a park slice ended, tick and wait again
+    R_WOULDBLOCK = 8   # a non-blocking wait (wait_t.nb) would sleep now: its place is kept,
+                       # its watch set is in the wait_t; re-enter _wait with w.resume_rc
     R_SIGNAL = -1      # a Python signal handler raised
     R_NOTREC = -2      # the lock is not recoverable
     R_CORRUPT = -3     # its shared state is corrupt
@@ -180,7 +182,9 @@ cdef class _Lock:
     # HOOK _wait(me, rc, w): the slow path, after _fast returned rc (R_PENDING or R_BUSY),
     #   under the wait policy w (a deadline of 0: leave at once): R_ACQ, R_ACQ_DIED,
     #   R_TIMEOUT, R_SIGNAL, R_NOTREC or R_CORRUPT, leaving the lock fully usable for
-    #   others whatever the outcome.
+    #   others whatever the outcome. With w.nb set (a non-blocking driver, docs/design.md
+    #   §5 "Resumable waits") also R_WOULDBLOCK where it would sleep: it keeps its place,
+    #   records in w.resume_rc the rc to re-enter with, and its watch set is in w.
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil
     # HOOK _unlock(me, armed): release by the holder `me` (the holder record is already
     #   cleared): 0, or R_CORRUPT.

@@ -28,6 +28,22 @@ cdef struct wait_t:
                             # it to dep through the watch set: watch_t.rec)
     uint32_t* cancel        # != 0: another thread cancelled this wait (a task's, §14);
                             # NULL: it cannot be cancelled
+    # -- a resumable wait (docs/design.md §5 "Resumable waits"): nb_init sets these; a
+    #    blocking wait (nb 0) never reads them
+    int nb                  # 1: never sleep here: where park (or robust, pi) would sleep,
+                            # return R_WOULDBLOCK, the place kept and the sleep's watch set
+                            # in nb_ws; the driver sleeps on it, then re-enters _wait
+    int resume_rc           # what the kind recorded at R_WOULDBLOCK: the rc to re-enter with
+    int nb_slept            # 1 once it returned R_WOULDBLOCK: a re-entry is the end of a
+                            # sleep (the deadline and the deadlock look are due first)
+    watch_t* nb_ws          # the driver's: the watch set of the sleep it would have made
+    uint32_t* nb_parked     # the park count it is still announced on (the waker then wakes
+                            # its word); the driver takes it back (nb_unannounce). NULL: none
+    int64_t nb_until        # when the driver must re-enter even if no word changes (the
+                            # deadline, the next look, the end of a slice): absolute
+                            # CLOCK_MONOTONIC ns, -1 never
+    uint32_t own_parked     # a park count no waker reads, for a kind whose announcement is
+                            # elsewhere (futex: its W bit); here, it outlives the _wait call
 
 
 cdef double _FOREVER_S                  # timeouts beyond ~31 years mean "wait forever"
@@ -55,6 +71,12 @@ cdef int watch_participant(rmap_t* rm, uint32_t slot, watch_t* ws) noexcept nogi
 cdef int park_sleep(watch_t* ws, int64_t until) noexcept nogil
 cdef void park_woken(watch_t* ws) noexcept nogil
 cdef int park(park_t* pk, wait_t* w) noexcept nogil
+# the non-blocking driver's side (docs/design.md §5 "Resumable waits")
+cdef int64_t NB_RECOVER_NS              # a recovery run inside a non-blocking wait: its time
+cdef void nb_init(wait_t* w, watch_t* ws, int64_t deadline, int rc) noexcept nogil
+cdef int nb_enter(wait_t* w) noexcept nogil
+cdef int nb_would_block(wait_t* w, watch_t* ws, uint32_t* parked, bint sliced) noexcept nogil
+cdef void nb_woken(wait_t* w) noexcept nogil
 
 
 cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) noexcept nogil:
@@ -79,11 +101,20 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
     w.rm = NULL
     recov_init(&w.rec, deadline)
     w.cancel = NULL
+    w.nb = 0
 
 
 cdef inline bint wait_cancelled(wait_t* w) noexcept nogil:
     """Has another thread cancelled this wait (a task's proxy, docs/design.md §14)?"""
     return w.cancel != NULL and ld32_acq(w.cancel) != 0
+
+
+cdef inline void nb_unannounce(wait_t* w) noexcept nogil:
+    """The driver, before it re-enters a wait that returned R_WOULDBLOCK: take back the
+    announcement the would-be sleep left (parked += 1), so that wakers stop waking for it."""
+    if w.nb_parked != NULL:
+        fsub32(w.nb_parked, 1)
+        w.nb_parked = NULL
 
 
 cdef inline void wait_nogil(wait_t* w) noexcept nogil:

@@ -319,6 +319,8 @@ cdef int park(park_t* pk, wait_t* w) noexcept nogil:
         return R_ACQ
     if w.deadline == 0:
         return R_TIMEOUT
+    if w.nb:
+        return park_nb(pk, w)               # a resumable wait: no spin, no sleep
     while w.phase < 2:                      # spin, then yield
         if q == Q_FAR:
             r = wait_far(w)
@@ -369,3 +371,131 @@ cdef int park(park_t* pk, wait_t* w) noexcept nogil:
             return r
 
 
+
+
+# ---- resumable waits (docs/design.md §5 "Resumable waits") --------------------------------
+#
+# One waiting mechanism, two drivers. A blocking wait (a thread) sleeps in park() (or the
+# pthread kinds' own sleeps). A non-blocking one (w.nb: an event loop's thread, which must
+# never sleep there) runs the same code up to the point where it would sleep, and returns
+# R_WOULDBLOCK instead, leaving everything as the sleep would have:
+#   - its place in the lock's queue (the kind records in w.resume_rc the rc to re-enter
+#     _wait with: R_PENDING once queued, R_BUSY in a kind's pre-queue phase);
+#   - its announcement (parked += 1, w.nb_parked): a waker wakes the word it would have
+#     slept on, so a driver asleep on it (io_uring FUTEX_WAITV, a waiter thread's
+#     futex_waitv) is woken like the sleeper;
+#   - the watch set the sleep would have used (w.nb_ws: the park word, the liveness token
+#     of whom it depends on, the words that say it moved; the token index for the death
+#     hand-on), and when it must end at the latest (w.nb_until).
+# The driver sleeps on the watch set; after a wake-up (a completion, a cancel, its timer)
+# it calls nb_woken (the announcement taken back, a watched death passed on: park_woken)
+# and re-enters _wait with w.resume_rc. The shared state says where the wait is, so the
+# re-entry gives what the sleeper would have seen on waking: R_ACQ once granted, else
+# another R_WOULDBLOCK. A driver that gives up (a cancelled task) re-enters with
+# w.deadline = 0: the kind's own timeout path leaves the place (a grant passed on), as a
+# timeout does. A recovery run inside a non-blocking wait (a dependency found dead) is cut
+# at NB_RECOVER_NS and left pending for the next waiter (docs/design.md §6.3): the loop
+# thread is never held for long; the sleep then lasts one slice (w.nb_until).
+
+cdef int64_t NB_RECOVER_NS = 2000000     # 2 ms
+
+
+cdef void nb_init(wait_t* w, watch_t* ws, int64_t deadline, int rc) noexcept nogil:
+    """Make w a non-blocking wait (to `deadline`; -1 none) whose watch sets go to ws (the
+    driver's, which outlives each _wait call), to be entered first with rc (what _fast
+    returned)."""
+    wait_init(w, deadline)
+    w.nb = 1
+    w.phase = 2                          # no spinning, no yielding: the loop thread's time
+    w.resume_rc = rc
+    w.nb_slept = 0
+    w.nb_ws = ws
+    w.nb_parked = NULL
+    w.nb_until = -1
+    w.own_parked = 0
+    ws.n = 0
+    ws.token = -1
+    ws.rec = &w.rec
+
+
+cdef int nb_enter(wait_t* w) noexcept nogil:
+    """At each (re-)entry of a non-blocking wait, before it looks at the lock to decide to
+    sleep: after a sleep, what a blocking wait does when one ends (the deadline, the
+    deadlock look: R_TIMEOUT, R_SIGNAL); then the short recovery deadline. R_CONT."""
+    cdef int64_t now
+    cdef int r
+    if w.nb_slept:
+        r = wait_due(w)
+        if r != R_CONT:
+            return r
+    now = shm_now_ns()
+    w.rec.deadline = now + NB_RECOVER_NS
+    if 0 <= w.deadline < w.rec.deadline:
+        w.rec.deadline = w.deadline
+    return R_CONT
+
+
+cdef int nb_would_block(wait_t* w, watch_t* ws, uint32_t* parked, bint sliced) noexcept nogil:
+    """Where a non-blocking wait would sleep on ws: hand the sleep to the driver (the watch
+    set copied into w.nb_ws, the announcement on `parked` left in place, the latest time to
+    look again). R_WOULDBLOCK."""
+    cdef int i
+    if ws != w.nb_ws:
+        for i in range(ws.n):
+            w.nb_ws.words[i] = ws.words[i]
+            w.nb_ws.vals[i] = ws.vals[i]
+        w.nb_ws.n = ws.n
+        w.nb_ws.token = ws.token
+        w.nb_ws.slot = ws.slot
+    w.nb_ws.rec = &w.rec
+    w.nb_parked = parked
+    w.nb_until = wait_until(w, sliced)
+    w.nb_slept = 1
+    return R_WOULDBLOCK
+
+
+cdef void nb_woken(wait_t* w) noexcept nogil:
+    """The driver, after the sleep it made on w's watch set ended (a word woken or changed,
+    a cancel, its timer), before it re-enters: take the announcement back, and if a watched
+    participant is dead and not yet recovered, wake the others on its token (park_woken:
+    the kernel woke one waiter, maybe this one, which may now leave without recovering)."""
+    nb_unannounce(w)
+    if w.nb_ws.n > 0:
+        park_woken(w.nb_ws)
+
+
+cdef int park_nb(park_t* pk, wait_t* w) noexcept nogil:
+    """park() for a non-blocking wait (w.nb): the park loop without its sleep. R_ACQ,
+    R_TIMEOUT, R_SIGNAL, or R_WOULDBLOCK with the sleep handed to the driver (nb_would_block:
+    the announcement stays, the watch set in w)."""
+    cdef int r, d, changed = 0
+    cdef uint32_t v
+    cdef watch_t ws
+    r = nb_enter(w)
+    if r != R_CONT:
+        return r
+    while True:
+        fadd32(pk.parked, 1)                # announce, SC: the waker reads parked after its change
+        v = ld32_seq(pk.word)
+        if pk.ready(pk.ctx) == Q_READY:
+            fsub32(pk.parked, 1)
+            return R_ACQ
+        ws.words[0] = pk.word
+        ws.vals[0] = v
+        ws.n = 1
+        ws.token = -1
+        ws.rec = &w.rec
+        d = DEP_UNKNOWN if pk.dep == NULL else pk.dep(pk, &ws)
+        if w.rec.sig:                       # a handler raised inside a recovery dep ran
+            w.rec.sig = 0
+            fsub32(pk.parked, 1)
+            return R_SIGNAL
+        if d == DEP_CHANGED and changed < 8:
+            changed += 1                    # look again at once (bounded: then a slice)
+            fsub32(pk.parked, 1)
+            if pk.ready(pk.ctx) == Q_READY:
+                return R_ACQ
+            if w.deadline >= 0 and shm_now_ns() >= w.deadline:
+                return R_TIMEOUT
+            continue
+        return nb_would_block(w, &ws, pk.parked, d != DEP_ARMED or not g_wait_waitv)

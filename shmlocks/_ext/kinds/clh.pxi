@@ -442,6 +442,8 @@ cdef class CLHLock(_Lock):
                     pk.arg = X
                     res = park(&pk, w)
                     if res != R_ACQ:
+                        if res == R_WOULDBLOCK:
+                            w.resume_rc = R_BUSY     # not queued yet: look at the node again
                         return res
                 rc = self._enqueue(me, shm_crash_armed)
                 if rc != R_PENDING:
@@ -460,6 +462,9 @@ cdef class CLHLock(_Lock):
             pk.arg = p
             res = park(&pk, w)
             if res != R_ACQ:
+                if res == R_WOULDBLOCK:
+                    w.resume_rc = R_PENDING          # queued: waits on prec.pred again
+                    return res
                 rc = _clh_abort_as(self.rm, &self.b, me, 0)
                 if rc == R_TIMEOUT:
                     return res                       # R_TIMEOUT or R_SIGNAL

@@ -45,7 +45,6 @@ cdef struct _fx_ctx:
     uint32_t* word
     uint32_t me1          # our participant index + 1: what the word says once we hold it
     uint32_t keep_w       # 1 once we announced ourselves with W: take the lock with W kept
-    uint32_t parked       # park()'s count, unused: W is the announcement
 
 
 cdef int _fx_take(void* p) noexcept nogil:
@@ -95,20 +94,31 @@ cdef class FutexMutex(_Lock):
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         cdef _fx_ctx c
         cdef park_t pk
+        cdef int res
         c.word = fx_state(&self.b)
         c.me1 = me + 1
-        c.keep_w = 0
-        c.parked = 0
+        c.keep_w = rc == R_PENDING                   # a resumed wait that announced with W
+        w.own_parked = 0
         pk.ready = _fx_take
         pk.ctx = &c
         pk.word = c.word
-        pk.parked = &c.parked                        # (the W bit is this kind's announcement)
+        pk.parked = &w.own_parked                    # (the W bit is this kind's announcement)
         pk.dep = _fx_dep
         pk.rm = self.rm
         pk.b = &self.b
         pk.arg = 0
         w.backoff = 1                                # barging: poll less often as we wait
-        return park(&pk, w)
+        res = park(&pk, w)
+        if w.nb:
+            if res == R_WOULDBLOCK:
+                w.resume_rc = R_PENDING if c.keep_w else R_BUSY
+            elif res != R_ACQ and c.keep_w and ld32_seq(c.word) & FX_W:
+                # A resumable wait that leaves after it slept may have been woken by an
+                # unlock (one of FX_WAKE) that it now does not use: wake another sleeper,
+                # who looks again and re-arms W (a sleeper woken in a blocking wait looks
+                # at the lock before it can time out)
+                shm_futex_wake(c.word, 1)
+        return res
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef uint32_t* word = fx_state(&self.b)

@@ -437,6 +437,8 @@ cdef class MCSLock(_Lock):
                     pk.ctx = n
                     res = park(&pk, w)
                     if res != R_ACQ:
+                        if res == R_WOULDBLOCK:
+                            w.resume_rc = R_BUSY     # not queued yet: look at the node again
                         return res
                 if ld32_acq(&n.state) != M_IDLE:
                     return R_CORRUPT
@@ -451,6 +453,9 @@ cdef class MCSLock(_Lock):
         res = park(&pk, w)
         if res == R_ACQ:
             return R_ACQ if ld32_acq(&n.state) == M_GRANT else R_CORRUPT
+        if res == R_WOULDBLOCK:
+            w.resume_rc = R_PENDING                  # queued (WAIT): parks on the node again
+            return res
         st64_rel(&n.left_gen, ld64_rlx(&self.rm.part[me].generation))
         if cas32(&n.state, M_WAIT, M_ABANDONED):     # leave; a releaser will pass through
             _mcs_left(n)

@@ -1,7 +1,33 @@
 # pi.pxd -- priority-inheritance robust mutex: the interface of pi.pxi (the kind contract
 # it implements: base/kind.pxd).
 
+# What a pi lock's resumable (asynchronous) waiters use, since a FUTEX_WAIT on the PI futex
+# word itself is never woken by FUTEX_UNLOCK_PI (and makes that unlock fail): the word table
+# at the top of pi.pxi.
+#   word A  u32 asyncw  (the line's last word: glibc's mutex, at its start, is 40 bytes and
+#                       glibc writes nothing past it) 1 while some participant waits that
+#                       way: a release reads it after its unlock, on the line that unlock
+#                       has just written
+#   word B  u32 aseq    (the line's last word; its first 16 bytes are the dead holder's
+#                       record, robust.pxd) bumped (then woken) by each release that finds
+#                       asyncw set
+cdef inline uint32_t* pi_asyncw(shm_body* b) noexcept nogil:
+    return &b.wa.u32[SHM_LINE // 4 - 1]
+
+
+cdef inline uint32_t* pi_aseq(shm_body* b) noexcept nogil:
+    return &b.wb.u32[SHM_LINE // 4 - 1]
+
+
+# prec[p].mine (a CLH field, unused by pi): 1 while participant p waits without sleeping
+# in FUTEX_LOCK_PI (an asynchronous waiter, counted in asyncw)
+cdef inline uint32_t* pi_awaiting(shm_body* b, uint32_t p) noexcept nogil:
+    return &b.precs[p].mine
+
+
 cdef class PIMutex(_PthreadMutexLock):
-    # overrides _bind (base/kind.pxd), to refuse another PID namespace, and _spins
-    # (robust.pxd), so that a real-time waiter blocks in FUTEX_LOCK_PI at once
+    # overrides _bind (base/kind.pxd), to refuse another PID namespace, _spins
+    # (robust.pxd), so that a real-time waiter blocks in FUTEX_LOCK_PI at once, _wait_nb
+    # (robust.pxd: a resumable wait sleeps on word B's aseq) and _unlock (which then bumps
+    # aseq)
     pass

@@ -39,12 +39,29 @@ cdef inline bint pm_died_untaken(uint32_t w) noexcept nogil:
 cdef void _pmutex_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil
 
 
+# a glibc mutex call's result as a result code (pi uses it too)
+cdef inline int _pm_code(int rc) noexcept nogil:
+    if rc == 0:
+        return R_ACQ
+    if rc == EOWNERDEAD:
+        return R_ACQ_DIED
+    if rc == EBUSY:
+        return R_BUSY
+    if rc == ENOTRECOVERABLE:
+        return R_NOTREC
+    if rc == ETIMEDOUT:
+        return R_TIMEOUT
+    return R_CORRUPT
+
+
 cdef class _PthreadMutexLock(_Lock):
     # overrides _fast, _try, _wait, _unlock, _consistent, _is_locked, _held_by_tid,
     # _dead_holder, _died_taken (base/kind.pxd); adds:
     cdef bint _spins(self) noexcept nogil
-    cdef int _sleep(self, wait_t* w) noexcept nogil
+    cdef int _sleep(self, wait_t* w, bint slept) noexcept nogil
     cdef int _sleep_pi(self, wait_t* w) noexcept nogil
+    # a resumable wait (wait_t.nb, docs/design.md §5): robust's here; pi overrides it
+    cdef int _wait_nb(self, uint32_t me, int rc, wait_t* w) noexcept nogil
 
 
 cdef class RobustMutex(_PthreadMutexLock):

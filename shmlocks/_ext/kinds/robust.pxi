@@ -44,20 +44,6 @@ cdef void _pmutex_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noe
     holder_forget(rm, b, q)
 
 
-cdef inline int _pm_code(int rc) noexcept nogil:
-    if rc == 0:
-        return R_ACQ
-    if rc == EOWNERDEAD:
-        return R_ACQ_DIED
-    if rc == EBUSY:
-        return R_BUSY
-    if rc == ENOTRECOVERABLE:
-        return R_NOTREC
-    if rc == ETIMEDOUT:
-        return R_TIMEOUT
-    return R_CORRUPT
-
-
 cdef class _PthreadMutexLock(_Lock):
     cdef bint _spins(self) noexcept nogil:
         return 1
@@ -75,6 +61,8 @@ cdef class _PthreadMutexLock(_Lock):
         cdef int r
         cdef int64_t sl
         cdef bint spins
+        if w.nb:
+            return self._wait_nb(me, rc, w)
         if ld32_acq(&self.b.ctl.flags) & SHM_F_NOTRECOVERABLE:
             return R_NOTREC
         if w.deadline == 0:
@@ -96,9 +84,31 @@ cdef class _PthreadMutexLock(_Lock):
         wait_nogil(w)
         if self._code == SHM_KIND_PI:
             return self._sleep_pi(w)
-        return self._sleep(w)
+        return self._sleep(w, 0)
 
-    cdef int _sleep(self, wait_t* w) noexcept nogil:
+    cdef int _wait_nb(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
+        """_wait for a non-blocking driver (docs/design.md §5 "Resumable waits"): no spin;
+        the sleep on the mutex word (_sleep) handed to the driver, the place being the
+        FUTEX_WAITERS announcement (rc R_PENDING once made: the next trylock that takes
+        the lock keeps FUTEX_WAITERS, as after a sleep). One that leaves after it slept
+        (a timeout, a withdrawal) wakes another sleeper in its stead: an unlock wakes one
+        waiter, which a blocking sleeper always uses (it looks at the lock before its
+        deadline), and a resumable one may not."""
+        cdef uint32_t* word = pm_word(&self.b)
+        cdef bint slept = rc == R_PENDING
+        cdef int r
+        if ld32_acq(&self.b.ctl.flags) & SHM_F_NOTRECOVERABLE:
+            r = R_NOTREC
+        elif w.deadline == 0:
+            r = R_TIMEOUT
+        else:
+            r = self._sleep(w, slept)
+        if slept and r != R_WOULDBLOCK and r != R_ACQ and r != R_ACQ_DIED:
+            if ld32_seq(word) & FUTEX_WAITERS_:
+                shm_futex_wake(word, 1)
+        return r
+
+    cdef int _sleep(self, wait_t* w, bint slept) noexcept nogil:
         """Sleep on the robust mutex's own futex word, as glibc's lock does, but woken by a
         signal too (glibc's robust lock retries on EINTR, so Ctrl-C would never reach the
         main thread): announce with FUTEX_WAITERS, sleep to the deadline or the next
@@ -108,7 +118,6 @@ cdef class _PthreadMutexLock(_Lock):
         cdef watch_t ws
         cdef uint32_t v
         cdef int rc, r
-        cdef bint slept = 0
         cdef bint odd
         while True:
             v = ld32_seq(word)
@@ -134,6 +143,9 @@ cdef class _PthreadMutexLock(_Lock):
             if odd:
                 ws.token = -1
                 watch_word(&ws, word, v)
+                if w.nb:
+                    w.resume_rc = R_PENDING if slept else R_BUSY
+                    return nb_would_block(w, &ws, NULL, 1)
                 r = wait_sleep(w, &ws, 1)
                 if r != R_CONT:
                     return r
@@ -146,6 +158,9 @@ cdef class _PthreadMutexLock(_Lock):
                 v = v | FUTEX_WAITERS_
             ws.token = 0                             # (see park_woken)
             watch_word(&ws, word, v)
+            if w.nb:                                 # a resumable wait: the driver sleeps
+                w.resume_rc = R_PENDING              # (announced: FUTEX_WAITERS is set)
+                return nb_would_block(w, &ws, NULL, not g_wait_waitv)
             r = wait_sleep(w, &ws, not g_wait_waitv)
             slept = 1
             if r != R_CONT:

@@ -373,6 +373,8 @@ cdef class TicketLock(_Lock):
             if r.abandoned != 0 and r.abandoned_gen != ld64_rlx(&self.rm.part[me].generation):
                 rc = self._settle_inherited(me, w)
                 if rc != 0:
+                    if rc == R_WOULDBLOCK:
+                        w.resume_rc = R_BUSY         # no ticket yet: settle again first
                     return rc
             if r.abandoned == 0 or not self._take_back(me):
                 t = fadd64(ticket_next(&self.b), 1)
@@ -385,6 +387,9 @@ cdef class TicketLock(_Lock):
         res = self._park(_ticket_ready, _ticket_dep, &ctx, nd, w)
         if res == R_ACQ:
             return R_ACQ
+        if res == R_WOULDBLOCK:
+            w.resume_rc = R_PENDING                  # the ticket stays ours: parks on it again
+            return res
         rc = self._abandon(me, t)
         if rc == R_TIMEOUT:
             return res                               # R_TIMEOUT or R_SIGNAL

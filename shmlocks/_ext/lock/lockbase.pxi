@@ -1015,6 +1015,202 @@ cdef class _Seat:
             fand32(&lk.b.ctl.flags, ~(<uint32_t>(SHM_F_OWNER_DIED | SHM_F_HANDON)))
 
 
+cdef class _NbWait:
+    """A resumable wait of the calling thread on one lock, driven step by step (not API:
+    the tests', and the shape of the asyncio driver's steps; docs/design.md §5 "Resumable
+    waits"). Made and used by one thread, as the thread's participant on the lock: while
+    a wait is in progress that participant is mid-step on this lock, so the thread must not
+    use another lock of the same region meanwhile (docs/design.md §4: one step at a time).
+
+    ``begin(timeout=None)`` takes the lock's place (a FIFO kind's ticket or queue node, at
+    once): True if the lock is held already, else False (a wait is in progress).
+    ``poll()`` re-enters the wait: True once held (``owner_died`` as for acquire()), False
+    where it would sleep (``watch``: [(address, value), ...], the words a sleep would watch,
+    ``until``: the seconds after which to poll anyway, None: never), None if its timeout
+    passed (the place left). ``withdraw()`` gives the wait up as a timeout does (the place
+    left, or a grant that came meanwhile released at once, owner_died handed on): True if
+    a grant was passed on, False otherwise."""
+    cdef _Lock lk
+    cdef reg_t* r
+    cdef wait_t w
+    cdef watch_t ws
+    cdef int _active                 # 1 while a wait is in progress (a place taken)
+    cdef int64_t t0
+    cdef unsigned long owner
+
+    def __cinit__(self):
+        self.owner = PyThread_get_thread_ident()
+        self._active = 0
+        self.ws.n = 0
+
+    def __init__(self, _Lock lock):
+        if self._active:
+            raise RuntimeError("a wait is in progress")
+        self.lk = lock
+
+    cdef int _mine(self) except -1:
+        if PyThread_get_thread_ident() != self.owner:
+            raise RuntimeError("a _NbWait is driven by the thread that made it")
+        return 0
+
+    def begin(self, timeout=None):
+        """Take the lock's place: True (held now) or False (a wait is in progress)."""
+        cdef _Lock lk = self.lk
+        cdef int64_t deadline = _deadline_of(True, -1 if timeout is None else timeout)
+        cdef reg_t* r
+        cdef int rc
+        self._mine()
+        if self._active:
+            raise RuntimeError("a wait is in progress already")
+        r = lk._me_by(shm_now_ns() + NB_RECOVER_NS)  # (a registration's recoveries too)
+        self.r = r
+        rc = lk._take_fast(r, shm_crash_armed)
+        if rc == 0:
+            return True
+        if rc == R_ACQ:
+            return lk._got_flags(r, rc)
+        if rc == R_ACQ_DIED or rc < 0:
+            return lk._acquire_slow(r, rc, 0)        # held (owner_died), or raises
+        if ld32_rlx(&lk.b.ctl.holder) == r.hid:
+            shm_op_set(r.op, 0, 0)
+            lk._raise_deadlock()
+        nb_init(&self.w, &self.ws, deadline, rc)
+        self.w.rm = lk.rm                            # hidden while a deadlock look runs
+        self.t0 = shm_now_ns()
+        shm_op_set(r.op, lk._lock1, SHM_OP_WAITING)  # "r waits for this lock"
+        self._active = 1
+        return False
+
+    cdef object _end(self, int rc):
+        """After a re-entry's rc: the wait goes on (False), is over (True, None), or raises."""
+        cdef _Lock lk = self.lk
+        cdef reg_t* r = self.r
+        if rc == R_WOULDBLOCK:
+            return False
+        self._active = 0
+        if rc == R_ACQ or rc == R_ACQ_DIED:
+            stats_waited(lk.b.ctl, shm_now_ns() - self.t0)
+            return lk._got(r, rc, shm_crash_armed)
+        shm_op_set(r.op, 0, 0)
+        if rc == R_TIMEOUT:
+            stats_timeout(lk.b.ctl)
+            return None
+        if rc == R_SIGNAL:
+            if PyErr_Occurred() != NULL:
+                return _raise_pending()
+            raise RuntimeError("a resumable wait ended by a signal with no exception set")
+        _raise_code(lk, rc)
+
+    def poll(self):
+        """Re-enter the wait: True (held), False (see watch, until) or None (timed out)."""
+        cdef int rc
+        cdef _Lock lk = self.lk
+        self._mine()
+        if not self._active:
+            raise RuntimeError("no wait in progress")
+        with nogil:
+            nb_woken(&self.w)
+            rc = lk._wait(self.r.slot, self.w.resume_rc, &self.w)
+        return self._end(rc)
+
+    def withdraw(self):
+        """Give the wait up (a re-entry with deadline 0: the kind's timeout path): True if
+        a grant that came meanwhile was passed on, False if the place was left."""
+        cdef int rc
+        cdef _Lock lk = self.lk
+        self._mine()
+        if not self._active:
+            return False
+        with nogil:
+            nb_woken(&self.w)
+            self.w.deadline = 0
+            rc = lk._wait(self.r.slot, self.w.resume_rc, &self.w)
+        if rc == R_ACQ or rc == R_ACQ_DIED:
+            self._active = 0
+            if rc == R_ACQ_DIED:
+                for32(&lk.b.ctl.flags, SHM_F_OWNER_DIED)
+            lk._got_fast(self.r, R_ACQ, shm_crash_armed)
+            _nb_pass_on(lk, self.r)
+            return True
+        rc = R_TIMEOUT if rc == R_WOULDBLOCK else rc
+        self._end(rc)
+        return False
+
+    @property
+    def active(self):
+        """True while a wait is in progress (begun, not yet held, timed out or withdrawn)."""
+        return bool(self._active)
+
+    @property
+    def watch(self):
+        """The words the last would-be sleep watched: [(address, value), ...]."""
+        cdef int i
+        if not self._active:
+            return []
+        return [(<size_t>self.ws.words[i], self.ws.vals[i]) for i in range(self.ws.n)]
+
+    @property
+    def token(self):
+        """The index in ``watch`` of the liveness token watched (-1: none)."""
+        return self.ws.token if self._active else -1
+
+    @property
+    def until(self):
+        """Seconds until the driver must poll anyway (None: only when a word changes)."""
+        if not self._active or self.w.nb_until < 0:
+            return None
+        return max(0.0, (self.w.nb_until - shm_now_ns()) / 1e9)
+
+    @property
+    def resume_rc(self):
+        return self.w.resume_rc
+
+    def changed(self):
+        """The indices in ``watch`` whose word no longer holds its value (a snapshot)."""
+        cdef int i
+        if not self._active:
+            return []
+        return [i for i in range(self.ws.n) if ld32_seq(self.ws.words[i]) != self.ws.vals[i]]
+
+    def __dealloc__(self):
+        # a wait never withdrawn: give the place up as withdraw() does (without raising)
+        cdef int rc
+        if not self._active or self.lk is None:
+            return
+        nb_woken(&self.w)
+        self.w.deadline = 0
+        rc = self.lk._wait(self.r.slot, self.w.resume_rc, &self.w)
+        if rc == R_ACQ or rc == R_ACQ_DIED:
+            if rc == R_ACQ_DIED:
+                for32(&self.lk.b.ctl.flags, SHM_F_OWNER_DIED)
+            self.lk._got_fast(self.r, R_ACQ, shm_crash_armed)
+            try:
+                _nb_pass_on(self.lk, self.r)
+            except BaseException:
+                pass
+        else:
+            shm_op_set(self.r.op, 0, 0)
+
+
+cdef int _nb_pass_on(_Lock lk, reg_t* r) except -1:
+    """Release a hold nobody will use (a withdrawn wait granted meanwhile) at once, handing
+    owner_died on if it came with it (the next holder repairs: docs/design.md §6.4)."""
+    cdef int rc
+    if not ld32_acq(&lk.b.ctl.flags) & SHM_F_OWNER_DIED:
+        rc = lk._unhold(r, shm_crash_armed)
+    else:
+        for32(&lk.b.ctl.flags, SHM_F_HANDON)
+        shm_op_set(r.op, lk._lock1, SHM_OP_RELEASING)
+        lk._consistent()
+        st32_rlx(&lk.b.ctl.holder, 0)
+        r.held -= 1
+        rc = lk._unlock(r.slot, shm_crash_armed)
+        shm_op_set(r.op, 0, 0)
+    if rc < 0:
+        _raise_code(lk, rc)
+    return 0
+
+
 cdef object _lock_bind(type cls, object region, uint32_t index, object name):
     """The region's way to a lock object (kind_new_lock, base/kind.pxi)."""
     cdef _Lock lk = cls.__new__(cls)

@@ -218,6 +218,8 @@ _Static_assert(offsetof(shm_lockctl, owner_deaths) == SHM_LINE - 16, "rare count
 _Static_assert(offsetof(shm_participant, op_step) == offsetof(shm_participant, op_lock) + 4,
                "op_lock and op_step form one 64-bit word (published with one store)");
 _Static_assert(sizeof(shm_word) == SHM_LINE, "word is one line");
+_Static_assert(sizeof(pthread_mutex_t) <= SHM_LINE - 4,
+               "a mutex word's line ends with a free u32 (pi: asyncw, pi.pxd)");
 _Static_assert(sizeof(shm_node) == SHM_LINE, "node is one line");
 _Static_assert(sizeof(shm_qnode) == SHM_LINE && sizeof(shm_tslot) == SHM_LINE,
                "each view of a node is the whole line");
