@@ -66,6 +66,7 @@ cdef int wait_look_due(wait_t* w, int64_t now) noexcept nogil
 cdef int64_t wait_until(wait_t* w, bint sliced) noexcept nogil
 cdef int wait_due(wait_t* w) noexcept nogil
 cdef int wait_sleep(wait_t* w, watch_t* ws, bint sliced) noexcept nogil
+cdef int wait_sleep_many(wait_t* w, watch_t* ws, shm_many* more) noexcept nogil
 cdef int wait_pause(wait_t* w) noexcept nogil
 cdef int watch_participant(rmap_t* rm, uint32_t slot, watch_t* ws) noexcept nogil
 cdef int park_sleep(watch_t* ws, int64_t until) noexcept nogil

@@ -169,6 +169,29 @@ cdef int wait_sleep(wait_t* w, watch_t* ws, bint sliced) noexcept nogil:
     return R_CONT
 
 
+cdef int wait_sleep_many(wait_t* w, watch_t* ws, shm_many* more) noexcept nogil:
+    """wait_sleep on more words than one futex_waitv takes: ws and the thread's list
+    `more` (a toolbox waiter that depends on more participants, docs/design.md §12),
+    asleep on several io_uring FUTEX_WAITV at once until the first completion
+    (shm_many_sleep); in slices on ws alone if the thread cannot. No cancel word: the
+    caller has none (w.cancel NULL)."""
+    cdef int r
+    cdef void* head = NULL
+    if wait_signals(w):
+        return R_SIGNAL
+    if ws.token >= 0:
+        head = shm_robust_pending_set(ws.words[ws.token])   # (see park_sleep)
+    r = shm_many_sleep(more, ws.words, ws.vals, ws.n, wait_until(w, 0))
+    if head != NULL:
+        shm_robust_pending_clear(head)
+    if r == -ENOSYS:
+        r = park_sleep(ws, wait_until(w, 1))
+    park_woken(ws)
+    if r == -EINTR and wait_signals(w):
+        return R_SIGNAL
+    return R_CONT
+
+
 cdef int wait_pause(wait_t* w) noexcept nogil:
     """One step of the spin and yield phases: R_CONT (poll again), R_PARK or R_TIMEOUT."""
     cdef int64_t now, t

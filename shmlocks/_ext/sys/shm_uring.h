@@ -290,4 +290,199 @@ static inline int shm_uring_probe(void) {
     return ok;
 }
 
+
+/* ---- a blocking sleep on more words than one futex_waitv takes (docs/design.md §12) ----
+ * A toolbox waiter may depend on more participants than SHM_WAITV_MAX - 1 (a Semaphore of
+ * 200 units, each held by a `with` of another thread). futex_waitv(2) takes 128 words;
+ * io_uring lets the thread sleep on several FUTEX_WAITV requests at once: each thread has
+ * a ring of its own for that (made at its first such sleep, closed at its exit; a fork's
+ * child makes its own), submits ceil(n / 128) requests, waits for the first completion
+ * (or the deadline, or a signal), then cancels the others and reaps every completion
+ * before it returns (the arrays are its own until then). The words past the first 128
+ * are collected in the thread's list (shm_many_add) by the waiter that depends on them,
+ * which claims the list first (shm_many_claim: a generation, so that a nested waiter, a
+ * signal handler's, that takes the list over is noticed, and the outer sleep then falls
+ * back to slices). */
+#define SHM_MANY_MAXREQ 40            /* requests per sleep: 5,120 words */
+#define SHM_MANY_RING 128             /* its ring's submission slots (requests + cancels) */
+typedef struct shm_many {
+    shm_uring r;
+    int ring_pid;                     /* the process that made r (0: none made) */
+    uint64_t gen;                     /* bumped at each claim of the list */
+    uint32_t **words;                 /* the collected words, their values, whose token */
+    uint32_t *vals;
+    uint32_t *slots;
+    int n, cap;
+    struct shm_waitv *v;              /* the requests' arrays, SHM_WAITV_MAX per request */
+    int vcap;
+} shm_many;
+
+static pthread_key_t shm_many_key;
+static pthread_once_t shm_many_once = PTHREAD_ONCE_INIT;
+static __thread shm_many *shm_many_tls;
+
+static void shm_many_free(void *p) {
+    shm_many *m = (shm_many *)p;
+    if (m == NULL) return;
+    if (m->ring_pid == getpid()) shm_uring_close(&m->r);
+    free(m->words);
+    free(m->vals);
+    free(m->slots);
+    free(m->v);
+    free(m);
+}
+static void shm_many_make_key(void) {
+    pthread_key_create(&shm_many_key, shm_many_free);
+}
+
+/* The calling thread's list, claimed for a new sleep (emptied, its generation bumped: the
+ * caller keeps it, and the list is still its own while shm_many_gen(m) says so), or NULL
+ * (no memory). */
+static inline shm_many *shm_many_claim(uint64_t *gen) {
+    shm_many *m = shm_many_tls;
+    if (m == NULL) {
+        pthread_once(&shm_many_once, shm_many_make_key);
+        m = (shm_many *)calloc(1, sizeof *m);
+        if (m == NULL) return NULL;
+        shm_uring_zero(&m->r);
+        shm_many_tls = m;
+        pthread_setspecific(shm_many_key, m);
+    }
+    m->gen++;
+    m->n = 0;
+    *gen = m->gen;
+    return m;
+}
+static inline uint64_t shm_many_gen(shm_many *m) { return m->gen; }
+static inline int shm_many_count(shm_many *m) { return m->n; }
+static inline uint32_t shm_many_word_slot(shm_many *m, int i) { return m->slots[i]; }
+static inline uint32_t *shm_many_word(shm_many *m, int i) { return m->words[i]; }
+
+/* Add a word (that must still hold val) of participant `slot`'s token: 0, or -ENOMEM,
+ * -E2BIG (more than one sleep takes). */
+static inline int shm_many_add(shm_many *m, uint32_t *word, uint32_t val, uint32_t slot) {
+    if (m->n >= m->cap) {
+        int cap = m->cap ? 2 * m->cap : 256;
+        uint32_t **w;
+        uint32_t *v, *s;
+        if (cap > SHM_MANY_MAXREQ * SHM_WAITV_MAX) cap = SHM_MANY_MAXREQ * SHM_WAITV_MAX;
+        if (m->n >= cap) return -E2BIG;
+        w = (uint32_t **)realloc(m->words, cap * sizeof *w);
+        if (w == NULL) return -ENOMEM;
+        m->words = w;
+        v = (uint32_t *)realloc(m->vals, cap * sizeof *v);
+        if (v == NULL) return -ENOMEM;
+        m->vals = v;
+        s = (uint32_t *)realloc(m->slots, cap * sizeof *s);
+        if (s == NULL) return -ENOMEM;
+        m->slots = s;
+        m->cap = cap;
+    }
+    m->words[m->n] = word;
+    m->vals[m->n] = val;
+    m->slots[m->n] = slot;
+    m->n++;
+    return 0;
+}
+
+static inline int shm_many_ring(shm_many *m) {
+    int e;
+    if (m->ring_pid == getpid()) return 0;
+    if (m->ring_pid != 0) {
+        /* made before a fork: the child's copies of the parent's ring go, unused */
+        shm_uring_close(&m->r);
+        m->ring_pid = 0;
+    }
+    e = shm_uring_setup(&m->r, SHM_MANY_RING, 2 * SHM_MANY_RING);
+    if (e < 0) return e;
+    m->ring_pid = getpid();
+    return 0;
+}
+
+/* Sleep on w1[0..n1) and the list's words until one of them is woken, or changed before
+ * its request was armed, or the deadline (absolute CLOCK_MONOTONIC ns, -1: none), or a
+ * signal: the woken word's index (in w1, then the list's after n1), -EAGAIN, -ETIMEDOUT,
+ * -EINTR; -ENOSYS if the thread cannot (no ring, too many words: the caller sleeps in
+ * slices). Every request is over (completed or cancelled, and reaped) when it returns. */
+static inline int shm_many_sleep(shm_many *m, uint32_t **w1, const uint32_t *v1, int n1,
+                                 int64_t deadline_ns) {
+    int n = n1 + m->n, nreq, k, i, e, pending, cancels = 0, res = -ETIMEDOUT, won = 0;
+    unsigned char done[SHM_MANY_MAXREQ];
+    uint64_t ud;
+    int32_t cres;
+    nreq = (n + SHM_WAITV_MAX - 1) / SHM_WAITV_MAX;
+    if (nreq < 1 || nreq > SHM_MANY_MAXREQ || shm_many_ring(m) < 0) return -ENOSYS;
+    if (m->vcap < nreq * SHM_WAITV_MAX) {
+        struct shm_waitv *v = (struct shm_waitv *)realloc(
+            m->v, (size_t)nreq * SHM_WAITV_MAX * sizeof *v);
+        if (v == NULL) return -ENOSYS;
+        m->v = v;
+        m->vcap = nreq * SHM_WAITV_MAX;
+    }
+    for (i = 0; i < n; i++) {
+        if (i < n1) shm_waitv_fill(&m->v[i], w1[i], v1[i]);
+        else shm_waitv_fill(&m->v[i], m->words[i - n1], m->vals[i - n1]);
+    }
+    for (k = 0; k < nreq; k++) {
+        int cnt = n - k * SHM_WAITV_MAX;
+        if (cnt > SHM_WAITV_MAX) cnt = SHM_WAITV_MAX;
+        done[k] = 0;
+        shm_uring_prep_waitv(&m->r, &m->v[k * SHM_WAITV_MAX], (unsigned)cnt, (uint64_t)k + 1);
+    }
+    e = shm_uring_submit(&m->r);
+    if (e != nreq) {
+        /* not all submitted (a ring that cannot take them): drop the ring, which cancels
+         * what it took; the caller sleeps in slices */
+        shm_uring_close(&m->r);
+        m->ring_pid = 0;
+        return -ENOSYS;
+    }
+    e = shm_uring_enter(&m->r, 1, deadline_ns);   /* the first completion */
+    if (e == -EINTR) res = -EINTR;
+    pending = nreq;
+    for (;;) {
+        while (shm_uring_reap(&m->r, &ud, &cres)) {
+            if (ud & ((uint64_t)1 << 63)) {
+                cancels--;
+                continue;
+            }
+            k = (int)ud - 1;
+            if (k < 0 || k >= nreq || done[k]) continue;
+            done[k] = 1;
+            pending--;
+            if (won) continue;
+            if (cres >= 0) {
+                res = k * SHM_WAITV_MAX + cres;
+                won = 1;
+            } else if (cres == -EAGAIN) {
+                res = -EAGAIN;
+                won = 1;
+            }
+        }
+        if (pending == 0 && cancels == 0) return res;
+        if (cancels == 0) {
+            /* the first completion (or the deadline, or a signal) ends the sleep: cancel
+             * the requests still pending, then reap them all */
+            for (k = 0; k < nreq; k++) {
+                if (done[k]) continue;
+                if (shm_uring_prep_cancel(&m->r, (uint64_t)k + 1,
+                                          ((uint64_t)k + 1) | ((uint64_t)1 << 63)) == 0)
+                    cancels++;
+            }
+            if (cancels == 0 && pending > 0) {      /* no room to cancel (cannot be) */
+                shm_uring_close(&m->r);
+                m->ring_pid = 0;
+                return res;
+            }
+        }
+        e = shm_uring_enter(&m->r, 1, -1);
+        if (e < 0 && e != -EINTR && e != -ETIME) {
+            shm_uring_close(&m->r);
+            m->ring_pid = 0;
+            return res;
+        }
+    }
+}
+
+
 #endif

@@ -331,6 +331,17 @@ cdef extern from "shm_uring.h" nogil:
     int shm_uring_reap(shm_uring* r, uint64_t* user_data, int32_t* res)
     uint64_t shm_uring_drain_eventfd(shm_uring* r)
     int shm_uring_probe()
+    # a blocking sleep on more words than one futex_waitv takes (the toolbox's, §12)
+    ctypedef struct shm_many:
+        pass
+    shm_many* shm_many_claim(uint64_t* gen)
+    uint64_t shm_many_gen(shm_many* m)
+    int shm_many_count(shm_many* m)
+    uint32_t* shm_many_word(shm_many* m, int i)
+    uint32_t shm_many_word_slot(shm_many* m, int i)
+    int shm_many_add(shm_many* m, uint32_t* word, uint32_t val, uint32_t slot)
+    int shm_many_sleep(shm_many* m, uint32_t** w1, const uint32_t* v1, int n1,
+                       int64_t deadline_ns)
     enum: ETIME
     enum: ECANCELED
     enum: ENOSYS

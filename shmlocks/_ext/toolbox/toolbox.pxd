@@ -13,6 +13,8 @@ cdef struct tb_watch_t:
     uint32_t slots[TB_WATCH_MAX]   # whose token ws.words[i] is (i >= 1)
     int full                       # a token did not fit: sleep a slice
     recov_t rec                    # recoveries this sleep runs keep its deadline (ws.rec)
+    shm_many* more                 # tokens past ws's: the thread's list (io_uring), while it
+    uint64_t more_gen              # is this sleep's (its generation is more_gen); NULL none
 
 
 cdef int tb_lock(rmap_t* rm, shm_body* b, int64_t until) noexcept nogil
@@ -105,6 +107,7 @@ cdef inline void tb_watch_init(tb_watch_t* t, uint32_t* word, uint32_t val,
     t.slots[0] = 0xffffffff
     recov_init(&t.rec, deadline)
     t.ws.rec = &t.rec
+    t.more = NULL
 
 
 cdef inline void tb_watch_word(tb_watch_t* t, uint32_t* word, uint32_t val) noexcept nogil:

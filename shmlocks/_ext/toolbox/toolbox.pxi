@@ -20,7 +20,10 @@
 # would change what it waits for (tb_watch, up to SHM_WAITV_MAX - 1 of them): their death
 # wakes it and it recovers them (participant_try_recover). The waker changes the state,
 # changes the word, lets go of the guard, then wakes if parked != 0. With more tokens to
-# watch than fit, or no futex_waitv, it sleeps a PARK_SLICE_NS slice and looks again.
+# watch than one futex_waitv takes, the tokens past them go to the thread's list
+# (shm_uring.h shm_many) and the sleep is several io_uring FUTEX_WAITV at once, until the
+# first completion (wait_sleep_many); without io_uring (AIO_MODE "thread"), or no
+# futex_waitv, it sleeps a PARK_SLICE_NS slice and looks again.
 
 
 cdef int64_t TB_GUARD_SLICE_NS = 50000000    # 50 ms: Ctrl-C within 100 ms (tb_guard)
@@ -194,7 +197,7 @@ cdef int tb_watch(rmap_t* rm, tb_watch_t* t, uint32_t slot) noexcept nogil:
             return DEP_CHANGED
         if (v & FUTEX_TID_MASK_) == 0:
             return DEP_ARMED                     # it left: nothing to wait for
-        if ws.n >= SHM_WAITV_MAX:
+        if ws.n >= SHM_WAITV_MAX and not tb_more(t):
             t.full = 1
             return DEP_UNKNOWN
         if v & FUTEX_WAITERS_:
@@ -204,11 +207,28 @@ cdef int tb_watch(rmap_t* rm, tb_watch_t* t, uint32_t slot) noexcept nogil:
             v = v | FUTEX_WAITERS_
             break
         v = seen
+    if ws.n >= SHM_WAITV_MAX:                    # past one futex_waitv: the thread's list
+        if shm_many_add(t.more, tw, v, slot) != 0:
+            t.full = 1
+            return DEP_UNKNOWN
+        return DEP_ARMED
     if ws.token < 0:
         ws.token = ws.n                          # the one our robust list names (wait.pxi)
     t.slots[ws.n] = slot
     watch_word(ws, tw, v)
     return DEP_ARMED
+
+
+cdef bint tb_more(tb_watch_t* t) noexcept nogil:
+    """Room for tokens past the watch set's SHM_WAITV_MAX words: the thread's list,
+    claimed for this sleep (io_uring only: AIO_MODE "io_uring"). 0: sleep in slices."""
+    if not g_aio_uring or not g_wait_waitv:
+        return 0
+    if t.more == NULL:
+        t.more = shm_many_claim(&t.more_gen)
+        if t.more == NULL:
+            return 0
+    return shm_many_gen(t.more) == t.more_gen
 
 
 cdef int tb_sleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline) noexcept nogil:
@@ -230,13 +250,21 @@ cdef int tb_sleep_w(rmap_t* rm, tb_watch_t* t, uint32_t* parked, wait_t* w) noex
     cdef watch_t* ws = &t.ws
     cdef int r, i
     cdef int64_t now
+    cdef uint32_t s
+    # the tokens past ws's, in the thread's list: still this sleep's (a handler's own
+    # sleep, run inside this one, may have taken the list over: then slices)
+    cdef bint many = t.more != NULL and shm_many_count(t.more) > 0
+    cdef bint mine = many and shm_many_gen(t.more) == t.more_gen and w.cancel == NULL
     if t.rec.sig:                                # a handler raised in a recovery of tb_watch
         return R_SIGNAL
     fadd32(parked, 1)                            # announce (SC), then re-check the word
     if ld32_seq(ws.words[0]) != ws.vals[0]:
         fsub32(parked, 1)
         return R_CONT
-    r = wait_sleep(w, ws, t.full or not g_wait_waitv)
+    if mine:
+        r = wait_sleep_many(w, ws, t.more)
+    else:
+        r = wait_sleep(w, ws, t.full or not g_wait_waitv or many)
     fsub32(parked, 1)
     if r == R_SIGNAL:
         return R_SIGNAL
@@ -245,6 +273,14 @@ cdef int tb_sleep_w(rmap_t* rm, tb_watch_t* t, uint32_t* parked, wait_t* w) noex
             participant_try_recover(rm, t.slots[i], &t.rec)
             if t.rec.sig:
                 return R_SIGNAL
+    i = 0
+    while mine and i < shm_many_count(t.more) and shm_many_gen(t.more) == t.more_gen:
+        s = shm_many_word_slot(t.more, i)
+        if s < rm.P and ld32_seq(shm_many_word(t.more, i)) & FUTEX_OWNER_DIED_:
+            participant_try_recover(rm, s, &t.rec)
+            if t.rec.sig:
+                return R_SIGNAL
+        i += 1
     now = shm_now_ns()
     if w.deadline >= 0 and now >= w.deadline:
         return R_TIMEOUT
