@@ -39,7 +39,7 @@ class Region:
         name: str | None = None,
         *,
         max_locks: int = 64,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> Region: ...
@@ -51,7 +51,7 @@ class Region:
         name: str,
         *,
         max_locks: int = 64,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> Region: ...
@@ -101,6 +101,8 @@ class Region:
     def max_locks(self) -> int: ...
     @property
     def max_participants(self) -> int: ...
+    @property
+    def _provisioned(self) -> int: ...
     def __enter__(self) -> Self: ...
     def __exit__(self, *exc: object) -> None: ...
     def stats(self) -> dict[str, _LockStats]: ...
@@ -172,7 +174,7 @@ class _Lock(threading.Lock):  # type: ignore[misc]
         self,
         name: str | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> None: ...
@@ -181,7 +183,7 @@ class _Lock(threading.Lock):  # type: ignore[misc]
         cls,
         name: str | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> Self: ...
@@ -192,7 +194,7 @@ class _Lock(threading.Lock):  # type: ignore[misc]
         cls,
         name: str,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> Self: ...
@@ -281,7 +283,7 @@ class Event(_TbObject):
         self,
         name: str | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> None: ...
@@ -290,7 +292,7 @@ class Event(_TbObject):
         cls,
         name: str | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> Self: ...
@@ -299,7 +301,7 @@ class Event(_TbObject):
         cls,
         name: str,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> Self: ...
@@ -315,7 +317,7 @@ class Semaphore(_TbObject):
         value: int = 1,
         name: str | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> None: ...
@@ -325,7 +327,7 @@ class Semaphore(_TbObject):
         value: int = 1,
         name: str | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> Self: ...
@@ -335,7 +337,7 @@ class Semaphore(_TbObject):
         name: str,
         value: int = 1,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> Self: ...
@@ -357,7 +359,7 @@ class Barrier(_TbObject):
         timeout: float | None = None,
         name: str | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> None: ...
@@ -369,7 +371,7 @@ class Barrier(_TbObject):
         timeout: float | None = None,
         name: str | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> Self: ...
@@ -381,7 +383,7 @@ class Barrier(_TbObject):
         action: Callable[[], object] | None = None,
         timeout: float | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> Self: ...
@@ -404,7 +406,7 @@ class Condition(_TbObject):
         lock: Any = None,
         name: str | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> None: ...
@@ -414,7 +416,7 @@ class Condition(_TbObject):
         lock: Any = None,
         name: str | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> Self: ...
@@ -424,7 +426,7 @@ class Condition(_TbObject):
         name: str,
         lock: Any = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> Self: ...
@@ -452,7 +454,7 @@ class RWLock(_TbObject):
         self,
         name: str | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> None: ...
@@ -461,7 +463,7 @@ class RWLock(_TbObject):
         cls,
         name: str | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> Self: ...
@@ -470,7 +472,7 @@ class RWLock(_TbObject):
         cls,
         name: str,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> Self: ...

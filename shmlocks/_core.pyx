@@ -74,8 +74,12 @@ LAYOUT = {
     "header_size": sizeof(shm_header),
     "creator_pid_off": <char*>&_lay_h.creator_pid - <char*>&_lay_h,
     "creator_pidns_off": <char*>&_lay_h.creator_pidns - <char*>&_lay_h,
-    "header_fields": <char*>&_lay_h.creator_pidns - <char*>&_lay_h + sizeof(uint64_t),
+    "header_fields": <char*>&_lay_h.part_hwm - <char*>&_lay_h + sizeof(uint32_t),
+    "part_hwm_off": <char*>&_lay_h.part_hwm - <char*>&_lay_h,
     "participant_size": sizeof(shm_participant),
+    "max_participants": SHM_MAX_PARTICIPANTS,  # the cap of max_participants=None
+    "hwm_first": SHM_HWM_FIRST,               # participants a new region provisions
+    "ticket_slots": SHM_TICKET_SLOTS,         # the ticket kind's slot lines: min(P, this)
     "body_lines_read": SHM_BODY_NODES,  # ctl, word A, word B: the lines before the nodes
     "name_max": SHM_NAME_MAX,
     "state_ready": SHM_STATE_READY,
@@ -131,7 +135,12 @@ _CRASHPOINTS = {
     "ticket.abandon.marked": ("ticket",),   # abandon marker set, before the serving check
     "ticket.release.served": ("ticket",),   # serving stored, before the skip check / wake
     "ticket.release.granted": ("ticket",),  # granted, own ticket not yet cleared
+    "ticket.release.skipping": ("ticket",), # claimed an abandoned ticket's marker, serving not moved
     "ticket.recover.flagged": ("ticket",),  # recoverer set owner_died, before the grant
+    # more than 64 tickets outstanding (a region grown past its first 64 participants)
+    "ticket.overflow.counted": ("ticket",), # slot marker taken: overflow counted, own omark not set
+    "ticket.overflow.marked": ("ticket",),  # own omark set, before the serving check
+    "ticket.overflow.claimed": ("ticket",), # a grant claimed an omark, serving not moved
     "mcs.acquire.joined": ("mcs",),         # tail taken, own pred not yet published
     "mcs.acquire.pred": ("mcs",),           # pred published, not yet linked behind it
     "mcs.try.armed": ("mcs",),              # try-lock node armed, before its tail CAS
@@ -163,6 +172,12 @@ _CRASHPOINTS = {
     "rwlock.release.unholder": ("rwlock",),   # holder cleared, writer word still ours
     "rwlock.release.freed": ("rwlock",),    # writer word free, state not yet NONE
     "rwlock.recover.flagged": ("rwlock",),  # recoverer set the verdict, word not yet free
+    # participants that grow (base/participants.pxi reg_grow), passed by a registration of
+    # any kind or object that finds every provisioned slot taken: "region", no kind's code
+    "region.grow.locked": ("region",),      # directory mutex held, nothing provisioned
+    "region.grow.slots": ("region",),       # the new slots provisioned, the bodies not
+    "region.grow.bodies": ("region",),      # every body provisioned, part_hwm not published
+    "region.grow.published": ("region",),   # part_hwm published, directory mutex still held
 }
 
 

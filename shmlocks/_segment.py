@@ -6,10 +6,13 @@ The file is opened the safe way (shmlocks/_shmread.py: no symlink, no FIFO, a tr
 owner), its header validated exactly as ``Region.open`` validates a mapping
 (``_core._validate_header``: magic, version, ABI, geometry, offsets, size against the
 file's), then only the parts needed are copied with pread: the directory and the
-participant table, and the first three lines (control, word A, word B) of each lock's
-body. A file that shrinks meanwhile gives a short read (``Shrunk``), never SIGBUS; every
-index read from it (a holder's slot, a lock index, a queue node) is bounds-checked before
-use. The kinds' "is it held" tests mirror their ``_is_locked`` in shmlocks/_ext/kinds/*.pxi.
+participants provisioned (the header's ``part_hwm``, validated against the cap: a region's
+file is sized for its cap and sparse, docs/design.md §2), the first three lines (control,
+word A, word B) of each lock's body, and of a toolbox object its records of those
+participants. A file that shrinks meanwhile gives a short read (``Shrunk``), never SIGBUS;
+every index read from it (a holder's slot, a lock index, a queue node) is bounds-checked
+before use, against the participants provisioned. The kinds' "is it held" tests mirror
+their ``_is_locked`` in shmlocks/_ext/kinds/*.pxi.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from shmlocks.errors import CorruptRegionError
 _L = _core.LAYOUT
 LINE = _L["line"]
 HEADER_SIZE = _L["header_size"]
-_HEADER = struct.Struct("<QIIQIIQQQQIIIIQ")  # magic .. creator_pidns (bytes 0..87)
+_HEADER = struct.Struct("<QIIQIIQQQQIIIIQII")  # magic .. part_hwm (bytes 0..95)
 PART_SIZE = _L["participant_size"]
-# a participant: its token's futex word (line 0), then line 1: pid .. tstart
-_PART = struct.Struct("<I124xIIIIQQIIQQQ64x")
+# a participant: its token's futex word (line 0), then line 1: pid .. tstart; the rest of
+# line 1 and lines 2-3 (reserved for issues 37B and 38) are not read
+_PART = struct.Struct("<I124xIIIIQQIIQQQ64x256x")
 _DIRENT = struct.Struct("<II8x56s")
 _CTL = struct.Struct("<IIII5QI")  # kind, flags, holder, magic, 5 counters, last_pid
 _CTL_RARE = struct.Struct("<QQ")  # owner_deaths, timeouts (bytes 112..127)
@@ -160,18 +164,24 @@ class Segment:
     name: str
     size: int
     max_locks: int
-    max_participants: int
+    max_participants: int  # the cap
     creator_pid: int
     creator_pidns: int
-    records: list[tuple[int, ...]]  # every participant slot, as _PART unpacks it
+    records: list[tuple[int, ...]]  # every participant slot provisioned, as _PART unpacks it
     locks: list[Lock]  # the READY directory entries, in index order
+    resident: int = 0  # bytes tmpfs gave the file (st_blocks): the file is sparse
+
+    @property
+    def provisioned(self) -> int:
+        """Participant slots provisioned when it was read (header.part_hwm)."""
+        return len(self.records)
 
     def holder_slot(self, lock: Lock) -> int | None:
-        """The slot its holder record names, if it is in range and not stale (left by an
-        earlier occupant of the slot): participants.pxd holder_slot."""
+        """The slot its holder record names, if it is in range (a slot provisioned) and not
+        stale (left by an earlier occupant of the slot): participants.pxd holder_slot."""
         h = lock.holder
         s1 = h & ((1 << HOLDER_SLOT_BITS) - 1)
-        if h == 0 or not 1 <= s1 <= self.max_participants:
+        if h == 0 or not 1 <= s1 <= len(self.records):
             return None
         if self.participant(s1 - 1).hid != h:
             return None
@@ -198,7 +208,9 @@ def read(name: str, directory: str = SHM_DIR) -> Segment:
     geometry) or ``NotReady``."""
     fd, st = _shmread.open_file(os.path.join(directory, name))
     try:
-        return _read(fd, st.st_size, name)
+        seg = _read(fd, st.st_size, name)
+        seg.resident = st.st_blocks * 512
+        return seg
     except _shmread.Shrunk:
         raise _shmread.Shrunk(f"segment {name!r} shrank while it was read") from None
     finally:
@@ -225,6 +237,8 @@ def _read(fd: int, size: int, name: str) -> Segment:
         _n,
         _m,
         cns,
+        _flags,
+        H,
     ) = _HEADER.unpack_from(head, 0)
     if magic == _core.MAGIC and state != STATE_READY:
         if cpid and _core._pid_alive(cpid):
@@ -234,9 +248,10 @@ def _read(fd: int, size: int, name: str) -> Segment:
             "building it, or it is not a shmlocks region"
         )
     _core._validate_header(head, size, name)  # everything below is in bounds of `size`
-    table = pread_exact(fd, dir_off, locks_off - dir_off)
+    # (and 1 <= H <= P: the participants provisioned, the only ones ever read)
+    table = pread_exact(fd, dir_off, part_off - dir_off + H * PART_SIZE)
     start = part_off - dir_off
-    records = list(_PART.iter_unpack(table[start : start + P * PART_SIZE]))
+    records = list(_PART.iter_unpack(table[start : start + H * PART_SIZE]))
     locks = []
     for i in range(L):
         d_state, d_kind, raw = _DIRENT.unpack_from(table, i * LINE)
@@ -251,8 +266,8 @@ def _read(fd: int, size: int, name: str) -> Segment:
         )
         node_state = None
         if d_kind == _CLH:
-            t = word_a & 0xFFFFFFFF  # the tail's node id: 1..P+1 (clh.pxi _clh_ok)
-            if 1 <= t <= P + 1:
+            t = word_a & 0xFFFFFFFF  # the tail's node id: 1..H or P+1 (clh.pxi _clh_ok)
+            if 1 <= t <= H or t == P + 1:
                 (node_state,) = struct.unpack(
                     "<I", pread_exact(fd, body_off + (3 + t - 1) * LINE, 4)
                 )
@@ -262,19 +277,19 @@ def _read(fd: int, size: int, name: str) -> Segment:
         tb_units: tuple[int, ...] = ()
         if d_kind in OBJECT_NAMES:
             tbword = _TBWORD.unpack_from(body, LINE)
-            recs = pread_exact(fd, body_off + (3 + P + 1) * LINE, P * LINE)
+            recs = pread_exact(fd, body_off + (3 + P + 1) * LINE, H * LINE)
             if OBJECT_NAMES[d_kind] == "rwlock":
-                rw_recs = tuple(RWRec(*_RWREC.unpack_from(recs, x * LINE)) for x in range(P))
-                tb_waiting = tuple(x for x in range(P) if rw_recs[x].waiting)
+                rw_recs = tuple(RWRec(*_RWREC.unpack_from(recs, x * LINE)) for x in range(H))
+                tb_waiting = tuple(x for x in range(H) if rw_recs[x].waiting)
             else:
                 tb_waiting = tuple(
                     x
-                    for x in range(P)
+                    for x in range(H)
                     if struct.unpack_from("<I", recs, x * LINE + _TBREC_WAITING)[0]
                 )
                 if OBJECT_NAMES[d_kind] == "semaphore":
                     tb_units = tuple(
-                        struct.unpack_from("<I", recs, x * LINE + _TBREC_UNITS)[0] for x in range(P)
+                        struct.unpack_from("<I", recs, x * LINE + _TBREC_UNITS)[0] for x in range(H)
                     )
         lname = raw[: NAME_MAX - 1].split(b"\0", 1)[0].decode("utf-8", "replace")
         locks.append(
@@ -555,9 +570,11 @@ def describe(seg: Segment) -> dict[str, Any]:
     return {
         "name": seg.name,
         "size": seg.size,
+        "resident": seg.resident,
         "version": _core.LAYOUT_VERSION,
         "max_locks": seg.max_locks,
         "max_participants": seg.max_participants,
+        "participants_provisioned": seg.provisioned,
         "creator_pid": seg.creator_pid,
         "creator_other_namespace": other_pidns(seg.creator_pidns),
         "participants": parts,

@@ -32,7 +32,7 @@ class RLock(_RLockBase):  # type: ignore[misc]
     thread that holds it may acquire it again, and must release it as many times. If its
     holder dies (SIGKILL, crash), at whatever depth, the next owner's hold has
     ``owner_died`` True: repair, then ``mark_consistent()``, as for a lock.
-    ``create(kind="futex", name=None, *, max_participants=64, mode=0o600,
+    ``create(kind="futex", name=None, *, max_participants=None, mode=0o600,
     persist=False)``, ``open(name)``, ``close()``, ``unlink()`` and pickling are the
     lock's."""
 
@@ -43,7 +43,7 @@ class RLock(_RLockBase):  # type: ignore[misc]
         kind: Any = "futex",
         name: str | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
         _lock: _core.Lock | None = None,
@@ -63,7 +63,7 @@ class RLock(_RLockBase):  # type: ignore[misc]
         kind: Any = "futex",
         name: str | None = None,
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> RLock:
@@ -76,7 +76,7 @@ class RLock(_RLockBase):  # type: ignore[misc]
         name: str,
         kind: Any = "futex",
         *,
-        max_participants: int = 64,
+        max_participants: int | None = None,
         mode: int = 0o600,
         persist: bool = False,
     ) -> RLock:

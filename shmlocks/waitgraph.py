@@ -202,7 +202,7 @@ def describe_cycle(cycle: list[Member], now_ns: int | None = None) -> str:
 def _scan_segment(g: Graph, seg: _segment.Segment) -> None:
     name = seg.name
     # participants: identity, liveness, wait record
-    keys: list[ThreadKey | None] = [None] * seg.max_participants
+    keys: list[ThreadKey | None] = [None] * seg.provisioned
     waiting: list[tuple[int, int]] = []  # (slot, lock index)
     for p in seg.in_use():
         st = p.state

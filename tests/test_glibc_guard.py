@@ -20,7 +20,7 @@ import shmlocks
 
 HDR = struct.Struct("<QIIQIIQQQQ")  # magic .. lock_stride (shm_layout.h)
 KIND_OFF = 16  # pthread_mutex_t.__data.__kind (x86_64 and aarch64 glibc)
-TOKEN_STRIDE = 256  # a participant: two lines
+TOKEN_STRIDE = shmlocks._core.LAYOUT["participant_size"]  # a participant: four lines
 
 
 def _layout(data: bytes) -> dict[str, int]:

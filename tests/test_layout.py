@@ -11,12 +11,15 @@ import shmlocks
 
 HEADER = struct.Struct("<QIIQIIQQQQIIII")  # shm_header's fields up to glibc_mutex_size
 LINE = 128
+PART = 4 * LINE  # a participant: token, identity and state, the wait link (two lines)
+HWM_OFF = 92  # header.part_hwm, after flags (u32 at 88)
 
 
 def geometry(locks, participants):
+    """Offsets for `participants` the cap: the file is that long (sparse)."""
     dir_off = 2 * LINE
     part_off = dir_off + locks * LINE
-    locks_off = part_off + participants * 2 * LINE
+    locks_off = part_off + participants * PART
     stride = (3 + (participants + 1) + participants) * LINE
     return dir_off, part_off, locks_off, stride, locks_off + locks * stride
 
@@ -56,6 +59,8 @@ def test_header_and_geometry_on_disk(locks, participants):
     assert (dir_off, part_off, locks_off, stride, total) == geometry(locks, participants)
     assert len(data) == total
     assert state == 1 and creator == os.getpid() and nlocks == len(names)
+    (hwm,) = struct.unpack_from("<I", data, HWM_OFF)
+    assert hwm == min(participants, 32), "the first participants provisioned"
     codes = {"ticket": 1, "mcs": 2, "clh": 3, "futex": 4, "robust": 5, "pi": 6}
     for i, (n, kind) in enumerate(zip(names, shmlocks.KINDS, strict=False)):
         entry = data[dir_off + i * LINE : dir_off + (i + 1) * LINE]
@@ -89,7 +94,7 @@ def test_raw_snapshot_shows_the_holder(kind):
     finally:
         lock.close()
     nodes = raw["nodes (state, next, pred, parked, value, round, guess)"]
-    precs = raw["precs (mine, pred, ticket, abandoned, abandoned_gen, round)"]
+    precs = raw["precs (mine, pred, ticket, abandoned, abandoned_gen, round, omark)"]
     parts = raw["participants (pid, op_lock, op_step, op_value, generation)"]
     assert (len(nodes), len(precs), len(parts)) == (4, 3, 3)
     slot = (raw["holder"] & 0x1FFF) - 1
@@ -100,9 +105,9 @@ def test_raw_snapshot_shows_the_holder(kind):
 
 @pytest.mark.timeout(30)
 def test_participant_wait_record_on_disk():
-    """A participant's line 1: pid, tid, ... pidns at +40, the wait record (wait_since at
-    +48) and its thread's start time at +56, /proc's field 22 (what names a thread across
-    segments in shmlocks.waitgraph)."""
+    """A participant's line 1 (of four): pid, tid, ... pidns at +40, the wait record
+    (wait_since at +48) and its thread's start time at +56, /proc's field 22 (what names a
+    thread across segments in shmlocks.waitgraph)."""
     with shmlocks.Region.create(uniq("layout"), max_locks=1, max_participants=2) as region:
         lock = region.create_lock("a", "futex")
         with lock:
@@ -110,7 +115,7 @@ def test_participant_wait_record_on_disk():
         with open(os.path.join(SHM_DIR, region.name), "rb") as f:
             data = f.read()
     part_off = geometry(1, 2)[1]
-    line1 = part_off + slot * 2 * LINE + LINE
+    line1 = part_off + slot * PART + LINE
     pid, tid = struct.unpack_from("<II", data, line1)
     wait_since, tstart = struct.unpack_from("<QQ", data, line1 + 48)
     with open(f"/proc/self/task/{tid}/stat", "rb") as f:
@@ -201,9 +206,11 @@ def test_python_readers_take_the_layout_from_the_core():
     from shmlocks import _core, _segment, _shmread
 
     lay = _core.LAYOUT
-    assert _segment._HEADER.size == lay["header_fields"] == 88
+    assert _segment._HEADER.size == lay["header_fields"] == 96
     assert (lay["creator_pid_off"], lay["creator_pidns_off"]) == (68, 80)
-    assert _segment._PART.size == lay["participant_size"] == _segment.PART_SIZE == 2 * LINE
+    assert lay["part_hwm_off"] == HWM_OFF
+    assert _segment._PART.size == lay["participant_size"] == _segment.PART_SIZE == PART
+    assert (lay["max_participants"], lay["hwm_first"], lay["ticket_slots"]) == (4096, 32, 64)
     assert _segment.HEADER_SIZE == lay["header_size"] == 2 * LINE
     assert _segment._DIRENT.size <= LINE and lay["name_max"] == 56
     assert _shmread.MAGIC == b"SHMLOCK1" == _core.MAGIC.to_bytes(8, "little")
@@ -242,3 +249,57 @@ def test_the_shm_reader_loads_by_path_without_shmlocks():
     )
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["b'SHMLOCK1'", "/dev/shm"]
+
+
+@pytest.mark.timeout(30)
+def test_reserved_participant_fields_on_disk_and_zeroed_at_claim():
+    """Layout 8 reserves, for later issues, the rest of a participant's line 1 (poke +64,
+    agent +68, tasks +72, task_id +80, label +88, 40 bytes) and lines 2-3 (the wait link:
+    link_seq +0, link_lock +4, link_since +8, link_name +16, 201 bytes): each claim of the
+    slot zeroes them, so nothing a previous occupant (or a scribble) left is read as its."""
+    import threading
+
+    with shmlocks.Region.create(uniq("layout-res"), max_locks=1, max_participants=2) as region:
+        lock = region.create_lock("a", "futex")
+        path = os.path.join(SHM_DIR, region.name)
+        part_off = geometry(1, 2)[1]
+        with open(path, "r+b") as f:  # scribble both slots' reserved bytes
+            for slot in range(2):
+                f.seek(part_off + slot * PART + LINE + 64)
+                f.write(b"\xa5" * 64)
+                f.seek(part_off + slot * PART + 2 * LINE)
+                f.write(b"\x5a" * 2 * LINE)
+        t = threading.Thread(target=lambda: (lock.acquire(), lock.release()))
+        t.start()
+        t.join(10)
+        with lock:
+            with open(path, "rb") as f:
+                data = f.read()
+        slots = [
+            s for s in range(2) if struct.unpack_from("<I", data, part_off + s * PART + LINE)[0]
+        ]
+        assert slots, "no slot claimed"
+        for slot in slots:
+            base = part_off + slot * PART
+            assert data[base + LINE + 64 : base + 2 * LINE] == bytes(64), slot
+            assert data[base + 2 * LINE : base + 4 * LINE] == bytes(2 * LINE), slot
+
+
+@pytest.mark.timeout(60)
+def test_a_default_lock_is_sparse_and_provisions_its_first_32():
+    """max_participants=None: the file is sized for the cap (4096), sparse; the header says
+    32 provisioned; tmpfs holds what layout 7's 64-participant lock held (36 KiB: nine
+    pages), a ticket lock one page more for its 64 slot lines, not the 3 MiB of the cap."""
+    for kind in shmlocks.KINDS:
+        lock = shmlocks.KINDS[kind](uniq("layout-sparse"))
+        try:
+            st = os.stat(os.path.join(SHM_DIR, lock.name))
+            with open(os.path.join(SHM_DIR, lock.name), "rb") as f:
+                head = f.read(2 * LINE)
+            assert lock.region.max_participants == 4096
+            assert st.st_size == geometry(1, 4096)[4]
+            assert struct.unpack_from("<I", head, HWM_OFF)[0] == 32 == lock.region._provisioned
+            pages = 10 if kind == "ticket" else 9
+            assert st.st_blocks * 512 == pages * 4096, (kind, st.st_blocks * 512)
+        finally:
+            lock.close()

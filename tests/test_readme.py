@@ -58,7 +58,7 @@ def _wait(region_name) -> None:
 def test_readme_inspect_example_matches_a_real_run():
     readme = _readme_console()
     name = uniq("readme")
-    region = shmlocks.Region.create(name, max_locks=16, max_participants=64)
+    region = shmlocks.Region.create(name, max_locks=16)
     ctx = mp.get_context("fork")
     procs = []
     try:

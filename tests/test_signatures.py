@@ -37,7 +37,7 @@ def test_the_signatures_are_the_documented_ones():
     sig = inspect.signature(shmlocks.MCSLock.create)
     assert list(sig.parameters) == ["name", "max_participants", "mode", "persist"]
     assert sig.parameters["max_participants"].kind is inspect.Parameter.KEYWORD_ONLY
-    assert sig.parameters["max_participants"].default == 64
+    assert sig.parameters["max_participants"].default is None
     assert sig.parameters["mode"].default == 0o600
     acq = inspect.signature(shmlocks.TicketLock.acquire)
     assert [(p.name, p.default) for p in list(acq.parameters.values())[1:]] == [

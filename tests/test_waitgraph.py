@@ -171,7 +171,7 @@ def test_corrupt_wait_records_are_ignored(new_region):
         hdr = struct.unpack_from("<QIIQIIQQQQ", f.read(88))
     part_off, locks_off = hdr[7], hdr[8]
     slot = (lk._raw()["holder"] & 0x1FFF) - 1
-    rec = part_off + slot * 256 + PART_LINE1 + 8  # op_lock, op_step
+    rec = part_off + slot * shmlocks._core.LAYOUT["participant_size"] + PART_LINE1 + 8
     try:
         with open(path, "r+b") as f:
             for op_lock in (999, 3, 1):  # out of range, a free entry, itself

@@ -43,8 +43,9 @@ def _holder(lk: dict[str, Any]) -> str:
 
 def _render_inspect(d: dict[str, Any]) -> str:
     out = [
-        f"segment {d['name']}: {human_size(d['size'])} ({d['size']} bytes), "
-        f"layout version {d['version']}, created by pid {d['creator_pid']} ({d['creator_state']})"
+        f"segment {d['name']}: {human_size(d.get('resident', d['size']))} (a sparse file of "
+        f"{d['size']} bytes), layout version {d['version']}, created by pid "
+        f"{d['creator_pid']} ({d['creator_state']})"
     ]
     locks = d.get("locks", [])
     out.append(f"locks: {len(locks)} of {d['max_locks']}")
@@ -64,8 +65,9 @@ def _render_inspect(d: dict[str, Any]) -> str:
     parts = d.get("participants", [])
     alive = sum(1 for p in parts if p["alive"])
     out.append(
-        f"participants: {len(parts)} of {d['max_participants']} slots in use "
-        f"({alive} alive, {len(parts) - alive} dead)"
+        f"participants: {len(parts)} of "
+        f"{d.get('participants_provisioned', d['max_participants'])} slots in use "
+        f"({alive} alive, {len(parts) - alive} dead; at most {d['max_participants']})"
     )
     if parts:
         rows = [

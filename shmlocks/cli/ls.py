@@ -34,11 +34,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
             parts = d.get("participants", [])
             rec.update(
                 size=d["size"],
+                resident=d.get("resident", d["size"]),
                 locks=len(d.get("locks", [])),
                 max_locks=d.get("max_locks"),
                 alive=sum(1 for p in parts if p["alive"]),
                 dead=sum(1 for p in parts if not p["alive"]),
                 max_participants=d.get("max_participants"),
+                provisioned=d.get("participants_provisioned"),
                 creator_pid=d["creator_pid"],
                 creator_state=creator(d)[0],
                 creator_alive=creator(d)[1],
@@ -61,10 +63,10 @@ def _render_ls(records: list[dict[str, Any]]) -> str:
         rows.append(
             [
                 r["name"],
-                human_size(r["size"]),
+                human_size(r["resident"]),
                 f"{r['locks']}/{r['max_locks']}",
                 f"{r['alive']} alive, {r['dead']} dead",
-                r["max_participants"],
+                f"{r['provisioned']}/{r['max_participants']}",
                 f"{r['creator_pid']} ({r['creator_state']})",
             ]
         )

@@ -3,9 +3,13 @@
 For each trial it takes a template segment (a region with one lock of each kind and one
 of each toolbox object, either fresh or with live holders, a queued waiter and a
 SIGKILLed holder), scribbles a few fields
-(random words, boundary values, thread ids, glibc mutex kinds, byte runs) in the header,
-the directory, the participant slots and tokens, or one lock's ctl line, repair mutex,
-words A/B, nodes and per-participant records, writes the result as a new segment, and
+(random words, boundary values, thread ids, glibc mutex kinds, byte runs) in the header
+(its count of participants provisioned, part_hwm, on its own too: a lower one makes a
+registration grow the region over slots in use, a higher one points past them), the
+directory, the participant slots (their state, and the lines reserved for later issues)
+and tokens, or one lock's ctl line, repair mutex, words A/B, nodes and per-participant
+records (the ticket kind's overflow count and record markers too), writes the result as
+a new segment, and
 forks a child that opens it and runs every operation with short timeouts: describe,
 lock_names, open_lock, locked, owner, stats, acquire(False), acquire(timeout) from two
 threads at once, mark_consistent, release, close; on a toolbox object (open_object) its
@@ -51,7 +55,9 @@ import shmlocks
 SHM_DIR = "/dev/shm"
 LINE = 128
 HDR = struct.Struct("<QIIQIIQQQQ")  # magic .. lock_stride (shmlocks/_ext/sys/shm_layout.h)
-P = 6  # participant slots of the template
+P = 6  # participant slots of the template (its cap: all provisioned)
+PART = shmlocks._core.LAYOUT["participant_size"]  # four lines: token, state, the wait link
+HWM_OFF = shmlocks._core.LAYOUT["part_hwm_off"]  # header.part_hwm
 KIND_NAMES = list(shmlocks.KINDS)
 #: the toolbox objects of the template, after the locks, in their directory order (the
 #: condition's lock, an RLock entry of its own, is made just before it)
@@ -66,8 +72,10 @@ OP_TIMEOUT = 0.05
 # trial would test nothing past open().
 HDR_FLAGS_OFF = shmlocks._core.LAYOUT["creator_pidns_off"] + 8
 HDR_PERSIST = 1
-# Saved inputs of layout 6 differ from 7 only in header.flags (zero padding in 6).
-UPGRADABLE_VERSIONS = (6,)
+# Saved inputs of layouts 6 and 7 are laid out again as 8 (upgrade(): layout 7 added
+# header.flags, zero padding in 6; 8 widened a participant from two lines to four and
+# counts the participants provisioned in header.part_hwm).
+UPGRADABLE_VERSIONS = (6, 7)
 
 _seq = 0
 
@@ -191,13 +199,16 @@ def areas(img: bytes) -> dict[str, list[tuple[int, int]]]:
     ``precs:<kind>``)."""
     (_m, _v, _ln, _t, nl, npart, dir_off, part_off, locks_off, stride) = HDR.unpack_from(img)
     out: dict[str, list[tuple[int, int]]] = {
-        "header": [(0, 88)],
+        "header": [(0, 96)],
+        "hwm": [(HWM_OFF, HWM_OFF + 4)],
         "dir_mutex": [(LINE, LINE + 48)],
         "dir": [(dir_off + i * LINE, dir_off + i * LINE + 72) for i in range(nl)],
-        "token": [(part_off + i * 2 * LINE, part_off + i * 2 * LINE + 48) for i in range(npart)],
+        "token": [(part_off + i * PART, part_off + i * PART + 48) for i in range(npart)],
         "slot": [
-            (part_off + i * 2 * LINE + LINE, part_off + i * 2 * LINE + LINE + 64)
-            for i in range(npart)
+            (part_off + i * PART + LINE, part_off + i * PART + 2 * LINE) for i in range(npart)
+        ],
+        "link": [
+            (part_off + i * PART + 2 * LINE, part_off + i * PART + PART) for i in range(npart)
         ],
     }
     for k in TARGETS:
@@ -209,7 +220,7 @@ def areas(img: bytes) -> dict[str, list[tuple[int, int]]]:
             (b + (3 + j) * LINE, b + (3 + j) * LINE + 40) for j in range(npart + 1)
         ]
         out[f"precs:{k}"] = [
-            (b + (4 + npart + j) * LINE, b + (4 + npart + j) * LINE + 40) for j in range(npart)
+            (b + (4 + npart + j) * LINE, b + (4 + npart + j) * LINE + 48) for j in range(npart)
         ]
     return out
 
@@ -220,7 +231,7 @@ def mutex_offsets(img: bytes, target: str) -> list[int]:
     lock or object `target`."""
     (_m, _v, _ln, _t, nl, npart, dir_off, part_off, locks_off, stride) = HDR.unpack_from(img)
     b = locks_off + ENTRIES.index(target) * stride
-    out = [LINE, b + 64] + [part_off + i * 2 * LINE for i in range(npart)]
+    out = [LINE, b + 64] + [part_off + i * PART for i in range(npart)]
     if target in ("robust", "pi"):
         out += [b + LINE] * 4
     if target in TB_NAMES and target != "rwlock":  # (an RWLock keeps no guard)
@@ -495,7 +506,7 @@ def replay(files: list[str], log=print) -> dict:
         with open(path, "rb") as f:
             img = bytearray(f.read())
         if struct.unpack_from("<I", img, 8)[0] in UPGRADABLE_VERSIONS:
-            struct.pack_into("<I", img, 8, shmlocks._core.LAYOUT_VERSION)
+            img = upgrade(img)
         outcome, detail, dt = run_child(img)
         outcomes[outcome] += 1
         errors.update(detail.split())
@@ -503,6 +514,27 @@ def replay(files: list[str], log=print) -> dict:
         if _bad(outcome):
             bad.append(path)
     return _summary(len(files), None, outcomes, errors, bad)
+
+
+def upgrade(img: bytearray) -> bytearray:
+    """A saved image of layout 6 or 7 laid out as the current one (8): each participant's
+    two lines followed by two zero lines (the wait link), the bodies moved after the wider
+    table, every participant provisioned (part_hwm = P, as those layouts had them all)."""
+    (_m, _v, line, _t, nl, npart, dir_off, part_off, locks_off, stride) = HDR.unpack_from(img)
+    old = 2 * line
+    new_locks = part_off + npart * PART
+    out = bytearray(new_locks + nl * stride)
+    out[:part_off] = img[:part_off]
+    for i in range(npart):
+        out[part_off + i * PART : part_off + i * PART + old] = img[
+            part_off + i * old : part_off + (i + 1) * old
+        ]
+    out[new_locks:] = img[locks_off : locks_off + nl * stride]
+    struct.pack_into("<I", out, 8, shmlocks._core.LAYOUT_VERSION)
+    struct.pack_into("<Q", out, 16, len(out))  # total_size
+    struct.pack_into("<Q", out, 48, new_locks)  # locks_off
+    struct.pack_into("<I", out, HWM_OFF, npart)
+    return out
 
 
 def _summary(n, seed, outcomes, errors, saved) -> dict:

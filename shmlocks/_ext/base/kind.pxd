@@ -59,7 +59,13 @@ cdef enum:
 
 # ---- the ops table: what the layers below the kinds need of one -------------------------
 # Filled by _register_kind, indexed by kind code; no layer below names a kind.
-#   init(b)           a new lock body, after ctl and the repair mutex (NULL: all zero will do)
+#   init(b)           a new lock body, after ctl and the repair mutex (NULL: all zero will do);
+#                     its per-participant state for the participants provisioned so far
+#                     (participants.pxd body_hwm: stable, the directory mutex is held)
+#   grow(b, lo, hi)   participants [lo, hi) are being provisioned (docs/design.md §2): their
+#                     nodes and precs are zero; set up what init sets up for a participant
+#                     (NULL: zero will do). Called under the directory mutex, before the
+#                     region publishes hi as its part_hwm, so nobody uses them yet
 #   recover(rm, b, q, rc)
 #                     complete dead participant q's protocol on this lock (docs/design.md
 #                     §6), under the lock's repair mutex if `repair` is set (a user-recovered
@@ -69,6 +75,7 @@ cdef enum:
 #                     owner deaths the kernel reports (robust, pi) only forgets q's holder id
 #                     (holder_forget), with repair 0.
 ctypedef void (*kind_init_fn)(shm_body* b) noexcept nogil
+ctypedef void (*kind_grow_fn)(shm_body* b, uint32_t lo, uint32_t hi) noexcept nogil
 ctypedef void (*kind_recover_fn)(rmap_t* rm, shm_body* b, uint32_t q,
                                  recov_t* rc) noexcept nogil
 
@@ -76,9 +83,13 @@ cdef struct kind_ops_t:
     kind_init_fn init
     kind_recover_fn recover
     bint repair
+    kind_grow_fn grow
+    uint32_t fixed_nodes    # node lines it uses by index, whatever its participants (the
+                            # ticket's slots, a toolbox object's journal): provisioned with
+                            # the body (docs/design.md §2); at most P + 1 are (shm_fixed_nodes)
 
 cdef int _register_kind(type cls, kind_init_fn init, kind_recover_fn recover,
-                        bint repair) except -1
+                        bint repair, kind_grow_fn grow=*, uint32_t fixed_nodes=*) except -1
 cdef kind_ops_t* kind_ops(uint32_t code) noexcept nogil
 cdef uint32_t kind_code_of(kind) except 0
 cdef object kind_new_lock(uint32_t code, object region, uint32_t index, object name)

@@ -15,7 +15,7 @@ cdef kind_ops_t* kind_ops(uint32_t code) noexcept nogil:
 
 
 cdef uint32_t _ops_fill(type cls, kind_init_fn init, kind_recover_fn recover,
-                        bint repair) except 0:
+                        bint repair, kind_grow_fn grow=NULL, uint32_t fixed_nodes=0) except 0:
     """Fill the ops-table entry of cls.kind_code (a lock kind's or a toolbox object's)."""
     cdef uint32_t code = cls.kind_code
     if code == 0 or code > SHM_KIND_MAX or g_kind_ops[code].recover != NULL:
@@ -23,12 +23,14 @@ cdef uint32_t _ops_fill(type cls, kind_init_fn init, kind_recover_fn recover,
     g_kind_ops[code].init = init
     g_kind_ops[code].recover = recover
     g_kind_ops[code].repair = repair
+    g_kind_ops[code].grow = grow
+    g_kind_ops[code].fixed_nodes = fixed_nodes
     return code
 
 
 cdef int _register_kind(type cls, kind_init_fn init, kind_recover_fn recover,
-                        bint repair) except -1:
-    cdef uint32_t code = _ops_fill(cls, init, recover, repair)
+                        bint repair, kind_grow_fn grow=NULL, uint32_t fixed_nodes=0) except -1:
+    cdef uint32_t code = _ops_fill(cls, init, recover, repair, grow, fixed_nodes)
     _KIND_CLASSES.append(cls)
     _KIND_BY_CODE[code] = cls
     return 0
@@ -70,7 +72,9 @@ cdef dict g_tb_api = {}                 # Region method name -> the toolbox's fu
 
 cdef int _register_object(type cls, kind_init_fn init, kind_recover_fn recover,
                           bint repair) except -1:
-    _OBJ_BY_CODE[_ops_fill(cls, init, recover, repair)] = cls
+    # every object keeps its journal (and a condition its lock's reference) in its first
+    # SHM_FIXED_NODES node lines (shm_toolbox.h)
+    _OBJ_BY_CODE[_ops_fill(cls, init, recover, repair, NULL, SHM_FIXED_NODES)] = cls
     return 0
 
 

@@ -17,7 +17,7 @@ cdef struct rmap_t:
     shm_participant* part
     uint64_t locks_off
     uint64_t stride
-    uint32_t P                # validated copies: never re-read from the segment
+    uint32_t P                # validated copies: never re-read from the segment (P: the cap)
     uint32_t L
     int closed                # no new use from this process
     int nthreads              # threads of this process holding a token in this mapping
@@ -94,6 +94,8 @@ cdef uint32_t g_lc_busy
 cdef uint32_t g_lc_pending
 cdef void lc_end() noexcept nogil
 cdef int _robust_mutex_init(pthread_mutex_t* m, bint pi) noexcept nogil
+cdef int _init_pshared_mutex(pthread_mutex_t* m, bint pi) except -1
+cdef _reserve(int fd, uint64_t off, uint64_t length, what)
 cdef int participants_init() except -1
 cdef void rmap_link(rmap_t* rm) noexcept nogil
 cdef void rmap_maybe_unmap(rmap_t* rm) noexcept nogil
@@ -124,6 +126,23 @@ cdef inline void gm_unlock() noexcept nogil:
     lc_exit()
 
 
+# -- the participants provisioned (docs/design.md §2) -----------------------------------
+# part_hwm, the header's count of participant slots provisioned, only grows (reg_grow,
+# under the directory mutex). Every reader loads it afresh (SC: a scan whose correctness
+# rests on a Dekker pair, as a writer's drain of an RWLock's readers, sees every slot
+# claimed before its own SC step) and clamps it to the validated cap: nothing at or past
+# it is read or written, and an id naming a slot or node there is out of range.
+cdef inline uint32_t rmap_hwm(rmap_t* rm) noexcept nogil:
+    cdef uint32_t h = ld32_seq(&rm.hdr.part_hwm)
+    return h if h < rm.P else rm.P
+
+
+cdef inline uint32_t body_hwm(shm_body* b) noexcept nogil:
+    """part_hwm of the region of body b (its participants, and their nodes and precs)."""
+    cdef uint32_t h = ld32_seq(b.hwm)
+    return h if h < b.P else b.P
+
+
 # -- holder ids, namespaces -------------------------------------------------------------
 cdef uint64_t my_pidns() noexcept nogil
 
@@ -141,7 +160,7 @@ cdef inline uint32_t holder_slot(rmap_t* rm, uint32_t h) noexcept nogil:
     """The slot + 1 that holder record h names, or 0 if none, out of range, or left by an
     earlier occupant of the slot (stale)."""
     cdef uint32_t s1 = h & HOLDER_SLOT_MASK
-    if h == 0 or s1 == 0 or s1 > rm.P or participant_hid(rm, s1 - 1) != h:
+    if h == 0 or s1 == 0 or s1 > rmap_hwm(rm) or participant_hid(rm, s1 - 1) != h:
         return 0
     return s1
 
@@ -155,6 +174,12 @@ cdef inline bint other_pidns(uint64_t ns) noexcept nogil:
 
 # -- registration and the re-entry windows (docs/design.md §4) ------------------------
 cdef reg_t* reg_register(rmap_t* rm, int64_t deadline=*) except NULL
+# provisioning participants (docs/design.md §2): at a region's creation and growth, and in
+# a lock's body at its creation (region.pxi)
+cdef int reg_grow(rmap_t* rm, uint32_t seen) except -1
+cdef int slots_provision(rmap_t* rm, uint32_t lo, uint32_t hi, what,
+                         bint fresh=*) except -1
+cdef int body_provision(rmap_t* rm, uint32_t i, uint32_t lo, uint32_t hi, what) except -1
 cdef int reg_unregister(rmap_t* rm) noexcept nogil
 cdef reg_t* reg_find(rmap_t* rm) noexcept nogil
 cdef int reg_leave_closed() noexcept nogil

@@ -12,6 +12,15 @@
 # runs at thread exit and gives the slot back cleanly when the thread holds nothing there.
 # A mapping is unmapped only once it is closed AND no thread of this process still holds a
 # token in it: glibc's robust list runs through the tokens themselves (the robust-list trap).
+#
+# Participants grow (docs/design.md §2): a region provisions its first slots at creation
+# (SHM_HWM_FIRST, 32, at most its cap P) and, when a registration finds every provisioned slot
+# taken, provisions twice as many (reg_grow) up to P, under the directory mutex, publishing
+# the new count (header.part_hwm) last.
+
+import os as _os
+import errno as _errno
+
 
 
 cdef int _robust_mutex_init(pthread_mutex_t* m, bint pi) noexcept nogil:
@@ -27,6 +36,27 @@ cdef int _robust_mutex_init(pthread_mutex_t* m, bint pi) noexcept nogil:
     rc = pthread_mutex_init(m, &a)
     pthread_mutexattr_destroy(&a)
     return rc
+
+
+cdef _reserve(int fd, uint64_t off, uint64_t length, what):
+    """Give the range of the segment real pages now (tmpfs files are sparse): a full
+    /dev/shm is OSError(ENOSPC) here, never a SIGBUS at the first store into a page that
+    tmpfs cannot supply."""
+    try:
+        _os.posix_fallocate(fd, off, length)
+    except OSError as e:
+        if e.errno in (_errno.ENOSPC, _errno.ENOMEM):
+            raise OSError(_errno.ENOSPC, f"no space left for {what} ({length} bytes): "
+                                  "the shared-memory filesystem is full") from None
+        if e.errno not in (_errno.EOPNOTSUPP, _errno.EINVAL):     # no fallocate here: stay sparse
+            raise
+
+
+cdef int _init_pshared_mutex(pthread_mutex_t* m, bint pi) except -1:
+    cdef int rc = _robust_mutex_init(m, pi)
+    if rc != 0:
+        raise OSError(rc, "pthread_mutex_init failed")
+    return 0
 
 
 cdef pthread_mutex_t g_mutex          # (participants.pxd: what each of these globals is)
@@ -403,19 +433,67 @@ cdef reg_t* reg_register(rmap_t* rm, int64_t deadline=-1) except NULL:
 
 
 cdef reg_t* reg_claim(rmap_t* rm, int64_t deadline) except NULL:
-    """reg_register's work, on a pinned mapping. A slot whose token is not a mutex of ours
-    (foreign bytes: its glibc fields would make glibc abort) is skipped, never locked."""
-    cdef recov_t rec
-    cdef uint32_t i
-    cdef int rc
+    """reg_register's work, on a pinned mapping: the first free slot of those provisioned;
+    if every one is taken, more are provisioned (reg_grow) and the claim looks again. A
+    slot whose token is not a mutex of ours (foreign bytes: its glibc fields would make
+    glibc abort) is skipped, never locked."""
+    cdef uint32_t lo = 0
+    cdef uint32_t h
+    cdef reg_t* r
     cdef int ncorrupt = 0
+    while True:
+        h = rmap_hwm(rm)
+        r = _claim_in(rm, lo, h, deadline, &ncorrupt)
+        if r != NULL or PyErr_Occurred():
+            return r
+        if h >= rm.P:
+            break
+        reg_grow(rm, h)
+        lo = h                       # the slots below were all taken a moment ago
+    if ncorrupt:
+        raise CorruptRegionError(
+            f"{ncorrupt} of the {h} participant slots of region {_region_name(rm)!r} have a "
+            "corrupt liveness token and the others are in use")
+    raise CapacityError(_capacity_text(rm))
+
+
+cdef str _region_name(rmap_t* rm):
+    return rm.path.rpartition(b"/")[2].decode("utf-8", "replace")
+
+
+cdef str _capacity_text(rmap_t* rm):
+    """CapacityError's text: which cap, and what to do (an asyncio task's adds that each
+    waiting task takes a slot: shmlocks/_aio.py)."""
+    cdef str name = _region_name(rm)
+    if rm.P < SHM_MAX_PARTICIPANTS:
+        return (f"all {rm.P} participant slots of region {name!r} are in use by live "
+                f"threads (max_participants={rm.P}, the cap it was created with): each "
+                "thread that used one of its locks keeps a slot until it ends or closes "
+                "the region; create the region with a larger max_participants (None: no "
+                f"cap but {SHM_MAX_PARTICIPANTS}), or use it from fewer threads at once")
+    return (f"all {rm.P} participant slots of region {name!r} are in use by live threads "
+            f"({SHM_MAX_PARTICIPANTS}, the most a region can have): each thread that used "
+            "one of its locks keeps a slot until it ends or closes the region; use it from "
+            "fewer threads at once (a pool), or spread the locks over more regions")
+
+
+cdef reg_t* _claim_in(rmap_t* rm, uint32_t lo, uint32_t hi, int64_t deadline,
+                      int* ncorrupt) except? NULL:
+    """Claim the first free slot of [lo, hi) for the calling thread: its reg_t, or NULL
+    (none free; an exception set if a recovery's signal handler raised)."""
+    cdef recov_t rec
+    cdef uint32_t i, w
+    cdef int rc
     cdef shm_participant* p
     cdef reg_t* r
-    for i in range(rm.P):
+    for i in range(lo, hi):
         p = &rm.part[i]
+        w = ld32_acq(<uint32_t*>&p.token.m)
+        if (w & FUTEX_TID_MASK_) != 0 and not (w & FUTEX_OWNER_DIED_):
+            continue                     # taken by a live thread: no trylock (a CAS) on it
         rc = pm_trylock(&p.token.m, 0)
         if rc == SHM_PM_CORRUPT:
-            ncorrupt += 1
+            ncorrupt[0] += 1
             continue
         if rc == EOWNERDEAD or (rc == 0 and ld32_acq(&p.pending)):
             # The previous owner died. We are its recoverer: finish its business first
@@ -439,6 +517,7 @@ cdef reg_t* reg_claim(rmap_t* rm, int64_t deadline) except NULL:
             st64_rlx(&p.tstart, thread_start(p.tid))
             st64_rlx(&p.wait_since, 0)
             st32_rlx(&p.detects, 0)
+            _clear_reserved(p)
             shm_op_set(&p.op_lock, 0, 0)
             st64_rel(&p.op_value, 0)
             st64_rel(&p.generation, ld64_rlx(&p.generation) + 1)
@@ -455,13 +534,130 @@ cdef reg_t* reg_claim(rmap_t* rm, int64_t deadline) except NULL:
             rm.nthreads += 1
             gm_unlock()
             return r
-    if ncorrupt:
-        raise CorruptRegionError(
-            f"{ncorrupt} of the {rm.P} participant slots of this region have a corrupt "
-            "liveness token and the others are in use")
-    raise CapacityError(
-        f"all {rm.P} participant slots of this region are in use by live threads "
-        f"(max_participants={rm.P})")
+    return NULL
+
+
+cdef inline void _clear_reserved(shm_participant* p) noexcept nogil:
+    """A claim zeroes the fields layout 8 reserves for later (issues 37B and 38): line 1's
+    upper half and the wait link (lines 2-3)."""
+    memset(&p.poke, 0, SHM_LINE // 2)                # line 1, bytes 64..127
+    memset(&p.link_seq, 0, 2 * SHM_LINE)             # lines 2-3
+
+
+# -- growth (docs/design.md §2) ------------------------------------------------------------
+
+cdef int64_t GROW_LOCK_NS = 5000000000      # as create_lock's wait for the directory mutex
+
+
+cdef int body_provision(rmap_t* rm, uint32_t i, uint32_t lo, uint32_t hi, what) except -1:
+    """The per-participant lines of participants [lo, hi) in body i, nodes and precs, given
+    pages (a full /dev/shm: OSError(ENOSPC)) and zeroed; node lines below the ones its kind
+    uses by index (kind_ops_t.fixed_nodes: a body of a kind unknown here is taken for the
+    one with the most), provisioned with the body and in use, are left alone."""
+    cdef uint64_t base = rm.locks_off + <uint64_t>i * rm.stride
+    cdef kind_ops_t* ops = kind_ops(ld32_rlx(&rm.dir[i].kind))
+    cdef uint32_t nf = shm_fixed_nodes(ops.fixed_nodes if ops != NULL else SHM_TICKET_SLOTS,
+                                       rm.P)
+    cdef uint32_t nlo = lo if lo > nf else nf
+    cdef uint64_t noff = base + (SHM_BODY_NODES + <uint64_t>nlo) * SHM_LINE
+    cdef uint64_t poff = base + (SHM_BODY_NODES + <uint64_t>rm.P + 1 + lo) * SHM_LINE
+    if hi > rm.P or lo >= hi:
+        return 0
+    if nlo < hi:
+        if rm.fd >= 0:
+            _reserve(rm.fd, noff, <uint64_t>(hi - nlo) * SHM_LINE, what)
+        memset(rm.base + noff, 0, <size_t>(hi - nlo) * SHM_LINE)
+    if rm.fd >= 0:
+        _reserve(rm.fd, poff, <uint64_t>(hi - lo) * SHM_LINE, what)
+    memset(rm.base + poff, 0, <size_t>(hi - lo) * SHM_LINE)
+    return 0
+
+
+cdef int slots_provision(rmap_t* rm, uint32_t lo, uint32_t hi, what,
+                         bint fresh=0) except -1:
+    """Participant slots [lo, hi): pages given (OSError(ENOSPC) on a full /dev/shm), zeroed,
+    their tokens made robust process-shared mutexes. Only for slots nobody uses: not yet
+    published (part_hwm <= lo), or a region still being built (`fresh`: a new file whose
+    pages the caller has reserved, zero already). (Nothing of the segment past what is
+    provisioned is ever read either: a read fault on a hole of a tmpfs mapping allocates
+    the page, and on a full tmpfs is SIGBUS as a store is.)"""
+    cdef uint64_t off = <uint64_t>(<char*>&rm.part[lo] - rm.base)
+    cdef uint32_t i
+    if lo >= hi:
+        return 0
+    if not fresh:
+        if rm.fd >= 0:
+            _reserve(rm.fd, off, <uint64_t>(hi - lo) * sizeof(shm_participant), what)
+        memset(&rm.part[lo], 0, <size_t>(hi - lo) * sizeof(shm_participant))
+    for i in range(lo, hi):
+        _init_pshared_mutex(&rm.part[i].token.m, False)
+    return 0
+
+
+cdef int reg_grow(rmap_t* rm, uint32_t seen) except -1:
+    """Every one of the `seen` provisioned slots was taken: provision twice as many (at
+    most the cap), under the directory mutex (which serialises growth with create_lock):
+    the slots themselves, then in every lock's body their nodes and precs and what the
+    kind sets up for a participant (its grow), then publish the new part_hwm (SC) last.
+    A grower that dies mid-way leaves part_hwm unpublished and the mutex EOWNERDEAD: the
+    next grower redoes the whole growth, which touches only lines nobody can use yet. A
+    full /dev/shm is OSError(ENOSPC) naming the region, nothing published. Returns 0 (grown,
+    or another grew it meanwhile: the caller looks again)."""
+    cdef pthread_mutex_t* m = &rm.hdr.dir_mutex.m
+    cdef uint32_t h, new, i, code
+    cdef int rc
+    cdef timespec ts
+    cdef shm_body b
+    cdef kind_ops_t* ops
+    cdef str name = _region_name(rm)
+    if (ld32_acq(<uint32_t*>m) & FUTEX_TID_MASK_) == shm_gettid():
+        raise reentry_error(f"a registration that must grow region {name!r} (while this "
+                            "thread creates a lock there)")
+    ts = shm_ts_of_ns(shm_now_ns() + GROW_LOCK_NS)
+    with nogil:
+        rc = pm_clocklock(m, 0, &ts)                  # guarded (shm_sys.h)
+    if rc == EOWNERDEAD:
+        pm_consistent(m, 0)          # a grower or creator died: nothing it did is published
+    elif rc == ETIMEDOUT:
+        raise TimeoutError(f"timed out waiting for the directory lock of region {name!r} "
+                           "to provision more participant slots")
+    elif rc != 0:
+        raise CorruptRegionError(f"region {name!r}: directory lock unusable ({rc})")
+    try:
+        h = rmap_hwm(rm)
+        if h > seen or h >= rm.P:
+            return 0                 # another grew it meanwhile (or the cap: the caller says)
+        crashpoint("region.grow.locked")
+        new = 2 * h if 2 * h > h else h + 1
+        if new > rm.P:
+            new = rm.P
+        what = f"{new - h} more participants of region {name!r}"
+        if rm.fd >= 0:               # pages first: reading a hole tmpfs cannot fill is SIGBUS
+            _reserve(rm.fd, <uint64_t>(<char*>&rm.part[h] - rm.base),
+                     <uint64_t>(new - h) * sizeof(shm_participant), what)
+        for i in range(h, new):
+            # never re-initialise a token someone holds (a part_hwm scribbled lower)
+            if ld32_acq(<uint32_t*>&rm.part[i].token.m) != 0:
+                raise CorruptRegionError(
+                    f"region {name!r}: participant slot {i}, past the {h} provisioned, is "
+                    "in use (the header's participant count is corrupt)")
+        slots_provision(rm, h, new, what)
+        crashpoint("region.grow.slots")
+        for i in range(rm.L):
+            if ld32_acq(&rm.dir[i].state) != SHM_DIRENT_READY:
+                continue
+            body_provision(rm, i, h, new, what)
+            ops = kind_ops(ld32_rlx(&rm.dir[i].kind))
+            if ops != NULL and ops.grow != NULL:
+                b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
+                ops.grow(&b, h, new)
+        crashpoint("region.grow.bodies")
+        trace("grow", h, new, 0)
+        st32_seq(&rm.hdr.part_hwm, new)               # publish: everything above is visible
+        crashpoint("region.grow.published")
+    finally:
+        pm_unlock(m, 0)
+    return 0
 
 
 cdef int reg_unregister(rmap_t* rm) noexcept nogil:
@@ -635,7 +831,7 @@ cdef void participant_try_recover(rmap_t* rm, uint32_t slot, recov_t* rec) noexc
     our deadline, rec) and free the slot. rec.sig set: a handler raised, the caller must
     stop (its exception is pending)."""
     cdef int rc
-    if slot >= rm.P:
+    if slot >= rmap_hwm(rm):
         return
     rc = pm_trylock(&rm.part[slot].token.m, 0)
     if rc == EOWNERDEAD or (rc == 0 and ld32_acq(&rm.part[slot].pending)):
@@ -665,7 +861,7 @@ cdef bint participants_settle(rmap_t* rm, shm_body* b, uint32_t q, uint32_t step
     cdef uint32_t lock1 = b.index + 1
     cdef int64_t until = recover_until(rec, 5 * <int64_t>1000000000)
     cdef int64_t nsig = shm_now_ns() + RECOVER_CHECK_NS
-    for x in range(b.P):
+    for x in range(body_hwm(b)):
         if x == q:
             continue
         while (_op_is(participant_op(rm, x, lock1), step) and midstep(b, x)
@@ -684,8 +880,12 @@ cdef inline bint _op_is(uint32_t op, uint32_t step) noexcept nogil:
 
 
 cdef int participant_state(rmap_t* rm, uint32_t slot) noexcept nogil:
-    """Snapshot of a slot's token without taking it: 0 free, 1 alive, 2 dead."""
-    cdef uint32_t w = ld32_acq(<uint32_t*>&rm.part[slot].token.m)
+    """Snapshot of a slot's token without taking it: 0 free, 1 alive, 2 dead (a slot not
+    provisioned is free)."""
+    cdef uint32_t w
+    if slot >= rmap_hwm(rm):
+        return 0
+    w = ld32_acq(<uint32_t*>&rm.part[slot].token.m)
     if (w & FUTEX_OWNER_DIED_ or ld32_acq(&rm.part[slot].op_step) == SHM_OP_QUARANTINED
             or ((w & FUTEX_TID_MASK_) == 0 and ld32_acq(&rm.part[slot].pending))):
         return 2

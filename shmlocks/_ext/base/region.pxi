@@ -9,13 +9,11 @@
 # any other use. The validated geometry is copied into the process-local rmap_t and never
 # read from the segment again, so a scribbled header cannot steer an index out of bounds.
 
-import os as _os
 import time as _time
 import atexit as _atexit
 import stat as _stat
 import sys as _sys
 import fcntl as _fcntl
-import errno as _errno
 
 OPEN_READY_TIMEOUT = 2.0
 
@@ -27,6 +25,10 @@ cdef uint64_t _geometry(uint32_t L, uint32_t P, uint64_t* dir_off, uint64_t* par
     locks_off[0] = part_off[0] + <uint64_t>P * sizeof(shm_participant)
     stride[0] = shm_body_lines(P) * SHM_LINE
     return locks_off[0] + <uint64_t>L * stride[0]
+
+
+SHM_DIR = "/dev/shm"  # where glibc's shm_open() puts POSIX shared memory: its one spelling
+_SHM_DIR = SHM_DIR + "/"
 
 
 def _check_name(name):
@@ -48,24 +50,6 @@ def _check_name(name):
     return n
 
 
-SHM_DIR = "/dev/shm"  # where glibc's shm_open() puts POSIX shared memory: its one spelling
-_SHM_DIR = SHM_DIR + "/"
-
-
-cdef _reserve(int fd, uint64_t off, uint64_t length, what):
-    """Give the range of the segment real pages now (tmpfs files are sparse): a full
-    /dev/shm is OSError(ENOSPC) here, never a SIGBUS at the first store into a page that
-    tmpfs cannot supply."""
-    try:
-        _os.posix_fallocate(fd, off, length)
-    except OSError as e:
-        if e.errno in (_errno.ENOSPC, _errno.ENOMEM):
-            raise OSError(_errno.ENOSPC, f"no space left in {_SHM_DIR} for {what} "
-                                  f"({length} bytes)") from None
-        if e.errno not in (_errno.EOPNOTSUPP, _errno.EINVAL):     # no fallocate here: stay sparse
-            raise
-
-
 def _os_error(int err, path):
     raise OSError(err, _os.strerror(err), _os.fsdecode(path))
 
@@ -78,10 +62,16 @@ def _unlink_quietly(n):
 
 
 def _check_create_args(max_locks, max_participants, mode):
+    """The creation arguments, checked; returns the participant cap (None: the most a
+    region can have, SHM_MAX_PARTICIPANTS: participants are provisioned as they come,
+    docs/design.md §2)."""
     _check_count(max_locks, "max_locks", SHM_MAX_LOCKS)
+    if max_participants is None:
+        max_participants = SHM_MAX_PARTICIPANTS
     _check_count(max_participants, "max_participants", SHM_MAX_PARTICIPANTS)
     if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
         raise ValueError("mode must be an int permission mask like 0o600")
+    return max_participants
 
 
 def _gen_name():
@@ -90,10 +80,40 @@ def _gen_name():
 
 cdef _check_count(value, what, uint32_t hi):
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int")
+        raise TypeError(f"{what} must be an int" + (" or None" if what == "max_participants"
+                                                    else ""))
     if value < 1 or value > hi:
         raise ValueError(f"{what} must be between 1 and {hi}, not {value}")
     return value
+
+
+cdef int _provision_body(rmap_t* rm, uint32_t i, uint32_t code, what,
+                         bint fresh) except -1:
+    """Lock body i, of kind `code`, being made (the directory mutex held, so part_hwm is
+    stable): its fixed lines (ctl, words A and B, the node lines its kind uses by index:
+    kind_ops_t.fixed_nodes) with the nodes of the participants provisioned, then the lock's
+    own node P with their precs (two runs of lines, each one reservation), given pages (a
+    full /dev/shm: OSError(ENOSPC)) and zeroed unless `fresh` (a region still being built:
+    a new file, zero already); the rest of the body stays a hole."""
+    cdef uint64_t off = rm.locks_off + <uint64_t>i * rm.stride
+    cdef uint32_t h = rmap_hwm(rm)
+    cdef kind_ops_t* ops = kind_ops(code)
+    cdef uint32_t nf = shm_fixed_nodes(ops.fixed_nodes if ops != NULL else SHM_TICKET_SLOTS,
+                                       rm.P)
+    cdef uint64_t a_end = (SHM_BODY_NODES + <uint64_t>(nf if nf > h else h)) * SHM_LINE
+    cdef uint64_t b_start = (SHM_BODY_NODES + <uint64_t>rm.P) * SHM_LINE
+    cdef uint64_t b_end = b_start + (1 + <uint64_t>h) * SHM_LINE
+    if a_end >= b_start:                         # a small cap: one run
+        a_end = b_end
+        b_start = b_end
+    if rm.fd >= 0:
+        _reserve(rm.fd, off, a_end, what)
+        if b_start < b_end:
+            _reserve(rm.fd, off + b_start, b_end - b_start, what)
+    if not fresh:
+        memset(rm.base + off, 0, a_end)
+        memset(rm.base + off + b_start, 0, b_end - b_start)
+    return 0
 
 
 cdef void _init_body(shm_body* b, uint32_t code) noexcept nogil:
@@ -105,13 +125,6 @@ cdef void _init_body(shm_body* b, uint32_t code) noexcept nogil:
     if ops != NULL and ops.init != NULL:
         ops.init(b)
     b.ctl.magic = SHM_BODY_MAGIC
-
-
-cdef int _init_pshared_mutex(pthread_mutex_t* m, bint pi) except -1:
-    cdef int rc = _robust_mutex_init(m, pi)
-    if rc != 0:
-        raise OSError(rc, "pthread_mutex_init failed")
-    return 0
 
 
 # -- the name's lifetime (docs/design.md §2) --------------------------------------------
@@ -351,9 +364,11 @@ cdef class Region:
     # -- construction -------------------------------------------------------------
 
     @classmethod
-    def create(cls, name=None, *, max_locks=64, max_participants=64, mode=0o600,
+    def create(cls, name=None, *, max_locks=64, max_participants=None, mode=0o600,
                persist=False):
-        """Create a new region. ``FileExistsError`` if the name is taken."""
+        """Create a new region. ``FileExistsError`` if the name is taken.
+        ``max_participants``: None (no cap: slots are provisioned as threads come, up to
+        4096), or a cap of 1..4096 (CapacityError past it)."""
         return Region._create(name, max_locks, max_participants, mode, persist, 0)
 
     @classmethod
@@ -363,7 +378,7 @@ cdef class Region:
         return Region._open(_check_name(name))
 
     @classmethod
-    def open_or_create(cls, name, *, max_locks=64, max_participants=64, mode=0o600,
+    def open_or_create(cls, name, *, max_locks=64, max_participants=None, mode=0o600,
                        persist=False):
         """Open region ``name``, or create it (with these arguments) if there is none:
         atomic, so that of any number of processes racing on one name, all end up with the
@@ -389,7 +404,7 @@ cdef class Region:
         made before the name exists, so nobody can open the region without it. A toolbox
         object's setup(region, index) fills its body in before then (toolbox.pxi)."""
         n = _gen_name() if name is None else _check_name(name)
-        _check_create_args(max_locks, max_participants, mode)
+        max_participants = _check_create_args(max_locks, max_participants, mode)
         _hook_exit()
         # from the file's flock to the view's name in g_rmaps, a SIGTERM waits for us
         # (participants.pxi, g_lc_busy): it would otherwise end the process between the two
@@ -402,9 +417,13 @@ cdef class Region:
 
     @staticmethod
     def _build(n, uint32_t L, uint32_t P, mode, persist, uint32_t first_kind, setup=None):
+        """The file is sized for the cap P (sparse: tmpfs gives pages only to what is
+        written or reserved) and mapped whole; the header, the directory and the first
+        participants (SHM_HWM_FIRST, at most P) are provisioned now, more as they are
+        needed (reg_grow), a lock's body at create_lock (docs/design.md §2)."""
         cdef Region self = Region.__new__(Region)
         cdef uint64_t dir_off, part_off, locks_off, stride, total
-        cdef uint32_t i
+        cdef uint32_t hwm = P if P < SHM_HWM_FIRST else SHM_HWM_FIRST
         cdef char* base = <char*>MAP_FAILED
         cdef shm_header* h
         cdef int fd
@@ -412,7 +431,8 @@ cdef class Region:
         fd, named = _new_file(n, mode)            # FileExistsError, PermissionError
         try:
             _os.ftruncate(fd, total)
-            _reserve(fd, 0, locks_off, f"region {n!r}")   # the lock bodies: create_lock
+            # header, directory and the first participants: one reservation
+            _reserve(fd, 0, part_off + hwm * sizeof(shm_participant), f"region {n!r}")
             base = <char*>mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
             if base == <char*>MAP_FAILED:
                 raise OSError(errno, "mmap failed")
@@ -432,9 +452,8 @@ cdef class Region:
             h.glibc_mutex_size = sizeof(pthread_mutex_t)
             h.creator_pidns = my_pidns()
             h.flags = SHM_HDR_PERSIST if persist else 0
+            h.part_hwm = hwm
             _init_pshared_mutex(&h.dir_mutex.m, False)
-            for i in range(P):
-                _init_pshared_mutex(&(<shm_participant*>(base + part_off))[i].token.m, False)
         except BaseException:
             if base != <char*>MAP_FAILED:
                 munmap(base, total)
@@ -444,8 +463,9 @@ cdef class Region:
             raise
         self._attach(n, base, total, fd)           # the view owns fd and the mapping now
         try:
+            slots_provision(self.rm, 0, hwm, None, True)
             if first_kind:
-                self._create_entry("lock", first_kind, setup)
+                self._create_entry("lock", first_kind, setup, True)
             st32_rel(&h.state, SHM_STATE_READY)    # publish: everything above is visible
             if not named:
                 _link_file(fd, n)
@@ -637,8 +657,15 @@ cdef class Region:
 
     @property
     def max_participants(self):
+        """The participant cap: the max_participants given at creation, or 4096 (None)."""
         self._check_open()
         return self.rm.P
+
+    @property
+    def _provisioned(self):
+        """Participant slots provisioned so far (header.part_hwm, docs/design.md §2)."""
+        self._check_open()
+        return rmap_hwm(self.rm)
 
     # -- the directory -------------------------------------------------------------------
 
@@ -675,15 +702,17 @@ cdef class Region:
         i = self._create_entry(name, kind_code_of(kind))
         return self._lock_at(i, name)
 
-    def _create_entry(self, name, uint32_t code, setup=None):
+    def _create_entry(self, name, uint32_t code, setup=None, bint fresh=False):
+        """The entry named `name` of kind `code`; `fresh`: the region is being built (a
+        new file: its pages are zero)."""
         self._check_open()
         rmap_pin(self.rm)                     # the wait below releases the GIL: a close()
         try:                                  # by another thread meanwhile must not unmap
-            return self._create_entry_pinned(name, code, setup)
+            return self._create_entry_pinned(name, code, setup, fresh)
         finally:
             rmap_unpin(self.rm)
 
-    def _create_entry_pinned(self, name, uint32_t code, setup=None):
+    def _create_entry_pinned(self, name, uint32_t code, setup=None, bint fresh=False):
         cdef uint32_t i
         cdef int rc, slot = -1
         cdef shm_dirent* d
@@ -709,12 +738,9 @@ cdef class Region:
             if slot < 0:
                 raise CapacityError(f"region {self.name!r} is full (max_locks={self.rm.L})")
             d = &self.rm.dir[slot]
-            if self.rm.fd >= 0:
-                _reserve(self.rm.fd, self.rm.locks_off + slot * self.rm.stride,
-                         self.rm.stride, f"lock {name!r}")
+            _provision_body(self.rm, slot, code, f"lock {name!r}", fresh)
             b = shm_body_at(self.rm.base, self.rm.locks_off + slot * self.rm.stride,
                             self.rm.P, slot)
-            memset(b.ctl, 0, self.rm.stride)
             _init_body(&b, code)
             if setup is not None:
                 setup(self, slot)                  # a toolbox object's arguments (toolbox.pxi)
@@ -837,7 +863,7 @@ cdef class Region:
         self._check_open()
         h = self.rm.hdr
         parts = []
-        for i in range(self.rm.P):
+        for i in range(rmap_hwm(self.rm)):
             st = participant_state(self.rm, i)
             if st:
                 p = &self.rm.part[i]
@@ -848,8 +874,14 @@ cdef class Region:
         for i in range(self.rm.L):
             if ld32_acq(&self.rm.dir[i].state) == SHM_DIRENT_READY:
                 locks.append(self._lock_at(i)._describe())
-        return {"name": self.name, "size": self.rm.size, "version": SHM_VERSION,
+        try:
+            resident = _os.fstat(self.rm.fd).st_blocks * 512 if self.rm.fd >= 0 else 0
+        except OSError:
+            resident = 0
+        return {"name": self.name, "size": self.rm.size, "resident": resident,
+                "version": SHM_VERSION,
                 "max_locks": self.rm.L, "max_participants": self.rm.P,
+                "participants_provisioned": rmap_hwm(self.rm),
                 "creator_pid": h.creator_pid,
                 "creator_other_namespace": other_pidns(h.creator_pidns),
                 "participants": parts, "locks": locks}
@@ -883,7 +915,7 @@ cdef class Region:
         self._check_open()
         rmap_pin(self.rm)
         try:
-            for i in range(self.rm.P):
+            for i in range(rmap_hwm(self.rm)):
                 if participant_dead(self.rm, i):
                     recov_init(&rec, -1)
                     with nogil:
@@ -898,7 +930,7 @@ cdef class Region:
     cdef object _participant(self, uint32_t slot1):
         """(slot, pid, tid, alive) of participant index+1 slot1, or None."""
         cdef shm_participant* p
-        if slot1 == 0 or slot1 > self.rm.P:
+        if slot1 == 0 or slot1 > rmap_hwm(self.rm):
             return None
         p = &self.rm.part[slot1 - 1]
         return {"slot": slot1 - 1, "pid": ld32_rlx(&p.pid), "tid": ld32_rlx(&p.tid),
@@ -998,6 +1030,9 @@ cdef int _validate(char* base, size_t size, n) except -1:
         raise CorruptRegionError(f"segment {n!r}: offsets do not match its geometry")
     if h.total_size != total or size != total:
         raise CorruptRegionError(f"segment {n!r}: size {size} does not match its layout ({total})")
+    if not 1 <= h.part_hwm <= h.max_participants:
+        raise CorruptRegionError(f"segment {n!r}: {h.part_hwm} participants provisioned, "
+                                 f"of at most {h.max_participants}")
     return 0
 
 

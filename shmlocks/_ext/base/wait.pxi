@@ -258,7 +258,7 @@ cdef int watch_participant(rmap_t* rm, uint32_t slot, watch_t* ws) noexcept nogi
     now (it left: the caller's view of whom it depends on is stale) or the set is full."""
     cdef uint32_t* tw
     cdef uint32_t v, seen
-    if slot >= rm.P or ws.n >= SHM_WAITV_MAX or ws.token >= 0:
+    if slot >= rmap_hwm(rm) or ws.n >= SHM_WAITV_MAX or ws.token >= 0:
         return DEP_UNKNOWN
     tw = <uint32_t*>&rm.part[slot].token.m
     v = ld32_seq(tw)

@@ -119,7 +119,7 @@ cdef int dl_look(wait_t* w, int64_t now) noexcept with gil:
     w.dl_next = now + DL_RECHECK_NS
     try:
         graph = _graph()
-        if rm == NULL or rm.base == NULL or w.dl_slot >= rm.P:
+        if rm == NULL or rm.base == NULL or w.dl_slot >= rmap_hwm(rm):
             return 0
         p = &rm.part[w.dl_slot]
         me = (ld64_rlx(&p.pidns), ld32_rlx(&p.pid), ld32_rlx(&p.tid), ld64_rlx(&p.tstart))

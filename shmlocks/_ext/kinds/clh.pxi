@@ -8,7 +8,9 @@
 # P + 1 nodes: one per participant plus the lock's; each is some participant's `mine`, or
 # the one floating FREE node at the head that the holder will adopt. Node ids (in the tail,
 # pred, guess, mine, prec.pred, op_value) are index + 1, as every id in the segment
-# (shm_layout.h): 1..P+1, P+1 the lock's own node; _clh_ok() checks one before use.
+# (shm_layout.h): 1..part_hwm (the participants provisioned) and P+1, the lock's own node;
+# _clh_ok() checks one before use. A region that grows adds participants each with its own
+# node (_clh_grow): the pool gains a participant and a node, and stays one node larger.
 #
 #   word A    u64 tail      (queue.pxd: queue_tail, tail_last, tail_prev)
 #                           last | prev << 32: the last node and ITS predecessor (UNKNOWN
@@ -59,7 +61,7 @@ cdef int _clh_not_busy(void* c) noexcept nogil:
     if ld32_seq(&x.n.state) != C_BUSY:
         return Q_READY
     pp = ld32_rlx(&x.n.pred)                        # a hint: bounds-checked, never trusted
-    if pp - 1 < x.count and ld32_rlx(&x.nodes[pp - 1].state) == C_BUSY:
+    if queue_node_ok(x.b, pp, x.own) and ld32_rlx(&x.b.qnodes[pp - 1].state) == C_BUSY:
         return Q_FAR
     return Q_NEAR
 
@@ -69,17 +71,24 @@ cdef int _clh_not_reclaiming(void* c) noexcept nogil:
     return st != C_RECLAIMING and st != C_ABANDONED
 
 
-cdef inline bint _clh_ok(uint32_t X, uint32_t P) noexcept nogil:
-    """Does node id X (index + 1, read from shared memory) name one of the P + 1 nodes?
-    Unsigned: 0 (none) and C_UNKNOWN wrap round and fail."""
-    return X - 1 <= P
+cdef inline bint _clh_ok(uint32_t X, shm_body* b) noexcept nogil:
+    """Does node id X (index + 1, read from shared memory) name a node in the pool: one of
+    a participant provisioned (1..part_hwm) or the lock's own (P + 1)? Unsigned: 0 (none)
+    and C_UNKNOWN wrap round and fail (queue.pxd queue_node_ok)."""
+    return queue_node_ok(b, X, b.P + 1)
+
+
+cdef void _clh_grow(shm_body* b, uint32_t lo, uint32_t hi) noexcept nogil:
+    """Participants [lo, hi) join the pool, each with its own node (nobody else's: nodes
+    travel only among the participants already in it), idle."""
+    cdef uint32_t i
+    for i in range(lo, hi):
+        b.precs[i].mine = i + 1
+        b.precs[i].pred = i + 1                      # idle: mine == pred, as after a release
 
 
 cdef void _clh_init(shm_body* b) noexcept nogil:
-    cdef uint32_t i
-    for i in range(b.P):
-        b.precs[i].mine = i + 1
-        b.precs[i].pred = i + 1                      # idle: mine == pred, as after a release
+    _clh_grow(b, 0, body_hwm(b))
     queue_tail(b)[0] = tail_encode(b.P + 1, C_UNKNOWN)  # the lock's own node, FREE
 
 
@@ -99,7 +108,7 @@ cdef void _clh_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint32_t pn) noexcep
     pp = ld32_acq(&n.pred)
     trace("clh.reclaim", q, pn, pp)
     crashpoint("clh.wait.reclaiming")
-    if _clh_ok(pp, b.P) and _clh_ok(b.precs[q].mine, b.P):
+    if _clh_ok(pp, b) and _clh_ok(b.precs[q].mine, b):
         st32_rlx(&b.precs[q].pred, pp)
         st32_rel(&b.qnodes[b.precs[q].mine - 1].pred, pp)
     st32_seq(&n.state, C_RECLAIMED)                  # hand the node back to its owner
@@ -137,7 +146,7 @@ cdef inline void _clh_release_as(shm_body* b, uint32_t q, bint armed) noexcept n
     cdef shm_prec* r = &b.precs[q]
     cdef uint32_t X = r.mine
     trace("clh.release", q, X, r.pred)
-    if X != r.pred and _clh_ok(X, b.P):
+    if X != r.pred and _clh_ok(X, b):
         st32_seq(&b.qnodes[X - 1].state, C_FREE)          # our successor may go
         wake_if_parked(&b.qnodes[X - 1].state, &b.qnodes[X - 1].parked)
         crashpoint_at(armed, "clh.release.freed")
@@ -147,10 +156,10 @@ cdef inline void _clh_release_as(shm_body* b, uint32_t q, bint armed) noexcept n
 cdef uint32_t _clh_succ_of(shm_body* b, uint32_t X) noexcept nogil:
     """The queued node waiting on node X (QUEUE_NONE if none): one naming X as its pred,
     else found by the walk back from the tail (the successor's pred is not published)."""
-    cdef uint32_t y = queue_named_succ(b.qnodes, b.P + 1, X, C_QUEUED)
+    cdef uint32_t y = queue_named_succ(b, b.P + 1, X, C_QUEUED)
     if y != QUEUE_NONE:
         return y
-    return queue_succ_of(queue_tail(b), b.qnodes, b.P + 1, X, C_QUEUED)
+    return queue_succ_of(queue_tail(b), b, b.P + 1, X, C_QUEUED)
 
 
 cdef bint _clh_in_queue(shm_body* b, uint32_t X) noexcept nogil:
@@ -175,7 +184,7 @@ cdef bint _clh_in_queue(shm_body* b, uint32_t X) noexcept nogil:
 
 cdef bint _clh_pred_unknown(shm_body* b, uint32_t x) noexcept nogil:
     cdef uint32_t m = ld32_acq(&b.precs[x].mine)
-    return _clh_ok(m, b.P) and ld32_acq(&b.qnodes[m - 1].pred) == C_UNKNOWN
+    return _clh_ok(m, b) and ld32_acq(&b.qnodes[m - 1].pred) == C_UNKNOWN
 
 
 cdef inline bint _clh_settle_joiners(rmap_t* rm, shm_body* b, uint32_t q,
@@ -196,7 +205,7 @@ cdef void _clh_redo_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint64_t v) noe
     """q died reclaiming an abandoned node (op_value v = node id | round << 32): finish it
     if that node is still in the same passage; a later passage is someone else's."""
     cdef pass_t p = pass_decode(v)
-    if not _clh_ok(p.node, b.P):
+    if not _clh_ok(p.node, b):
         return
     if ld32_acq(&b.qnodes[p.node - 1].round) == p.round:
         _clh_reclaim(rm, b, q, p.node)
@@ -213,12 +222,12 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexce
     cdef shm_qnode* xn
     trace("clh.recover", q | (<uint64_t>op << 32), X | (<uint64_t>r.pred << 32),
           ld32_rlx(&b.qnodes[X - 1].state) | (<uint64_t>ld32_rlx(&b.qnodes[X - 1].pred) << 32)
-          if _clh_ok(X, b.P) else 0)
-    if not _clh_ok(X, b.P):
+          if _clh_ok(X, b) else 0)
+    if not _clh_ok(X, b):
         return
     xn = &b.qnodes[X - 1]
     if op == SHM_OP_RELEASING:  # [C1] [C2] (docs/design.md §7.3)
-        if X != r.pred and _clh_ok(r.pred, b.P):
+        if X != r.pred and _clh_ok(r.pred, b):
             # Free its node only if it had not yet: once freed, the node passes to its
             # successor, who may already have adopted and enqueued it again (a later
             # round), and may do so while we look: only the round tells them apart.
@@ -234,7 +243,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexce
         # X left its passage: freed by a release made on q's behalf (a recoverer's, who
         # died before adopting the predecessor's node: finish it, or q would keep a node
         # that its successor adopts too), or idle since q's own release (mine == pred).
-        if X != r.pred and _clh_ok(r.pred, b.P):
+        if X != r.pred and _clh_ok(r.pred, b):
             st32_rel(&r.mine, r.pred)
         return
     if st != C_BUSY:
@@ -262,10 +271,10 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexce
                     trace("clh.recover.nojoin", q, X, 0)
                     st32_rel(&xn.state, C_RECLAIMED)     # it never joined the queue
                     return
-        if not _clh_ok(p, b.P):
+        if not _clh_ok(p, b):
             return
         st32_rel(&xn.pred, p)
-    if not _clh_ok(p, b.P):
+    if not _clh_ok(p, b):
         return
     if not _clh_in_queue(b, X):
         if not _clh_settle_joiners(rm, b, q, rec):
@@ -279,7 +288,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexce
     while ld32_seq(&b.qnodes[p - 1].state) == C_ABANDONED and guard <= b.P:
         _clh_reclaim(rm, b, q, p)                    # as it would have: pass over its
         p = ld32_acq(&r.pred)                        # abandoned predecessors first
-        if not _clh_ok(p, b.P):
+        if not _clh_ok(p, b):
             return
         guard += 1
     if ld32_seq(&b.qnodes[p - 1].state) != C_FREE:
@@ -298,7 +307,7 @@ cdef int _clh_check_owner(rmap_t* rm, shm_body* b, uint32_t pn, watch_t* ws,
     """The owner of node pn, which we wait on: recovered if dead (DEP_CHANGED, by ws.rec),
     else its token armed (arm: DEP_ARMED). DEP_UNKNOWN if no participant owns pn now."""
     cdef uint32_t y
-    for y in range(b.P):
+    for y in range(body_hwm(b)):
         if ld32_acq(&b.precs[y].mine) == pn:
             if participant_dead(rm, y):
                 participant_try_recover(rm, y, ws.rec)
@@ -332,15 +341,15 @@ cdef int _clh_tend_abandoned(park_t* pk, watch_t* ws) noexcept nogil:
     t = ld64_seq(queue_tail(b))
     p = ld32_acq(&x.pred)
     if tail_last(t) == X:
-        if (_clh_ok(p, b.P) and ld32_seq(&x.state) == C_ABANDONED
+        if (_clh_ok(p, b) and ld32_seq(&x.state) == C_ABANDONED
                 and cas64(queue_tail(b), t, tail_encode(p, C_UNKNOWN))):
             trace("clh.tend.out", X, p, t)
             st32_seq(&x.state, C_RECLAIMED)          # out of the queue: ours again
             return DEP_CHANGED
         return DEP_UNKNOWN
-    for guard in range(b.P + 1):
+    for guard in range(body_hwm(b) + 1):
         s = _clh_succ_of(b, s)
-        if s == QUEUE_NONE or not _clh_ok(s, b.P):
+        if s == QUEUE_NONE or not _clh_ok(s, b):
             return DEP_UNKNOWN
         if _clh_check_owner(rm, b, s, ws, 0) == DEP_CHANGED:    # its owner: recovered if dead
             return DEP_CHANGED
@@ -363,7 +372,7 @@ cdef class CLHLock(_Lock):
         cdef uint32_t X = ld32_rlx(&r.mine)
         cdef uint32_t p, rnd
         cdef uint64_t old
-        if not _clh_ok(X, self.b.P):
+        if not _clh_ok(X, &self.b):
             return R_CORRUPT
         rnd = ld32_rlx(&self.b.qnodes[X - 1].round) + 1       # a new passage of X
         st32_rlx(&self.b.qnodes[X - 1].round, rnd)
@@ -378,7 +387,7 @@ cdef class CLHLock(_Lock):
         crashpoint_at(armed, "clh.acquire.joined")
         trace("clh.joined", me, X, old)
         p = tail_last(old)
-        if not _clh_ok(p, self.b.P) or p == X:
+        if not _clh_ok(p, &self.b) or p == X:
             return R_CORRUPT
         if (ld32_acq(&self.b.qnodes[p - 1].pred) == C_UNKNOWN     # p has not published its pred
                 and ld32_acq(&self.b.qnodes[p - 1].state) != C_FREE):  # and its round goes on:
@@ -394,7 +403,7 @@ cdef class CLHLock(_Lock):
     cdef int _fast(self, uint32_t me, bint armed) noexcept nogil:
         cdef uint32_t X = ld32_rlx(&self.b.precs[me].mine)
         cdef uint32_t st
-        if not _clh_ok(X, self.b.P):
+        if not _clh_ok(X, &self.b):
             return R_CORRUPT
         st = ld32_acq(&self.b.qnodes[X - 1].state)
         if st == C_BUSY or st == C_ABANDONED or st == C_RECLAIMING:
@@ -417,10 +426,10 @@ cdef class CLHLock(_Lock):
         cdef node_wait_t ctx
         cdef park_t pk
         cdef int res
-        if not _clh_ok(X, self.b.P):
+        if not _clh_ok(X, &self.b):
             return R_CORRUPT
-        ctx.nodes = self.b.qnodes
-        ctx.count = self.b.P + 1
+        ctx.b = &self.b
+        ctx.own = self.b.P + 1
         x = &self.b.qnodes[X - 1]
         pk.rm = self.rm
         pk.b = &self.b
@@ -453,7 +462,7 @@ cdef class CLHLock(_Lock):
         pk.dep = _clh_dep
         while True:
             p = ld32_rlx(&r.pred)
-            if not _clh_ok(p, self.b.P):
+            if not _clh_ok(p, &self.b):
                 return R_CORRUPT
             pn = &self.b.qnodes[p - 1]
             ctx.n = pn
@@ -481,21 +490,21 @@ cdef class CLHLock(_Lock):
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]
-        if not _clh_ok(r.mine, self.b.P) or not _clh_ok(r.pred, self.b.P):
+        if not _clh_ok(r.mine, &self.b) or not _clh_ok(r.pred, &self.b):
             return R_CORRUPT
         dassert(r.mine != r.pred, "clh: the holder waited on another node than its own")
         dassert(ld32_acq(&self.b.qnodes[r.mine - 1].state) == C_BUSY, "clh: the holder's node is BUSY")
         dassert(ld32_acq(&self.b.qnodes[r.pred - 1].state) == C_FREE, "clh: the holder's pred is FREE")
-        dassert(_clh_ok(tail_last(ld64_acq(queue_tail(&self.b))), self.b.P),
+        dassert(_clh_ok(tail_last(ld64_acq(queue_tail(&self.b))), &self.b),
                 "clh: tail index in range")
         _clh_release_as(&self.b, me, armed)
         return 0
 
     cdef bint _is_locked(self) noexcept nogil:
         cdef uint32_t t = tail_last(ld64_acq(queue_tail(&self.b)))
-        if not _clh_ok(t, self.b.P):
+        if not _clh_ok(t, &self.b):
             return 1
         return ld32_acq(&self.b.qnodes[t - 1].state) != C_FREE
 
 
-_register_kind(CLHLock, _clh_init, _clh_recover, 1)
+_register_kind(CLHLock, _clh_init, _clh_recover, 1, _clh_grow)

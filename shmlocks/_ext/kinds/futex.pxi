@@ -72,7 +72,7 @@ cdef int _fx_dep(park_t* pk, watch_t* ws) noexcept nogil:
     c.keep_w = 1
     crashpoint("futex.wait.announced")
     o = _fx_owner1(v)
-    if o == 0 or o > pk.b.P:
+    if o == 0 or o > body_hwm(pk.b):
         return DEP_UNKNOWN
     return watch_participant(pk.rm, o - 1, ws)
 

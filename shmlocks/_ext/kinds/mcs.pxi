@@ -4,7 +4,8 @@
 # Invariant: the queue runs from the holder's node to tail.last through `next` links; each
 # waiter spins (then parks) on its own node's state and the release writes its successor's
 # state once. Participant p's node is qnode[p]; node ids are index + 1, 0 = none (as every
-# id in the segment: shm_layout.h).
+# id in the segment: shm_layout.h), and only those of participants provisioned are in
+# range (queue.pxd queue_node_ok: 1..part_hwm; a region that grows adds idle nodes).
 #
 #   word A   u64 tail    (queue.pxd: queue_tail, tail_last, tail_prev)
 #                        last | prev << 32: the last node, and ITS predecessor. Taking the
@@ -54,7 +55,7 @@ cdef int _mcs_not_waiting(void* c) noexcept nogil:
     if ld32_seq(&x.n.state) != M_WAIT:
         return Q_READY
     p = ld32_rlx(&x.n.pred)                          # a hint: bounds-checked, never trusted
-    if p - 1 < x.count and ld32_rlx(&x.nodes[p - 1].state) == M_WAIT:   # (p 0: none)
+    if queue_node_ok(x.b, p, 0) and ld32_rlx(&x.b.qnodes[p - 1].state) == M_WAIT:
         return Q_FAR
     return Q_NEAR
 
@@ -67,7 +68,7 @@ cdef int _mcs_not_passing(void* c) noexcept nogil:
 cdef inline bint _mcs_is_succ(shm_body* b, uint32_t v, uint32_t q) noexcept nogil:
     """Is node v-1 the current successor of node q (it names q as pred and still waits)?"""
     cdef uint32_t st
-    if v == 0 or v > b.P:
+    if not queue_node_ok(b, v, 0):
         return 0
     st = ld32_acq(&b.qnodes[v - 1].state)
     return (st == M_WAIT or st == M_ABANDONED) and ld32_acq(&b.qnodes[v - 1].pred) == q + 1
@@ -79,7 +80,7 @@ cdef enum:
 
 cdef inline uint32_t _mcs_walk_succ(shm_body* b, uint32_t s) noexcept nogil:
     """The node (index + 1) that joined right after node s-1, from the tail back."""
-    return queue_succ_of(queue_tail(b), b.qnodes, b.P, s, M_QUEUED)
+    return queue_succ_of(queue_tail(b), b, 0, s, M_QUEUED)
 
 
 cdef uint32_t _mcs_scan_succ(shm_body* b, uint32_t q) noexcept nogil:
@@ -94,7 +95,7 @@ cdef uint32_t _mcs_scan_succ(shm_body* b, uint32_t q) noexcept nogil:
     t = ld64_seq(queue_tail(b))
     if tail_prev(t) == q + 1 and tail_last(t) != 0 and tail_last(t) != q + 1:
         return tail_last(t)
-    v = queue_named_succ(b.qnodes, b.P, q + 1, M_QUEUED)
+    v = queue_named_succ(b, 0, q + 1, M_QUEUED)
     if v != QUEUE_NONE:
         return v
     v = _mcs_walk_succ(b, q + 1)                     # it joined, and so did the next ones,
@@ -151,10 +152,10 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q,
     cdef uint32_t nx, st, guard = 0
     cdef uint64_t t
     while True:
-        if s == 0 or s > b.P:
+        if not queue_node_ok(b, s, 0):
             return R_CORRUPT
         m = &b.qnodes[s - 1]
-        dassert(tail_last(ld64_acq(queue_tail(b))) <= b.P, "mcs: tail index in range")
+        dassert(tail_last(ld64_acq(queue_tail(b))) <= body_hwm(b), "mcs: tail index in range")
         st64_rel(&rm.part[q].op_value, pass_encode(s, ld32_acq(&m.round)))
         st = ld32_seq(&m.state)
         if st == M_GRANT:
@@ -182,7 +183,7 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q,
             if nx == 0 and rec != NULL and rec.cut:
                 return 0                             # cut short: the pass record stays,
                                                      # the next recoverer goes on ([M2])
-        if nx == 0 or nx > b.P:
+        if not queue_node_ok(b, nx, 0):
             return R_CORRUPT
         st64_rel(&rm.part[q].op_value,
                  pass_encode(nx, ld32_acq(&b.qnodes[nx - 1].round)))
@@ -191,7 +192,7 @@ cdef int _mcs_pass(rmap_t* rm, shm_body* b, uint32_t s, uint32_t q,
         wake_if_parked(&m.state, &m.parked)
         s = nx
         guard += 1
-        if guard > 4 * b.P + 64:
+        if guard > 4 * body_hwm(b) + 64:
             return R_CORRUPT
 
 
@@ -228,7 +229,7 @@ cdef int _mcs_release_as(rmap_t* rm, shm_body* b, uint32_t q, bint releasing_dea
             if succ == 0 and rec != NULL and rec.cut:
                 return 0                             # cut short before any change
         break
-    if succ == 0 or succ > b.P:
+    if not queue_node_ok(b, succ, 0):
         return R_CORRUPT
     st64_rel(&rm.part[q].op_value,
              pass_encode(succ, ld32_acq(&b.qnodes[succ - 1].round)))
@@ -249,11 +250,11 @@ cdef void _mcs_finish_pass(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) no
     cdef pass_t v = pass_decode(ld64_acq(&rm.part[q].op_value))
     cdef uint32_t s = v.node
     cdef uint32_t x
-    for x in range(b.P):
+    for x in range(body_hwm(b)):
         if x + 1 != s and ld32_acq(&b.qnodes[x].state) == M_PASSING:
             st32_seq(&b.qnodes[x].state, M_IDLE)
             wake_if_parked(&b.qnodes[x].state, &b.qnodes[x].parked)
-    if s != 0 and s <= b.P and ld32_acq(&b.qnodes[s - 1].round) == v.round:
+    if queue_node_ok(b, s, 0) and ld32_acq(&b.qnodes[s - 1].round) == v.round:
         _mcs_pass(rm, b, s, q, rec)
 
 
@@ -326,7 +327,7 @@ cdef int _mcs_dep(park_t* pk, watch_t* ws) noexcept nogil:
     cdef rmap_t* rm = pk.rm
     cdef uint32_t p = queue_link(&b.qnodes[pk.arg])      # a hint
     cdef uint32_t st, guard = 0
-    while p != 0 and p <= b.P and guard <= b.P:
+    while queue_node_ok(b, p, 0) and guard <= body_hwm(b):
         st = ld32_seq(&b.qnodes[p - 1].state)            # before what it is read to mean
         if participant_dead(rm, p - 1):
             participant_try_recover(rm, p - 1, ws.rec)
@@ -373,7 +374,7 @@ cdef class MCSLock(_Lock):
             old = seen
         crashpoint_at(armed, "mcs.acquire.joined")
         p = tail_last(old)
-        if p > self.b.P or p == me + 1:
+        if (p != 0 and not queue_node_ok(&self.b, p, 0)) or p == me + 1:
             return R_CORRUPT
         if (p != 0 and ld32_acq(&self.b.qnodes[p - 1].pred) == M_UNKNOWN
                 and ld32_acq(&n.state) == M_WAIT):
@@ -446,8 +447,8 @@ cdef class MCSLock(_Lock):
                 if rc != R_PENDING:
                     return rc
         ctx.n = n
-        ctx.nodes = self.b.qnodes
-        ctx.count = self.b.P
+        ctx.b = &self.b
+        ctx.own = 0
         pk.ready = _mcs_not_waiting
         pk.ctx = &ctx
         res = park(&pk, w)

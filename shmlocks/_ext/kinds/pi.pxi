@@ -50,7 +50,7 @@ cdef void _pi_init(shm_body* b) noexcept nogil:
 cdef bint _pi_async_any(shm_body* b) noexcept nogil:
     """Does some participant wait on this lock asynchronously (its awaiting mark up)?"""
     cdef uint32_t x
-    for x in range(b.P):
+    for x in range(body_hwm(b)):
         if ld32_seq(pi_awaiting(b, x)) != 0:
             return 1
     return 0
@@ -169,7 +169,7 @@ def _pi_async_state(PIMutex lock):
     cdef uint32_t x
     lock._check()
     return {"asyncw": ld32_acq(pi_asyncw(b)), "aseq": ld32_acq(pi_aseq(b)),
-            "awaiting": [x for x in range(b.P) if ld32_acq(pi_awaiting(b, x))]}
+            "awaiting": [x for x in range(body_hwm(b)) if ld32_acq(pi_awaiting(b, x))]}
 
 
 _register_kind(PIMutex, _pi_init, _pi_recover, 0)

@@ -3,8 +3,8 @@
 
 cdef struct node_wait_t:   # a queue lock's ready-function context (MCS, CLH)
     shm_qnode* n           # the node whose state the waiter watches
-    shm_qnode* nodes       # the lock's nodes, for the far hint (an id read from shm)
-    uint32_t count         # how many: ids 1..count
+    shm_body* b            # the lock's body: its nodes, for the far hint (an id read from shm)
+    uint32_t own           # the lock's own node id beside the participants' (CLH: P + 1), or 0
 
 
 cdef enum:
@@ -12,10 +12,17 @@ cdef enum:
     QUEUE_UNKNOWN = SHM_ID_UNKNOWN  # a pred not yet published (M_UNKNOWN, C_UNKNOWN)
 
 
-cdef uint32_t queue_named_succ(shm_qnode* nodes, uint32_t count,
+cdef uint32_t queue_named_succ(shm_body* b, uint32_t own,
                                uint32_t target, uint32_t queued) noexcept nogil
-cdef uint32_t queue_succ_of(uint64_t* tail, shm_qnode* nodes, uint32_t count,
+cdef uint32_t queue_succ_of(uint64_t* tail, shm_body* b, uint32_t own,
                             uint32_t target, uint32_t queued) noexcept nogil
+
+
+cdef inline bint queue_node_ok(shm_body* b, uint32_t id, uint32_t own) noexcept nogil:
+    """Does node id `id` (index + 1, read from shared memory) name a node in use: one of a
+    participant provisioned (1..part_hwm: participants.pxd body_hwm), or the lock's own
+    node `own` (CLH's P + 1; 0: none)? Unsigned: 0 (none) and QUEUE_UNKNOWN fail."""
+    return id - 1 < body_hwm(b) or (own != 0 and id == own)
 
 
 cdef inline uint32_t queue_link(shm_qnode* n) noexcept nogil:

@@ -14,14 +14,19 @@ cdef inline uint64_t* ticket_serving(shm_body* b) noexcept nogil:
 
 
 cdef struct _ticket_ctx:
-    uint64_t* serving
-    uint64_t t
+    uint64_t* serving     # what the wait watches: serving (a ticket's wait), or an
+    uint64_t t            # inherited ticket's marker (the settle); t: the ticket (+ 1)
+
+
+cdef enum:
+    MARK_SLOT = 1         # _ticket_mark: the marker is in the ticket's slot line
+    MARK_PREC = 2         # ... in its owner's prec (omark): the slot's was taken
 
 
 cdef class TicketLock(_Lock):
     # overrides _fast, _try, _wait, _unlock, _is_locked (base/kind.pxd); adds:
     cdef bint _take_back(self, uint32_t me) noexcept nogil
     cdef int _park(self, ready_fn ready, dep_fn dep, _ticket_ctx* ctx, shm_tslot* nd,
-                   wait_t* w) noexcept nogil
+                   wait_t* w, uint32_t arg=*) noexcept nogil
     cdef int _settle_inherited(self, uint32_t me, wait_t* w) noexcept nogil
     cdef int _abandon(self, uint32_t me, uint64_t t) noexcept nogil

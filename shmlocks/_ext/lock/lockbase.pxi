@@ -73,7 +73,7 @@ cdef class _Lock:
     recovery = None               # owner death: "user" (shmlocks' step protocol) or "kernel"
     priority_inheritance = False  # the holder is boosted to its highest waiter's priority
 
-    def __init__(self, name=None, *, max_participants=64, mode=0o600, persist=False):
+    def __init__(self, name=None, *, max_participants=None, mode=0o600, persist=False):
         if type(self) is _Lock:
             raise TypeError("_Lock is abstract: use one of shmlocks.KINDS")
         region = Region._create(name, 1, max_participants, mode, persist,
@@ -82,8 +82,10 @@ cdef class _Lock:
         self._standalone = True
 
     @classmethod
-    def create(cls, name=None, *, max_participants=64, mode=0o600, persist=False):
-        """Create a region holding just this lock. ``name=None`` generates a unique name."""
+    def create(cls, name=None, *, max_participants=None, mode=0o600, persist=False):
+        """Create a region holding just this lock. ``name=None`` generates a unique name.
+        ``max_participants``: None (no cap: threads get slots as they come, up to 4096), or
+        a cap of 1..4096 (CapacityError past it)."""
         return cls(name, max_participants=max_participants, mode=mode, persist=persist)
 
     @classmethod
@@ -113,7 +115,7 @@ cdef class _Lock:
         return lk
 
     @classmethod
-    def open_or_create(cls, name, *, max_participants=64, mode=0o600, persist=False):
+    def open_or_create(cls, name, *, max_participants=None, mode=0o600, persist=False):
         """Open lock ``name``, or create it (with these arguments) if there is none: atomic,
         so that of any number of processes racing on one name, all end up with the same
         lock. LockKindError if the existing one is of another kind. The arguments do not
@@ -192,7 +194,7 @@ cdef class _Lock:
         """Live participants that published that they wait for this lock (a snapshot)."""
         cdef uint32_t i
         cdef int n = 0
-        for i in range(self.rm.P):
+        for i in range(rmap_hwm(self.rm)):
             if (participant_op(self.rm, i, self._lock1) == SHM_OP_WAITING
                     and participant_state(self.rm, i) == 1):
                 n += 1
@@ -381,7 +383,7 @@ cdef class _Lock:
         cdef shm_participant* me = &self.rm.part[r.slot]
         cdef shm_participant* p
         cdef uint32_t x, op
-        for x in range(self.rm.P):
+        for x in range(rmap_hwm(self.rm)):
             if x == r.slot:
                 continue
             p = &self.rm.part[x]
@@ -826,7 +828,7 @@ cdef class _Lock:
         h = holder_slot(self.rm, ld32_acq(&self.b.ctl.holder))
         kernel = self.recovery == "kernel"
         if locked:
-            for i in range(self.rm.P):
+            for i in range(rmap_hwm(self.rm)):
                 op = participant_op(self.rm, i, self._lock1)
                 if op == 0:
                     continue
@@ -866,30 +868,35 @@ cdef class _Lock:
     def _raw(self):
         """Every shared word of this lock's body and its participants' published steps, as
         plain numbers: for diagnosing a wedge or a corrupt state (torture prints it). A
-        snapshot read without the repair mutex, so it may be mid-change."""
+        snapshot read without the repair mutex, so it may be mid-change. The nodes and
+        precs of the participants provisioned (and the lock's own node, the last)."""
         cdef uint32_t i
+        cdef uint32_t h = body_hwm(&self.b)
+        cdef uint32_t nf = shm_fixed_nodes(kind_ops(self._code).fixed_nodes, self.b.P)
         cdef shm_qnode* n
         cdef shm_prec* r
         cdef shm_participant* q
         self._check()
         nodes, precs, parts = [], [], []
         for i in range(self.b.P + 1):
+            if i >= h and i >= nf and i != self.b.P:
+                continue                     # not provisioned
             n = &self.b.qnodes[i]            # raw words, read through the queue view
             nodes.append((ld32_acq(&n.state), ld32_acq(&n.next), ld32_acq(&n.pred),
                           ld32_acq(&n.parked), ld64_acq(&n.left_gen), ld32_acq(&n.round),
                           ld32_acq(&n.guess)))
-        for i in range(self.b.P):
+        for i in range(h):
             r = &self.b.precs[i]
             q = &self.rm.part[i]
             precs.append((ld32_acq(&r.mine), ld32_acq(&r.pred), ld64_acq(&r.ticket),
                           ld64_acq(&r.abandoned), ld64_acq(&r.abandoned_gen),
-                          ld32_acq(&r.round)))
+                          ld32_acq(&r.round), ld64_acq(&r.omark)))
             parts.append((ld32_acq(&q.pid), ld32_acq(&q.op_lock), ld32_acq(&q.op_step),
                           ld64_acq(&q.op_value), ld64_acq(&q.generation)))
         return {"flags": ld32_acq(&self.b.ctl.flags), "holder": ld32_acq(&self.b.ctl.holder),
                 "wa": ld64_acq(&self.b.wa.u64[0]), "wb": ld64_acq(&self.b.wb.u64[0]),
                 "nodes (state, next, pred, parked, value, round, guess)": nodes,
-                "precs (mine, pred, ticket, abandoned, abandoned_gen, round)": precs,
+                "precs (mine, pred, ticket, abandoned, abandoned_gen, round, omark)": precs,
                 "participants (pid, op_lock, op_step, op_value, generation)": parts}
 
 

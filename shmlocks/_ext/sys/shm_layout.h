@@ -9,7 +9,8 @@
  *   +---------------------+  dir_off
  *   | shm_dirent[L]       |  one line each: name, kind, state
  *   +---------------------+  part_off
- *   | shm_participant[P]  |  two lines each: liveness token, then identity + protocol state
+ *   | shm_participant[P]  |  four lines each: liveness token, identity + protocol state,
+ *   |                     |  the wait link (reserved)
  *   +---------------------+  locks_off
  *   | lock body [L]       |  lock_stride bytes each (see below)
  *   +---------------------+  total_size
@@ -18,6 +19,17 @@
  * Each kind uses the parts it needs; see the top of its .pxi file.  A node line has one
  * view per kind that uses it (shm_node: shm_qnode for MCS and CLH, shm_tslot for ticket),
  * so each field means one thing.
+ *
+ * Participants that grow (docs/design.md §2).  P (max_participants) is the cap, and the
+ * geometry is computed for it: the file is that long, sparse, and mapped whole.  Only
+ * participants [0, part_hwm) are provisioned (their pages fallocated and initialised): in
+ * the table, and in every body the per-participant lines (nodes and precs [0, part_hwm)).
+ * The fixed lines of a body (ctl, words A and B, the node lines its kind uses by index:
+ * the ticket's slots, a toolbox object's journal; the lock's own node P) are provisioned
+ * when the lock is created.  part_hwm only grows
+ * (registration, under the directory mutex), and nothing at or past it is ever read or
+ * written: a reader loads it (SC) and clamps it to P; an id naming a participant or its
+ * node at or past it is out of range, as one past P is.
  *
  * Indices.  Every index the segment stores (a participant slot, a queue node) is stored
  * as an id, index + 1, and 0 means none, as the kernel's qspinlock stores cpu + 1 in its
@@ -34,9 +46,14 @@
 
 #define SHM_LINE        128u              /* padding unit: two 64-byte lines (adjacent-line prefetch) */
 #define SHM_MAGIC       0x314b434f4c4d4853ULL   /* "SHMLOCK1", little endian */
-#define SHM_VERSION     7u
+#define SHM_VERSION     8u
 #define SHM_NAME_MAX    56u               /* bytes of a lock name, NUL included */
-#define SHM_MAX_PARTICIPANTS 4096u
+#define SHM_MAX_PARTICIPANTS 4096u      /* the cap when none is given (max_participants=None) */
+#define SHM_HWM_FIRST   32u               /* participants a new region provisions (at most P) */
+#define SHM_FIXED_NODES 5u                /* node lines a toolbox object uses by fixed index (its
+                                             journal and a condition's reference: shm_toolbox.h;
+                                             the ticket kind's are its slots: SHM_TICKET_SLOTS) */
+#define SHM_TICKET_SLOTS 64u              /* ticket slot lines: min(P, this) (ticket.pxi) */
 #define SHM_MAX_LOCKS   4096u
 
 #define SHM_STATE_BUILDING 0u
@@ -63,7 +80,9 @@ typedef struct shm_header {
     uint32_t glibc_mutex_size; /* sizeof(pthread_mutex_t) of the creator: must match ours */
     uint64_t creator_pidns;    /* the creator's PID namespace (inode of /proc/self/ns/pid), 0 unknown */
     uint32_t flags;            /* SHM_HDR_*, set by the creator before the name exists */
-    uint32_t _res0;
+    uint32_t part_hwm;         /* participants provisioned: 0 < part_hwm <= max_participants;
+                                  only grows, published with an SC store under the
+                                  directory mutex (docs/design.md §2) */
     char     _pad0[SHM_LINE - 96];
     /* line 1: serialises directory changes (create_lock) across processes; robust */
     union { pthread_mutex_t m; char _pad[SHM_LINE]; } dir_mutex;
@@ -107,7 +126,23 @@ typedef struct shm_participant {
     uint64_t tstart;           /* its thread's start time (/proc .../stat field 22, clock
                                   ticks since boot): (pidns, pid, tid, tstart) names one
                                   thread across every segment, immune to tid reuse */
-    char     _pad1[SHM_LINE - 64];
+    /* line 1, bytes 64..127: reserved for issue 37B (asyncio cohorts) and issue 38 (the
+       chain walk); zeroed at each claim, used by nothing yet */
+    uint32_t poke;             /* a futex word this participant's sleeps will watch: another
+                                  process bumps it and wakes it to make it look again */
+    uint32_t agent;            /* 0: a thread; 1: an asyncio cohort acting for tasks of its
+                                  thread's event loop */
+    uint32_t tasks;            /* tasks waiting behind this cohort */
+    uint32_t _res1;
+    uint64_t task_id;          /* the task this participant acts for now (0: a thread) */
+    char     label[40];        /* that task's name, UTF-8, NUL-padded, truncated */
+    /* lines 2-3: the wait link (issue 38), reserved: written seqlock-style (link_seq even
+       when stable), zeroed at each claim, used by nothing yet */
+    uint32_t link_seq;
+    uint32_t link_lock;        /* lock index + 1 waited for in the linked segment, 0 none */
+    uint64_t link_since;       /* CLOCK_MONOTONIC ns */
+    char     link_name[201];   /* the linked segment's name, NUL-terminated (<= 200 bytes) */
+    char     _pad2[2 * SHM_LINE - 16 - 201];
 } SHM_LINE_ALIGNED shm_participant;
 
 /* kinds: the value stored in the directory and in each body's ctl.kind; 7..10 are the
@@ -176,15 +211,21 @@ typedef struct shm_qnode {
     char     _pad[SHM_LINE - 32];
 } SHM_LINE_ALIGNED shm_qnode;
 
-/* ticket: a per-ticket slot (tslot[t % P] for ticket t), one line */
+/* ticket: a ticket slot (tslot[t % TS] for ticket t, TS = min(P, SHM_TICKET_SLOTS)), one
+ * line; tickets t and t + TS share one once more than TS are outstanding (ticket.pxi) */
 typedef struct shm_tslot {
     uint32_t grants;           /* futex word: bumped (then woken) when serving reaches a
                                   parked ticket of this slot */
-    uint32_t _unused[2];
-    uint32_t parked;           /* waiters of that ticket that announced they are parking */
-    uint64_t abandoned;        /* t + 1 while ticket t of this slot is abandoned, 0 = none */
+    uint32_t overflow;         /* abandon markers of this slot's tickets kept in their
+                                  owners' precs (prec.omark), the slot's own being taken */
+    uint32_t _unused;
+    uint32_t parked;           /* waiters of its tickets that announced they are parking */
+    uint64_t abandoned;        /* abandon marker: t + 1 while ticket t of this slot is
+                                  abandoned (| SHM_TICKET_SKIP once a releaser passes it),
+                                  0 = none */
     char     _pad[SHM_LINE - 24];
 } SHM_LINE_ALIGNED shm_tslot;
+#define SHM_TICKET_SKIP (1ull << 63)   /* in a marker: claimed by the grant that passes it */
 
 /* one node line, as the kind that owns the lock sees it */
 typedef union shm_node {
@@ -201,14 +242,27 @@ typedef struct shm_prec {
     uint64_t abandoned_gen;    /* ticket: participant generation that abandoned it */
     uint32_t spin_ns;          /* adaptive spin budget of this participant on this lock */
     uint32_t round;            /* CLH: the round of `mine` as this participant enqueued it */
-    char     _pad[SHM_LINE - 40];
+    uint64_t omark;            /* ticket: the abandon marker of its ticket, kept here when the
+                                  ticket's slot marker was taken (as shm_tslot.abandoned) */
+    char     _pad[SHM_LINE - 48];
 } SHM_LINE_ALIGNED shm_prec;
 
 _Static_assert(sizeof(shm_header) == 2 * SHM_LINE, "header is two lines");
 _Static_assert(offsetof(shm_header, dir_mutex) == SHM_LINE, "dir mutex on line 1");
 _Static_assert(sizeof(pthread_mutex_t) <= SHM_LINE, "a pthread mutex fits a line");
 _Static_assert(sizeof(shm_dirent) == SHM_LINE, "dirent is one line");
-_Static_assert(sizeof(shm_participant) == 2 * SHM_LINE, "participant is two lines");
+_Static_assert(sizeof(shm_participant) == 4 * SHM_LINE, "participant is four lines");
+_Static_assert(offsetof(shm_participant, poke) == SHM_LINE + 64
+               && offsetof(shm_participant, task_id) == SHM_LINE + 80
+               && offsetof(shm_participant, label) == SHM_LINE + 88,
+               "line 1's reserved fields: bytes 64..127");
+_Static_assert(offsetof(shm_participant, link_seq) == 2 * SHM_LINE
+               && offsetof(shm_participant, link_since) == 2 * SHM_LINE + 8
+               && offsetof(shm_participant, link_name) == 2 * SHM_LINE + 16,
+               "the wait link: lines 2-3");
+_Static_assert(offsetof(shm_header, part_hwm) == 92, "part_hwm follows flags");
+_Static_assert(offsetof(shm_tslot, overflow) == 4, "tslot fields");
+_Static_assert(offsetof(shm_prec, omark) == 40, "prec fields");
 _Static_assert(offsetof(shm_participant, pid) == SHM_LINE, "participant identity on line 1");
 _Static_assert(sizeof(shm_lockctl) == SHM_LINE, "ctl is one line");
 _Static_assert(offsetof(shm_lockctl, repair) == SHM_LINE / 2, "repair mutex in the ctl line's upper half");
@@ -238,6 +292,12 @@ _Static_assert(offsetof(shm_participant, wait_since) == SHM_LINE + 48
 #define SHM_BODY_WB     2u
 #define SHM_BODY_NODES  3u
 static inline uint64_t shm_body_lines(uint32_t P) { return 3u + (uint64_t)(P + 1u) + P; }
+/* the node lines a body of a kind that uses `fixed` of them by index (its ops table's
+   fixed_nodes: the ticket's slots, a toolbox object's journal) provisions with its fixed
+   lines, whatever its participants: never past the P + 1 it has */
+static inline uint32_t shm_fixed_nodes(uint32_t fixed, uint32_t P) {
+    return fixed < P + 1u ? fixed : P + 1u;
+}
 
 typedef struct shm_body {      /* process-local view of one lock body; never stored in shm */
     shm_lockctl *ctl;
@@ -246,7 +306,9 @@ typedef struct shm_body {      /* process-local view of one lock body; never sto
     shm_qnode   *qnodes;       /* P + 1 nodes, as MCS and CLH see them ... */
     shm_tslot   *tslots;       /* ... and as the ticket kind does (the same lines) */
     shm_prec    *precs;        /* P */
-    uint32_t     P;
+    uint32_t    *hwm;          /* the region's part_hwm (participants.pxd body_hwm reads it) */
+    uint32_t     P;            /* the cap: the geometry */
+    uint32_t     TS;           /* ticket slots: min(P, SHM_TICKET_SLOTS) */
     uint32_t     index;        /* lock index in the region */
 } shm_body;
 
@@ -259,7 +321,9 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
     b.qnodes = (shm_qnode *)(p + SHM_BODY_NODES * SHM_LINE);
     b.tslots = (shm_tslot *)(p + SHM_BODY_NODES * SHM_LINE);
     b.precs = (shm_prec *)(p + (SHM_BODY_NODES + (uint64_t)P + 1u) * SHM_LINE);
+    b.hwm = &((shm_header *)base)->part_hwm;
     b.P = P;
+    b.TS = P < SHM_TICKET_SLOTS ? P : SHM_TICKET_SLOTS;
     b.index = index;
     return b;
 }

@@ -110,6 +110,9 @@ cdef extern from "shm_layout.h" nogil:
     enum: SHM_VERSION
     enum: SHM_NAME_MAX
     enum: SHM_MAX_PARTICIPANTS
+    enum: SHM_HWM_FIRST
+    enum: SHM_FIXED_NODES
+    enum: SHM_TICKET_SLOTS
     enum: SHM_MAX_LOCKS
     enum: SHM_STATE_BUILDING
     enum: SHM_STATE_READY
@@ -156,6 +159,7 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t glibc_mutex_size
         uint64_t creator_pidns
         uint32_t flags
+        uint32_t part_hwm
         shm_mutex_line dir_mutex
 
     ctypedef struct shm_dirent:
@@ -176,6 +180,15 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t pidns
         uint64_t wait_since
         uint64_t tstart
+        uint32_t poke
+        uint32_t agent
+        uint32_t tasks
+        uint64_t task_id
+        char label[40]
+        uint32_t link_seq
+        uint32_t link_lock
+        uint64_t link_since
+        char link_name[201]
 
     ctypedef struct shm_lockctl:
         uint32_t kind
@@ -210,8 +223,10 @@ cdef extern from "shm_layout.h" nogil:
 
     ctypedef struct shm_tslot:
         uint32_t grants
+        uint32_t overflow
         uint32_t parked
         uint64_t abandoned
+    uint64_t SHM_TICKET_SKIP
 
     ctypedef struct shm_prec:
         uint32_t mine
@@ -221,6 +236,7 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t abandoned_gen
         uint32_t spin_ns
         uint32_t round
+        uint64_t omark
 
     ctypedef struct shm_body:
         shm_lockctl* ctl
@@ -229,10 +245,13 @@ cdef extern from "shm_layout.h" nogil:
         shm_qnode* qnodes
         shm_tslot* tslots
         shm_prec* precs
+        uint32_t* hwm
         uint32_t P
+        uint32_t TS
         uint32_t index
 
     uint64_t shm_body_lines(uint32_t P)
+    uint32_t shm_fixed_nodes(uint32_t fixed, uint32_t P)
     shm_body shm_body_at(char* base, uint64_t off, uint32_t P, uint32_t index)
 
 cdef extern from "shm_sys.h" nogil:

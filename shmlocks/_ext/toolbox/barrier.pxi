@@ -73,7 +73,7 @@ cdef bint _bar_sane(rmap_t* rm, shm_body* b) noexcept nogil:
     cdef shm_tbword* w = shm_tb_word(b)
     cdef uint32_t x
     cdef uint32_t n = 0
-    for x in range(b.P):
+    for x in range(body_hwm(b)):
         if shm_tb_rec(b, x).inside:
             if participant_state(rm, x) == 0:
                 return 0
@@ -94,7 +94,7 @@ cdef void _bar_reap(shm_body* b) noexcept nogil:
     cdef bint any = 0
     if not tb_gone_any(b):
         return
-    for x in range(b.P):
+    for x in range(body_hwm(b)):
         r = shm_tb_rec(b, x)
         g = ld32_acq(&r.gone)
         if g == TB_GONE_HELD:
@@ -119,7 +119,7 @@ cdef bint _bar_hold(shm_body* b, uint32_t me) noexcept nogil:
     was released. 0 if one had already left breaking it: the claims are given back and
     _bar_reap breaks the round instead."""
     cdef uint32_t x, v
-    for x in range(b.P):
+    for x in range(body_hwm(b)):
         if x == me or not shm_tb_rec(b, x).inside:
             continue
         v = cmpxchg32(&shm_tb_rec(b, x).gone, 0, TB_GONE_HELD)
@@ -136,7 +136,7 @@ cdef void _bar_unhold(shm_body* b) noexcept nogil:
     its claim into TB_GONE_LEAVE) is made to leave here."""
     cdef uint32_t x
     cdef shm_tbrec* r
-    for x in range(b.P):
+    for x in range(body_hwm(b)):
         r = shm_tb_rec(b, x)
         if ld32_acq(&r.gone) == TB_GONE_HELD:
             if cmpxchg32(&r.gone, TB_GONE_HELD, 0) == TB_GONE_LEAVE:
@@ -179,7 +179,7 @@ cdef int _bar_sleep(rmap_t* rm, shm_body* b, uint32_t me, uint32_t s,
     cdef uint32_t x
     cdef int r
     tb_watch_init(&t, &w.seq, s, deadline)
-    for x in range(b.P):
+    for x in range(body_hwm(b)):
         if x != me and _bar_member(rm, b, x):
             if tb_watch(rm, &t, x) == DEP_CHANGED:
                 return R_CONT                   # recovered ([B1]-[B4]): look again
@@ -422,20 +422,20 @@ cdef class Barrier(_TbObject):
     (a plain ``os.fork()`` child: close it first), so that end is a death too. ``action`` runs in the last thread
     to arrive; it is this object's (each process gives its own; a pickled Barrier carries
     a picklable one). ``timeout`` (the default for wait) is the barrier's, shared.
-    ``create(parties, action=None, timeout=None, name=None, *, max_participants=64,
+    ``create(parties, action=None, timeout=None, name=None, *, max_participants=None,
     mode=0o600, persist=False)``, ``open(name)``, ``close()``, ``unlink()`` as for locks."""
     kind_name = "barrier"
     kind_code = SHM_KIND_BARRIER
 
     def __init__(self, parties, action=None, timeout=None, name=None, *,
-                 max_participants=64, mode=0o600, persist=False):
+                 max_participants=None, mode=0o600, persist=False):
         self._init_standalone(name, max_participants, mode, persist,
                               _bar_setup(parties, timeout))
         self._action = action
         self._enroll()
 
     @classmethod
-    def create(cls, parties, action=None, timeout=None, name=None, *, max_participants=64,
+    def create(cls, parties, action=None, timeout=None, name=None, *, max_participants=None,
                mode=0o600, persist=False):
         """A new barrier for ``parties`` threads in a segment of its own."""
         return cls(parties, action, timeout, name, max_participants=max_participants,
@@ -443,7 +443,7 @@ cdef class Barrier(_TbObject):
 
     @classmethod
     def open_or_create(cls, name, parties, action=None, timeout=None, *,
-                       max_participants=64, mode=0o600, persist=False):
+                       max_participants=None, mode=0o600, persist=False):
         """Open barrier ``name``, or create it (for ``parties``, with these arguments) if
         there is none: atomic, so that of any number of processes racing on one name,
         all end up with the same barrier, this process a party of it (as by create or
@@ -572,7 +572,7 @@ cdef class Barrier(_TbObject):
         if rc != R_ACQ:
             return
         _bar_reap(&self.b)
-        for x in range(self.b.P):
+        for x in range(body_hwm(&self.b)):
             r = shm_tb_rec(&self.b, x)
             if (r.member != 0 and not r.inside and ld32_acq(&self.rm.part[x].pid) == pid
                     and participant_state(self.rm, x) == 1):

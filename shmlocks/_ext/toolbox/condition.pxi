@@ -37,7 +37,7 @@ cdef int _cv_oldest(rmap_t* rm, shm_body* b, uint32_t skip) noexcept nogil:
     cdef shm_tbrec* r
     cdef uint32_t x, age, best = 0
     cdef int who = -1
-    for x in range(b.P):
+    for x in range(body_hwm(b)):
         if x == skip:
             continue
         r = shm_tb_rec(b, x)
@@ -90,7 +90,7 @@ cdef void _cv_reap(shm_body* b) noexcept nogil:
     cdef uint32_t x, g
     if not tb_gone_any(b):
         return
-    for x in range(b.P):
+    for x in range(body_hwm(b)):
         r = shm_tb_rec(b, x)
         g = ld32_acq(&r.gone)
         if g != TB_GONE_DROP and g != TB_GONE_USED and g != TB_GONE_PASS:
@@ -162,7 +162,7 @@ cdef int _cv_sleep(rmap_t* rm, shm_body* b, uint32_t me, int64_t deadline,
         tb_watch_init(&t, &mine.notified, 0, deadline)
         tb_watch_word(&t, &mine.poke, pk)
         changed = 0
-        for x in range(b.P):
+        for x in range(body_hwm(b)):
             r = shm_tb_rec(b, x)
             if x != me and ld32_acq(&r.ticket) != 0 and ld32_acq(&r.notified) != 0:
                 if tb_watch(rm, &t, x) == DEP_CHANGED:
@@ -323,12 +323,12 @@ cdef class Condition(_TbObject):
     ``notify(n=1)``, ``notify_all()`` are threading's, across processes. A waiter that
     dies while it waits never swallows a notification: ``notify(n)`` reaches n live
     waiters (one that was notified and died passes it on). ``create(lock=None,
-    name=None, *, max_participants=64, mode=0o600, persist=False)``, ``open(name)`` (which
+    name=None, *, max_participants=None, mode=0o600, persist=False)``, ``open(name)`` (which
     opens its lock too), ``close()``, ``unlink()``; pickled with its lock."""
     kind_name = "condition"
     kind_code = SHM_KIND_CONDITION
 
-    def __init__(self, lock=None, name=None, *, max_participants=64, mode=0o600,
+    def __init__(self, lock=None, name=None, *, max_participants=None, mode=0o600,
                  persist=False):
         owns = lock is None
         if owns:
@@ -343,13 +343,13 @@ cdef class Condition(_TbObject):
         self._owns_lock = owns
 
     @classmethod
-    def create(cls, lock=None, name=None, *, max_participants=64, mode=0o600,
+    def create(cls, lock=None, name=None, *, max_participants=None, mode=0o600,
                persist=False):
         """A new Condition on ``lock`` (None: a new RLock) in a segment of its own."""
         return cls(lock, name, max_participants=max_participants, mode=mode, persist=persist)
 
     @classmethod
-    def open_or_create(cls, name, lock=None, *, max_participants=64, mode=0o600,
+    def open_or_create(cls, name, lock=None, *, max_participants=None, mode=0o600,
                        persist=False):
         """Open condition ``name``, or create it (on ``lock``, None: a new RLock, with
         these arguments) if there is none: atomic, so that of any number of processes

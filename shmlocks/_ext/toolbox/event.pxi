@@ -52,22 +52,22 @@ cdef class Event(_TbObject):
     """Event() -> a shared-memory ``threading.Event``: set(), clear(), is_set(), wait().
 
     Usable by any process that opens it by name (or gets it pickled); ``create(name=None,
-    *, max_participants=64, mode=0o600, persist=False)``, ``open(name)``, ``close()``,
+    *, max_participants=None, mode=0o600, persist=False)``, ``open(name)``, ``close()``,
     ``unlink()`` as for locks. A blocked wait() sleeps in the kernel until set()."""
     kind_name = "event"
     kind_code = SHM_KIND_EVENT
 
-    def __init__(self, name=None, *, max_participants=64, mode=0o600, persist=False):
+    def __init__(self, name=None, *, max_participants=None, mode=0o600, persist=False):
         self._init_standalone(name, max_participants, mode, persist, None)
 
     @classmethod
-    def create(cls, name=None, *, max_participants=64, mode=0o600, persist=False):
+    def create(cls, name=None, *, max_participants=None, mode=0o600, persist=False):
         """A new Event in a segment of its own, not set (the same as calling the class).
         ``name=None`` generates one."""
         return cls(name, max_participants=max_participants, mode=mode, persist=persist)
 
     @classmethod
-    def open_or_create(cls, name, *, max_participants=64, mode=0o600, persist=False):
+    def open_or_create(cls, name, *, max_participants=None, mode=0o600, persist=False):
         """Open Event ``name``, or create it (not set, with these arguments) if there is
         none: atomic, so that of any number of processes racing on one name, all end up
         with the same Event. LockKindError if the segment holds something else; the

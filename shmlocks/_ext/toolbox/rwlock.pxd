@@ -6,6 +6,7 @@
 
 cdef enum:
     R_RW_DEADLOCK = -11     # the wait would be for the calling thread itself
+    RW_NONE_LEFT = 0xffffffff   # _rw_next_counted: no reader left to drain
 
 
 cdef class RWLock(_TbObject):

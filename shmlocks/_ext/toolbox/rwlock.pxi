@@ -158,7 +158,7 @@ cdef int _rw_read_wait(rmap_t* rm, shm_body* b, uint32_t me, uint32_t w,
             r = R_TIMEOUT
             break
         ws = w2 & RW_SLOT_MASK
-        if ws == 0 or ws > b.P or ws - 1 == me:
+        if ws == 0 or ws > body_hwm(b) or ws - 1 == me:
             r = R_CORRUPT
             break
         if _rw_same_thread(rm, me, ws - 1):
@@ -215,14 +215,17 @@ cdef inline void _rw_read_undo(shm_rwrec* rec) noexcept nogil:
 cdef inline uint32_t _rw_next_counted(shm_body* b, uint32_t me, uint32_t tag,
                                      uint32_t s) noexcept nogil:
     """The first slot from s on, other than me, whose indicator the writer of phase tag
-    waits for; b.P if none. A loop of its own: it runs over every participant line on
-    each write, and with nothing else live in it each step is one load and a test."""
-    cdef uint32_t n = b.P
+    waits for; RW_NONE_LEFT if none. A loop of its own: it runs over every participant
+    line provisioned (read after the writer's announcement: body_hwm, an SC load, so a
+    reader whose slot was provisioned since, and whose SC store of its indicator came
+    before the announcement, is seen) on each write, and with nothing else live in it
+    each step is one load and a test."""
+    cdef uint32_t n = body_hwm(b)
     while s < n:
         if s != me and _rw_counts(ld32_seq(&shm_rw_rec(b, s).ind), tag):
             return s
         s += 1
-    return n
+    return RW_NONE_LEFT
 
 
 cdef void _rw_withdraw(shm_body* b, uint32_t me, uint32_t mine) noexcept nogil:
@@ -262,7 +265,7 @@ cdef int _rw_write_acquire(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
             continue
         waited[0] = 1
         ws = w & RW_SLOT_MASK
-        if ws == 0 or ws > b.P or ws - 1 == me:
+        if ws == 0 or ws > body_hwm(b) or ws - 1 == me:
             return R_CORRUPT
         if _rw_same_thread(rm, me, ws - 1):
             return R_RW_DEADLOCK if deadline != 0 else R_TIMEOUT
@@ -291,7 +294,7 @@ cdef int _rw_write_acquire(rmap_t* rm, shm_body* b, uint32_t me, uint32_t hid,
     tag = _rw_phase(nw) & RW_TAG_MASK
     last = 0
     s = _rw_next_counted(b, me, tag, 0)
-    while s < b.P:
+    while s != RW_NONE_LEFT:
         rec = shm_rw_rec(b, s)
         while True:
             v = ld32_seq(&rec.ind)
@@ -364,7 +367,7 @@ cdef void _rw_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rc) noexcept
     cdef shm_rwword* W = shm_rw_word(b)
     cdef shm_rwrec* rec = shm_rw_rec(b, q)
     cdef uint32_t w, ws, f
-    if q >= b.P:
+    if q >= body_hwm(b):
         return
     if ld32_acq(&rec.ind) != 0:                  # [R1] its read holds (or its blocked wait)
         st32_seq(&rec.ind, 0)
@@ -410,24 +413,24 @@ cdef class RWLock(_TbObject):
     which repairs and calls ``mark_consistent()``. A thread that holds a read and asks to
     write (an upgrade), or holds the write and asks to read, gets DeadlockError.
 
-    ``create(name=None, *, max_participants=64, mode=0o600, persist=False)``,
+    ``create(name=None, *, max_participants=None, mode=0o600, persist=False)``,
     ``open(name)``, ``close()``, ``unlink()`` and pickling (by name) as for locks;
     ``Region.create_rwlock(name)`` makes one in a region."""
     kind_name = "rwlock"
     kind_code = SHM_KIND_RWLOCK
 
-    def __init__(self, name=None, *, max_participants=64, mode=0o600, persist=False):
+    def __init__(self, name=None, *, max_participants=None, mode=0o600, persist=False):
         self._init_standalone(name, max_participants, mode, persist, None)
 
     @classmethod
-    def create(cls, name=None, *, max_participants=64, mode=0o600, persist=False):
+    def create(cls, name=None, *, max_participants=None, mode=0o600, persist=False):
         """A new RWLock in a segment of its own (the same as calling the class)."""
         return cls(name, max_participants=max_participants, mode=mode, persist=persist)
 
     # -- read --
 
     @classmethod
-    def open_or_create(cls, name, *, max_participants=64, mode=0o600, persist=False):
+    def open_or_create(cls, name, *, max_participants=None, mode=0o600, persist=False):
         """Open RWLock ``name``, or create it (free, with these arguments) if there is
         none: atomic, so that of any number of processes racing on one name, all end up
         with the same RWLock. LockKindError if the segment holds something else; the
@@ -749,7 +752,7 @@ cdef class RWLock(_TbObject):
         cdef uint32_t i, v
         cdef uint64_t n = 0
         self._check()
-        for i in range(self.b.P):
+        for i in range(body_hwm(&self.b)):
             v = ld32_acq(&shm_rw_rec(&self.b, i).ind)
             if not v & RW_BLOCKED:
                 n += v & RW_COUNT_MASK
@@ -788,7 +791,7 @@ cdef class RWLock(_TbObject):
         h = holder_slot(self.rm, ld32_acq(&self.b.ctl.holder))
         holder = _rw_part(self.rm, h - 1) if h else None
         readers = []
-        for i in range(self.b.P):
+        for i in range(body_hwm(&self.b)):
             v = ld32_acq(&shm_rw_rec(&self.b, i).ind)
             if (v & RW_COUNT_MASK) and not v & RW_BLOCKED:
                 d = _rw_part(self.rm, i)
@@ -805,7 +808,7 @@ cdef class RWLock(_TbObject):
     cdef int _waiters(self) noexcept nogil:
         cdef uint32_t i
         cdef int n = 0
-        for i in range(self.b.P):
+        for i in range(body_hwm(&self.b)):
             if (ld32_acq(&shm_rw_rec(&self.b, i).waiting)
                     and participant_state(self.rm, i) == 1):
                 n += 1
@@ -823,7 +826,7 @@ cdef class RWLock(_TbObject):
         cdef shm_rwrec* rec
         self._check()
         d = stats_read(self.b.ctl)
-        for i in range(self.b.P):
+        for i in range(body_hwm(&self.b)):
             rec = shm_rw_rec(&self.b, i)
             reads += ld64_acq(&rec.reads)
             waits += ld64_acq(&rec.read_waits)
@@ -844,7 +847,7 @@ cdef class RWLock(_TbObject):
         cdef uint32_t i
         self._check()
         stats_reset(self.b.ctl)
-        for i in range(self.b.P):
+        for i in range(body_hwm(&self.b)):
             st64_rel(&shm_rw_rec(&self.b, i).reads, 0)
             st64_rel(&shm_rw_rec(&self.b, i).read_waits, 0)
             st64_rel(&shm_rw_rec(&self.b, i).timeouts, 0)
@@ -857,7 +860,7 @@ cdef class RWLock(_TbObject):
         cdef shm_rwrec* r
         self._check()
         recs = []
-        for i in range(self.b.P):
+        for i in range(body_hwm(&self.b)):
             r = shm_rw_rec(&self.b, i)
             recs.append((r.ind, r.wparked, r.wstate, r.waiting))
         return {"w": W.w, "parked": W.parked, "wwait": W.wwait,

@@ -64,7 +64,7 @@ cdef int _sem_acquire(rmap_t* rm, shm_body* b, uint32_t me, bint owned,
                 return R_TIMEOUT
             tb_watch_init(&t, &w.seq, s, deadline)
             changed = 0
-            for x in range(b.P):
+            for x in range(body_hwm(b)):
                 if x != me and _sem_holds(b, x):
                     d = tb_watch(rm, &t, x)
                     if d == DEP_CHANGED:
@@ -139,7 +139,7 @@ cdef class Semaphore(_TbObject):
     ownerless: one process may acquire and another release (signalling). A unit taken by
     ``with sem:`` is the taking thread's: if its process dies inside the block, the unit
     comes back (the next waiter, or the next call that would fail for want of it, finds
-    the death and recovers it). ``create(value=1, name=None, *, max_participants=64,
+    the death and recovers it). ``create(value=1, name=None, *, max_participants=None,
     mode=0o600, persist=False)``, ``open(name)``, ``close()``, ``unlink()`` as for locks."""
     kind_name = "semaphore"
     kind_code = SHM_KIND_SEMAPHORE
@@ -149,20 +149,20 @@ cdef class Semaphore(_TbObject):
     def _pick(cls, uint32_t flags):
         return BoundedSemaphore if flags & TB_F_BOUNDED else Semaphore
 
-    def __init__(self, value=1, name=None, *, max_participants=64, mode=0o600,
+    def __init__(self, value=1, name=None, *, max_participants=None, mode=0o600,
                  persist=False):
         self._init_standalone(name, max_participants, mode, persist,
                               _sem_setup(type(self), value))
 
     @classmethod
-    def create(cls, value=1, name=None, *, max_participants=64, mode=0o600, persist=False):
+    def create(cls, value=1, name=None, *, max_participants=None, mode=0o600, persist=False):
         """A new semaphore of ``value`` units in a segment of its own (the same as
         calling the class)."""
         return cls(value, name, max_participants=max_participants, mode=mode,
                    persist=persist)
 
     @classmethod
-    def open_or_create(cls, name, value=1, *, max_participants=64, mode=0o600,
+    def open_or_create(cls, name, value=1, *, max_participants=None, mode=0o600,
                        persist=False):
         """Open semaphore ``name``, or create it (``value`` units, with these arguments)
         if there is none: atomic, so that of any number of processes racing on one name,
@@ -269,7 +269,7 @@ cdef class Semaphore(_TbObject):
         cdef uint32_t i, u
         d = _TbObject._describe(self)
         holders = []
-        for i in range(self.b.P):
+        for i in range(body_hwm(&self.b)):
             u = ld32_acq(&shm_tb_rec(&self.b, i).units)
             if u != 0 and participant_state(self.rm, i) != 0:
                 h = self._part(i)
@@ -285,7 +285,7 @@ cdef class Semaphore(_TbObject):
         cdef uint32_t i
         cdef uint64_t held = 0
         self._check()
-        for i in range(self.b.P):
+        for i in range(body_hwm(&self.b)):
             held += ld32_acq(&shm_tb_rec(&self.b, i).units)
         return {"value": ld32_acq(&shm_tb_word(&self.b).value), "held_with": held,
                 "recovered": ld64_acq(&self.b.ctl.owner_deaths)}

@@ -32,19 +32,15 @@ cdef int64_t TB_GUARD_GRACE_NS = 20000000    # the least a call waits for a held
 
 # ---- the guard and its journal ----
 
-cdef inline uint64_t tb_body_bytes(shm_body* b) noexcept nogil:
-    return shm_body_lines(b.P) * SHM_LINE
-
-
 cdef void tb_undo(shm_body* b) noexcept nogil:
     """A thread died holding the guard: put back every word its change had journaled,
-    newest first. Offsets come from shared memory: only word A and the records are ever
-    written back, each offset checked."""
+    newest first. Offsets come from shared memory: only word A and the records of the
+    participants provisioned are ever written back, each offset checked."""
     cdef shm_tbjournal* j = shm_tb_journal(b)
     cdef uint32_t n = ld32_acq(&j.n)
     cdef uint32_t off
     cdef uint64_t lo_rec = (SHM_BODY_NODES + <uint64_t>b.P + 1) * SHM_LINE
-    cdef uint64_t hi = tb_body_bytes(b)
+    cdef uint64_t hi = lo_rec + <uint64_t>body_hwm(b) * SHM_LINE
     if n > TB_JMAX:
         n = TB_JMAX
     while n > 0:
@@ -87,7 +83,7 @@ cdef bint tb_stray(rmap_t* rm, shm_body* b, uint32_t* seen) noexcept nogil:
         seen[0] = 0
         return 0
     if v != (<uint32_t>shm_gettid() & FUTEX_TID_MASK_):
-        for i in range(rm.P):
+        for i in range(rmap_hwm(rm)):
             if (ld32_acq(<uint32_t*>&rm.part[i].token.m) & FUTEX_TID_MASK_) == v:
                 seen[0] = 0
                 return 0
@@ -181,7 +177,7 @@ cdef int tb_watch(rmap_t* rm, tb_watch_t* t, uint32_t slot) noexcept nogil:
     cdef watch_t* ws = &t.ws
     cdef uint32_t* tw
     cdef uint32_t v, seen
-    if slot >= rm.P:
+    if slot >= rmap_hwm(rm):
         return DEP_ARMED
     tw = <uint32_t*>&rm.part[slot].token.m
     v = ld32_seq(tw)
@@ -269,14 +265,14 @@ cdef int tb_sleep_w(rmap_t* rm, tb_watch_t* t, uint32_t* parked, wait_t* w) noex
     if r == R_SIGNAL:
         return R_SIGNAL
     for i in range(1, ws.n):
-        if t.slots[i] < rm.P and ld32_seq(ws.words[i]) & FUTEX_OWNER_DIED_:
+        if t.slots[i] < rmap_hwm(rm) and ld32_seq(ws.words[i]) & FUTEX_OWNER_DIED_:
             participant_try_recover(rm, t.slots[i], &t.rec)
             if t.rec.sig:
                 return R_SIGNAL
     i = 0
     while mine and i < shm_many_count(t.more) and shm_many_gen(t.more) == t.more_gen:
         s = shm_many_word_slot(t.more, i)
-        if s < rm.P and ld32_seq(shm_many_word(t.more, i)) & FUTEX_OWNER_DIED_:
+        if s < rmap_hwm(rm) and ld32_seq(shm_many_word(t.more, i)) & FUTEX_OWNER_DIED_:
             participant_try_recover(rm, s, &t.rec)
             if t.rec.sig:
                 return R_SIGNAL
@@ -324,7 +320,7 @@ cdef bint tb_sweep(rmap_t* rm, shm_body* b, bint (*has)(shm_body*, uint32_t) noe
     handler raised, stop)."""
     cdef uint32_t x
     cdef bint any = 0
-    for x in range(b.P):
+    for x in range(body_hwm(b)):
         if x != me and has(b, x) and participant_dead(rm, x):
             participant_try_recover(rm, x, rec)
             any = 1
@@ -558,7 +554,7 @@ cdef class _TbObject:
         """Live participants whose record says they sleep in a wait here (a snapshot)."""
         cdef uint32_t i
         cdef int n = 0
-        for i in range(self.b.P):
+        for i in range(body_hwm(&self.b)):
             if (ld32_acq(&shm_tb_rec(&self.b, i).waiting)
                     and participant_state(self.rm, i) == 1):
                 n += 1
@@ -587,7 +583,7 @@ cdef class _TbObject:
         cdef shm_tbrec* r
         self._check()
         recs = []
-        for i in range(self.b.P):
+        for i in range(body_hwm(&self.b)):
             r = shm_tb_rec(&self.b, i)
             recs.append((r.units, r.inside, r.member, r.ticket, r.notified, r.waiting))
         return {"seq": w.seq, "parked": w.parked, "value": w.value, "limit": w.limit,
