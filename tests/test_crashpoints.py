@@ -14,6 +14,11 @@ SIGKILLs itself there:
   child (one thread queued on the lock, its main thread polling the victim's liveness
   token) recovers it -- and dies doing so.
 
+Two families need a region grown past its first participants (docs/design.md §2) and
+have tests of their own, at the end of this file: the growth points ("region.grow.*",
+passed by a registration that provisions more participant slots) and the ticket kind's
+overflow points ("ticket.overflow.*", passed only with more than 64 tickets outstanding).
+
 Each case runs twice: with the child's participant slot below the survivors' (so a scan in
 slot order meets the dead one first) and above them.
 
@@ -49,10 +54,14 @@ from support.crashcase import (
     CHILD_BUDGET,
     CHILD_SEQ,
     DIED_N,
+    FIRST_THREAD,
     GO,
     MAX_PARTICIPANTS,
     SOAK,
     Case,
+    checker,
+    enter,
+    map_shared,
 )
 
 import shmlocks
@@ -66,11 +75,14 @@ CRASHPOINTS: dict[str, tuple[str, ...]] = shmlocks._crashpoints()
 #: points only a resumable wait passes ("<kind>.async.*"): this matrix's participants block;
 #: tests/test_nbwait.py kills a resumable waiter at each
 ASYNC_ONLY = {p for p in CRASHPOINTS if ".async." in p}
+#: points only a region grown past its first participants passes: tests of their own (below)
+GROWN_POINTS = sorted(p for p in CRASHPOINTS if p.startswith("ticket.overflow."))
+GROW_POINTS = sorted(p for p, kinds in CRASHPOINTS.items() if kinds == ("region",))
 CASES = [
     (k, p)
     for k in shmlocks.KINDS
     for p in sorted(CRASHPOINTS)
-    if k in CRASHPOINTS[p] and p not in ASYNC_ONLY
+    if k in CRASHPOINTS[p] and p not in ASYNC_ONLY and p not in GROWN_POINTS
 ]
 
 #: robust/pi: the points at which the dying process owns the pthread mutex (kernel view)
@@ -217,8 +229,12 @@ def test_crashpoint_table_matches_the_sources():
         f"in _crashpoints(), not in the sources: {sorted(set(CRASHPOINTS) - set(src))}"
     )
     for name, kinds in CRASHPOINTS.items():
-        # a kind of KINDS, or an object of the toolbox with a protocol of steps (rwlock)
-        assert kinds and set(kinds) <= set(shmlocks.KINDS) | set(shmlocks.OBJECTS), (name, kinds)
+        # a kind of KINDS, or an object of the toolbox with a protocol of steps (rwlock),
+        # or the region's own (growth: "region")
+        assert kinds and set(kinds) <= set(shmlocks.KINDS) | set(shmlocks.OBJECTS) | {"region"}, (
+            name,
+            kinds,
+        )
         prefix = name.split(".", 1)[0]
         if prefix in shmlocks.KINDS:
             assert kinds == (prefix,), f"{name!r} is {prefix}-specific, but lists {kinds}"
@@ -475,3 +491,226 @@ def test_joiners_dying_in_a_row_do_not_wedge_the_queue(procs, kind, plan):
     finally:
         region.unlink()
         region.close()
+
+
+# ------------------------------------------------------------- growth (docs/design.md §2)
+
+_GROWER = r"""
+import sys, threading, shmlocks
+lock = shmlocks.KINDS[sys.argv[1]].open(sys.argv[2])
+stop = threading.Event()
+def member(done):
+    with lock:                       # registers: the first past the slots provisioned grows
+        pass
+    done.set()
+    stop.wait(60)                    # keeps its slot, as a pool's thread does
+print("ready", flush=True)
+sys.stdin.readline()
+for i in range(400):                 # one at a time: none holds the lock at the growth
+    done = threading.Event()
+    threading.Thread(target=member, args=(done,), daemon=True).start()
+    if not done.wait(20):
+        break
+print("not reached", flush=True)
+"""
+
+
+def _many_members(lock, path: str, n: int, who: int) -> int:
+    """n threads of this (forked) process each take `lock` once (a checker section as
+    `who`) and stay alive together; returns the count of those that did."""
+    import threading as th
+
+    a = map_shared(path)
+    count, errors = [], []
+    stop = th.Event()
+
+    def work(done) -> None:
+        try:
+            with lock:
+                enter(lock, a, who)
+                count.append(1)
+                checker(a).leave(who)
+        except Exception as e:  # noqa: BLE001 - sent back
+            errors.append(repr(e))
+        done.set()
+        stop.wait(60)
+
+    ts = []
+    for _ in range(n):
+        done = th.Event()
+        ts.append(th.Thread(target=work, args=(done,), daemon=True))
+        ts[-1].start()
+        assert done.wait(30), "a member did not take the lock"
+    assert not errors, errors
+    stop.set()
+    for t in ts:
+        t.join(30)
+    return len(count)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("point", GROW_POINTS)
+@pytest.mark.parametrize("kind", list(shmlocks.KINDS))
+def test_death_of_a_grower(procs, new_lock, tmp_path, kind, point):
+    """A registration that provisions more participant slots (the 33rd thread of a lock
+    made with the defaults) is SIGKILLed at each step of the growth, while three survivor
+    processes hold and wait, and the dead grower's 29 other threads (each of which took the
+    lock once) die with it. The survivors go on within 2 s (none needs the growth); the
+    growth is then redone by the next registration that needs it (from scratch: nothing
+    the dead one did was published but the last step's count), the dead grower's slots
+    are recovered and claimed again, 150 threads of another process take the lock and
+    count exactly, no hold sees owner_died (nobody died holding) and no slot is left dead."""
+    lock = new_lock(kind)
+    case = Case(procs, lock, kind, point, tmp_path)
+    try:
+        case.start_survivors()
+        case.wait_running()
+        child = procs.popen(
+            [sys.executable, "-c", _GROWER, kind, lock.name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, SHMLOCKS_CRASHPOINT=point),
+        )
+        assert child.stdout.readline().strip() == "ready"
+        case.a[GO] = 1
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.wait(60) == -signal.SIGKILL, f"{point} not reached: {child.stdout.read()}"
+        t_death = time.monotonic_ns()
+        provisioned = lock.region._provisioned
+        assert provisioned == (64 if point == "region.grow.published" else 32)
+        lag = case.survivors_acquire_after(t_death)
+        print(f"{kind} {point}: every survivor acquired within {lag / 1e6:.1f} ms")
+        n = procs.call(_many_members, lock, case.path, 150, FIRST_THREAD, timeout=90)
+        assert n == 150
+        assert lock.region._provisioned >= 256  # grown again, past the dead one's step
+        time.sleep(SOAK)
+        case.stop()
+        case.check_exclusion()
+        assert case.died_entries() == [], "owner_died after a death that held nothing"
+        lock.region._recover_dead()
+        parts = lock.region._describe()["participants"]
+        assert not [p for p in parts if not p["alive"]], "a dead grower's slot is left"
+    finally:
+        case.close()
+
+
+# -------------------------------------- ticket: more than 64 outstanding (ticket.pxi)
+
+_OVERFLOWER = r"""
+import sys, time, shmlocks
+lock = shmlocks.TicketLock.open(sys.argv[1])
+mode, deadline = sys.argv[2], float(sys.argv[3])
+if mode == "release":
+    assert lock.acquire(timeout=10)  # ticket s: the crowd queues behind it
+print("ready", flush=True)
+sys.stdin.readline()
+if mode == "wait":                   # its ticket shares a slot with an abandoned one:
+    lock.acquire(timeout=max(0.01, deadline - time.monotonic()))   # overflows as it leaves
+else:
+    lock.release()                   # passes an abandoned ticket kept in a record
+print("not reached", flush=True)
+"""
+
+
+def _crowd(name: str, deadlines: list, base: int, a) -> None:
+    """Threads queued on ticket lock `name` in the order of `deadlines` (each queued before
+    the next starts; `base` waiters queued before them), each waiting until its deadline
+    (CLOCK_MONOTONIC s; None: 60 s). a[i]: 1 if thread i got the lock, 2 if it timed out;
+    a[N + k]: the k-th holder's index + 1."""
+    import threading as th
+
+    lock = shmlocks.TicketLock.open(name)
+    n = len(deadlines)
+    held = [0]
+
+    def wait(i: int, deadline) -> None:
+        got = lock.acquire(timeout=60 if deadline is None else deadline - time.monotonic())
+        if got:
+            a[n + held[0]] = i + 1
+            held[0] += 1
+            time.sleep(0.001)
+            lock.release()
+        a[i] = 1 if got else 2
+
+    ts = []
+    for i, d in enumerate(deadlines):
+        ts.append(th.Thread(target=wait, args=(i, d)))
+        ts[-1].start()
+        end = time.monotonic() + 10
+        while lock._describe()["waiters"] < base + i + 1 and time.monotonic() < end:
+            time.sleep(0.001)
+    for t in ts:
+        t.join(90)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("point", GROWN_POINTS)
+def test_death_at_an_overflow_point(procs, new_lock, point):
+    """More than 64 tickets outstanding (a grown region): tickets t and t + 64 share a slot
+    line, and when both are abandoned, the second marker goes to its owner's record
+    (ticket.pxi). A waiter dies leaving that way (after counting the overflow, or after
+    marking its record), or a releaser dies passing such a ticket (its claim made, serving
+    not moved). The 63 live waiters queued in between all get the lock, once each, in the
+    order they queued; the abandoned tickets are skipped; no hold sees owner_died (the dead
+    one was waiting, or releasing); and the lock is free and usable after, every
+    participant recovered."""
+    lock = new_lock("ticket")
+    ctx = mp.get_context("fork")
+    t0 = time.monotonic()
+    if point == "ticket.overflow.claimed":
+        # the child holds ticket s; A = s+1 leaves after C = s+65 (same slot): A's marker
+        # goes to A's record, and the child's release passes it
+        mode, child_deadline = "release", 0.0
+        deadlines = [t0 + 6.0] + [None] * 63 + [t0 + 5.0]
+        base = 0
+    else:
+        # the test holds ticket s; A = s+1 leaves first (its marker in the slot), then the
+        # child (s+65, same slot) leaves: its marker overflows to its record
+        mode, child_deadline = "wait", t0 + 6.0
+        deadlines = [t0 + 5.0] + [None] * 63
+        base = 0
+        assert lock.acquire(timeout=5)
+    child = procs.popen(
+        [sys.executable, "-c", _OVERFLOWER, lock.name, mode, str(child_deadline)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, SHMLOCKS_CRASHPOINT=point),
+    )
+    assert child.stdout.readline().strip() == "ready"
+    n = len(deadlines)
+    a = ctx.RawArray("q", 2 * n + 2)
+    crowd = procs.start(_crowd, lock.name, deadlines, base, a)
+    until_queued = time.monotonic() + 10
+    while lock._describe()["waiters"] < n and time.monotonic() < until_queued:
+        time.sleep(0.005)
+    assert lock._describe()["waiters"] == n, "the crowd did not queue"
+    if mode == "wait":
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        time.sleep(0.5)
+        assert lock._describe()["waiters"] == n + 1, "the child did not queue"
+    assert time.monotonic() < t0 + 4.5, "too slow to set up before the first timeout"
+    if mode == "release":
+        while a[n - 1] != 2 or a[0] != 2:  # C, then A, left: A's marker is in its record
+            assert time.monotonic() < t0 + 20, "the abandoning waiters did not leave"
+            time.sleep(0.01)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    assert child.wait(30) == -signal.SIGKILL, f"{point} not reached: {child.stdout.read()}"
+    if mode == "wait":
+        lock.release()
+    assert not join_all([crowd], 60), "the crowd did not finish"
+    live = list(range(1, 64))
+    assert [a[i] for i in live] == [1] * 63, "a live waiter did not get the lock"
+    assert a[0] == 2 and (mode == "wait" or a[n - 1] == 2)
+    holders = [a[n + k] - 1 for k in range(n) if a[n + k]]
+    assert holders == live, f"not served in queue order: {holders}"
+    assert lock.acquire(timeout=5), "the lock is wedged after the death"
+    assert not lock.owner_died
+    lock.release()
+    lock.region._recover_dead()
+    assert not [p for p in lock.region._describe()["participants"] if not p["alive"]]
+    assert not lock.locked() and lock._describe()["waiters"] == 0
