@@ -138,9 +138,14 @@ cdef inline uint32_t rmap_hwm(rmap_t* rm) noexcept nogil:
 
 
 cdef inline uint32_t body_hwm(shm_body* b) noexcept nogil:
-    """part_hwm of the region of body b (its participants, and their nodes and precs)."""
+    """part_hwm of the region of body b (its participants, and their nodes and precs), read
+    afresh (and kept in b.hwm_seen, this view's copy for bounds checks: queue.pxd)."""
     cdef uint32_t h = ld32_seq(b.hwm)
-    return h if h < b.P else b.P
+    if h > b.P:
+        h = b.P
+    if h > ld32_rlx(&b.hwm_seen):
+        st32_rlx(&b.hwm_seen, h)
+    return h
 
 
 # -- holder ids, namespaces -------------------------------------------------------------

@@ -3,4 +3,4 @@
 
 cdef class CLHLock(_Lock):
     # overrides _fast, _try, _wait, _unlock, _is_locked (base/kind.pxd); adds:
-    cdef inline int _enqueue(self, uint32_t me, bint armed) noexcept nogil
+    cdef inline int _enqueue(self, uint32_t me, uint32_t X, bint armed) noexcept nogil

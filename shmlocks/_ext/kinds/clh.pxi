@@ -142,11 +142,13 @@ cdef int _clh_abort_as(rmap_t* rm, shm_body* b, uint32_t q, bint dead) noexcept 
 
 
 cdef inline void _clh_release_as(shm_body* b, uint32_t q, bint armed) noexcept nogil:
-    """Release for q: free its node for its successor, then adopt its predecessor's."""
+    """Release for q: free its node for its successor, then adopt its predecessor's. Its
+    callers checked both ids (_clh_ok: a participant provisioned, or the lock's own): this
+    checks only that X is inside the body."""
     cdef shm_prec* r = &b.precs[q]
     cdef uint32_t X = r.mine
     trace("clh.release", q, X, r.pred)
-    if X != r.pred and _clh_ok(X, b):
+    if X != r.pred and X - 1 <= b.P:
         st32_seq(&b.qnodes[X - 1].state, C_FREE)          # our successor may go
         wake_if_parked(&b.qnodes[X - 1].state, &b.qnodes[X - 1].parked)
         crashpoint_at(armed, "clh.release.freed")
@@ -367,13 +369,11 @@ cdef class CLHLock(_Lock):
     recovery = "user"
     priority_inheritance = False
 
-    cdef inline int _enqueue(self, uint32_t me, bint armed) noexcept nogil:
+    cdef inline int _enqueue(self, uint32_t me, uint32_t X, bint armed) noexcept nogil:
+        """Join the queue with our node X (r.mine, which the caller checked: _clh_ok)."""
         cdef shm_prec* r = &self.b.precs[me]
-        cdef uint32_t X = ld32_rlx(&r.mine)
         cdef uint32_t p, rnd
         cdef uint64_t old
-        if not _clh_ok(X, &self.b):
-            return R_CORRUPT
         rnd = ld32_rlx(&self.b.qnodes[X - 1].round) + 1       # a new passage of X
         st32_rlx(&self.b.qnodes[X - 1].round, rnd)
         st32_rlx(&r.round, rnd)
@@ -408,7 +408,7 @@ cdef class CLHLock(_Lock):
         st = ld32_acq(&self.b.qnodes[X - 1].state)
         if st == C_BUSY or st == C_ABANDONED or st == C_RECLAIMING:
             return R_BUSY
-        return self._enqueue(me, armed)
+        return self._enqueue(me, X, armed)
 
     cdef int _try(self, uint32_t me) noexcept nogil:
         cdef int rc = self._fast(me, shm_crash_armed)
@@ -454,7 +454,7 @@ cdef class CLHLock(_Lock):
                         if res == R_WOULDBLOCK:
                             w.resume_rc = R_BUSY     # not queued yet: look at the node again
                         return res
-                rc = self._enqueue(me, shm_crash_armed)
+                rc = self._enqueue(me, X, shm_crash_armed)
                 if rc != R_PENDING:
                     return rc
         pk.ready = _clh_not_busy

@@ -21,8 +21,12 @@ cdef uint32_t queue_succ_of(uint64_t* tail, shm_body* b, uint32_t own,
 cdef inline bint queue_node_ok(shm_body* b, uint32_t id, uint32_t own) noexcept nogil:
     """Does node id `id` (index + 1, read from shared memory) name a node in use: one of a
     participant provisioned (1..part_hwm: participants.pxd body_hwm), or the lock's own
-    node `own` (CLH's P + 1; 0: none)? Unsigned: 0 (none) and QUEUE_UNKNOWN fail."""
-    return id - 1 < body_hwm(b) or (own != 0 and id == own)
+    node `own` (CLH's P + 1; 0: none)? Unsigned: 0 (none) and QUEUE_UNKNOWN fail. Below
+    this view's last count (b.hwm_seen: part_hwm only grows) it is in range at the cost
+    of the cap's check, on the uncontended path too; past it the header is read again."""
+    if id - 1 < ld32_rlx(&b.hwm_seen) or (own != 0 and id == own):
+        return 1
+    return id - 1 < body_hwm(b)
 
 
 cdef inline uint32_t queue_link(shm_qnode* n) noexcept nogil:

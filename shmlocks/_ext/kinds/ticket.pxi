@@ -82,10 +82,10 @@
 
 
 cdef inline shm_tslot* _tslot(shm_body* b, uint64_t t) noexcept nogil:
-    """Ticket t's slot line: tslot[t % TS]."""
-    if b.TS == SHM_TICKET_SLOTS:
-        return &b.tslots[t & (SHM_TICKET_SLOTS - 1)]
-    return &b.tslots[t % b.TS]
+    """Ticket t's slot line: tslot[t % TS], TS = min(P, SHM_TICKET_SLOTS)."""
+    if b.P >= SHM_TICKET_SLOTS:
+        return &shm_tslots(b)[t & (SHM_TICKET_SLOTS - 1)]
+    return &shm_tslots(b)[t % b.P]
 
 
 cdef inline bint _marks(uint64_t m, uint64_t t) noexcept nogil:

@@ -303,14 +303,19 @@ typedef struct shm_body {      /* process-local view of one lock body; never sto
     shm_lockctl *ctl;
     shm_word    *wa;
     shm_word    *wb;
-    shm_qnode   *qnodes;       /* P + 1 nodes, as MCS and CLH see them ... */
-    shm_tslot   *tslots;       /* ... and as the ticket kind does (the same lines) */
+    shm_qnode   *qnodes;       /* P + 1 nodes, as MCS and CLH see them (the ticket kind's
+                                  view of the same lines: shm_tslots) */
     shm_prec    *precs;        /* P */
     uint32_t    *hwm;          /* the region's part_hwm (participants.pxd body_hwm reads it) */
-    uint32_t     P;            /* the cap: the geometry */
-    uint32_t     TS;           /* ticket slots: min(P, SHM_TICKET_SLOTS) */
+    uint32_t     P;            /* the cap: the geometry (ticket slots: min(P, SHM_TICKET_SLOTS)) */
     uint32_t     index;        /* lock index in the region */
+    uint32_t     hwm_seen;     /* part_hwm as this view last read it (<= P): only grows, so an
+                                  id below it is in range without a look at the header
+                                  (queue.pxd queue_node_ok); one past it looks again */
 } shm_body;
+_Static_assert(sizeof(shm_body) <= 64, "a view of a body is one cache line: the fast path's");
+
+static inline shm_tslot *shm_tslots(shm_body *b) { return (shm_tslot *)b->qnodes; }
 
 static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_t index) {
     shm_body b;
@@ -319,11 +324,11 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
     b.wa    = (shm_word *)(p + SHM_BODY_WA * SHM_LINE);
     b.wb    = (shm_word *)(p + SHM_BODY_WB * SHM_LINE);
     b.qnodes = (shm_qnode *)(p + SHM_BODY_NODES * SHM_LINE);
-    b.tslots = (shm_tslot *)(p + SHM_BODY_NODES * SHM_LINE);
     b.precs = (shm_prec *)(p + (SHM_BODY_NODES + (uint64_t)P + 1u) * SHM_LINE);
     b.hwm = &((shm_header *)base)->part_hwm;
     b.P = P;
-    b.TS = P < SHM_TICKET_SLOTS ? P : SHM_TICKET_SLOTS;
+    b.hwm_seen = __atomic_load_n(b.hwm, __ATOMIC_SEQ_CST);
+    if (b.hwm_seen > P) b.hwm_seen = P;
     b.index = index;
     return b;
 }

@@ -243,13 +243,13 @@ cdef extern from "shm_layout.h" nogil:
         shm_word* wa
         shm_word* wb
         shm_qnode* qnodes
-        shm_tslot* tslots
         shm_prec* precs
         uint32_t* hwm
         uint32_t P
-        uint32_t TS
         uint32_t index
+        uint32_t hwm_seen
 
+    shm_tslot* shm_tslots(shm_body* b)
     uint64_t shm_body_lines(uint32_t P)
     uint32_t shm_fixed_nodes(uint32_t fixed, uint32_t P)
     shm_body shm_body_at(char* base, uint64_t off, uint32_t P, uint32_t index)
