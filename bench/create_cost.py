@@ -6,7 +6,8 @@ two shmlocks builds measured in one run (issue 37: participants that grow).
 Each tree is a source checkout with its extension built in place (`pip install -e .` or
 `python setup.py build_ext --inplace`). The two are imported alternately in fresh
 processes, ROUNDS times (default 3); each time figure is the minimum over rounds of the
-median of batches:
+median of batches, in CPU time (this process's, user and system: what the calls cost,
+whatever else runs on the machine; wall time beside it):
 
 - create: `Kind()` (a new segment with one lock, the defaults) then `close()` (which
   unlinks it), per pair;
@@ -30,13 +31,14 @@ sys.path.insert(0, sys.argv[1])
 import shmlocks
 
 def per_pair(fn, n=400, batches=7):
-    out = []
+    cpu, wall = [], []
     for _ in range(batches):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         for _ in range(n):
             fn()
-        out.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(out)
+        cpu.append((time.process_time() - c0) / n * 1e6)
+        wall.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(cpu), statistics.median(wall)
 
 def blocks(lock):
     return os.stat("/dev/shm/" + lock.name).st_blocks * 512
@@ -89,8 +91,9 @@ for kind in ("futex", "clh"):
     keep = cls()
     def reopen():
         cls.open(keep.name).close()
-    r = {"create_us": per_pair(create), "open_us": per_pair(reopen),
-         "fresh_bytes": blocks(keep), "fresh_rss": rss(keep.name)}
+    r = {"fresh_bytes": blocks(keep), "fresh_rss": rss(keep.name)}
+    r["create_cpu_us"], r["create_wall_us"] = per_pair(create)
+    r["open_cpu_us"], r["open_wall_us"] = per_pair(reopen)
     keep.close()
     for n in (64, 1000):
         r[f"used_{n}_bytes"], r[f"used_{n}_rss"] = used_by(cls, n)
@@ -113,7 +116,7 @@ def main() -> int:
                 cwd="/",
             )
             runs[tag].append(json.loads(proc.stdout))
-    keys = ("create_us", "open_us")
+    keys = ("create_cpu_us", "create_wall_us", "open_cpu_us", "open_wall_us")
     mem = (
         "fresh_bytes",
         "fresh_rss",
