@@ -4,6 +4,7 @@
     python bench/run.py --full     the complete run (several minutes)
     python bench/run.py --smoke    a few seconds: every code path, for CI
     python -m shmlocks bench [--full] [--out DIR] [--json]
+    python bench/run.py --oversubscribed [...]   bench/oversubscribed.py (P = 1, 2, 3, 4, 8)
 
 Measures, in one run, for the six shmlocks kinds and the anchors threading.Lock (the
 in-process floor, measured with threads), multiprocessing.Lock, posix_ipc.Semaphore and
@@ -372,6 +373,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--oversubscribed" in argv:
+        # oversubscribed.py's own run (P = 1, 2, 3, 4, 8): its options follow; a --json
+        # without a file, from `shmlocks bench --json`, means nothing there
+        import oversubscribed
+
+        rest = [a for a in argv if a not in ("--oversubscribed", "--", "--full")]
+        return oversubscribed.main(
+            [
+                a
+                for i, a in enumerate(rest)
+                if a != "--json" or i + 1 < len(rest) and not rest[i + 1].startswith("-")
+            ]
+        )
     args = parse_args(argv)
     mode = MODES["full" if args.full else "smoke" if args.smoke else "quick"]
     if args.repeats is not None:
