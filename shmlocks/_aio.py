@@ -1,227 +1,85 @@
 """asyncio: ``await lock.acquire_async()`` and ``async with lock`` (docs/design.md §14).
 
-The owner of an async hold is the task. In shared memory a participant is a thread (its
-slot, its liveness token, its holder id; robust and pi mutexes are owned by a kernel thread
-id), so each task that holds or waits for a lock is served by a **proxy**: a thread of this
-process leased to that task for as long as it holds or waits for anything, which is the
-task's participant in every region. The holder id, the wait record, the statistics, the
-wait-for graph, owner_died and recovery then see the task as they see any thread.
+The owner of an async hold is the task; no thread waits for it. Per event loop thread and
+lock, a **cohort** stands for the loop's tasks in shared memory: one participant slot of
+the lock's region, claimed by the loop's thread but outside its own registrations (an
+*agent* slot, ``_core._Agent``), through which the cohort holds the lock for one task at a
+time and waits for it for the tasks queued behind, in call order (a deque of futures, as
+``asyncio.Lock`` keeps). Invariant, per cohort: at most one task holds through it; while
+tasks wait behind it, it either holds for a task or has a place in the lock's queue (a
+resumable wait, docs/design.md §5), and it has that place only while a task waits.
 
-- The loop never blocks: a wait runs on the proxy thread, asleep in the kernel
-  (futex_waitv on the lock's words, the liveness token it depends on, and the seat's
-  cancel word), with the GIL released. Its result comes back through
-  ``loop.call_soon_threadsafe``. No polling.
-- The user-space kinds (ticket, mcs, clh, futex) take their place in line on the loop's
-  thread, on the proxy's behalf, when the call is made, and in call order: a task that
-  must await something first (its proxy's first use of the lock) makes the tasks of its
-  loop that call after it wait for its place (``_tail``), so FIFO kinds serve tasks in the
-  order they called. They release there too, while the proxy is idle: one thread at a time
-  acts for a participant, so any step while the proxy is busy goes through its queue. The
-  pthread kinds (robust, pi) are owned by a thread id: every step of theirs runs on the
-  proxy, which owns the mutex for the task.
-- Cancellation sets the seat's cancel word and wakes it: the proxy's wait leaves as at a
-  timeout (the kind abandons its place). A grant that comes at the moment of cancellation
-  is released at once, passing the lock on; nobody saw its owner_died, so it is handed on
-  to the next holder (``_Seat.pass_on``), as by a with block left by an exception.
-
-Proxies come from a per-process pool (``_IDLE_MAX`` kept idle, the others end). A proxy
-that ends gives its slots back as any thread does; the pool is emptied at exit and
-forgotten in a forked child.
+- The first task's call takes the cohort's place at once, on the loop's thread (a FIFO
+  kind's ticket or queue node: call order among threads and processes). When the holding
+  task releases, the cohort releases the lock to the shared queue and, if tasks wait,
+  takes a new place at once: the tasks of a loop are served in call order, and a task is
+  overtaken by at most one hold of each other waiter per task ahead of it.
+- The wait sleeps in the kernel without a thread: its watch set is an io_uring
+  FUTEX_WAITV of the loop's thread's ring, whose eventfd the loop watches (add_reader);
+  a completion re-enters the wait. Without io_uring (AIO_MODE "thread": forced by
+  SHMLOCKS_AIO=thread), one waiter thread per loop thread sleeps on the union of its
+  cohorts' watch sets (``_core._Waiter``) and tells the loop which ones changed.
+- Ownership is kept here (``_Cohort.holder``): release() and mark_consistent() from
+  another task raise NotOwnerError, a task awaiting a lock it holds DeadlockError; a hold
+  whose task ended is inherited by the task that releases it. robust and pi holds are the
+  loop thread's in the kernel's eyes: every step runs on that thread, so release() from
+  the task returns with the lock released.
+- A task's timeout, cancellation or deadlock takes it out of the deque; a cohort with no
+  task left withdraws its place; a grant that finds no task to take it (or a task
+  cancelled as it is granted) is released at once, owner_died handed on.
+- A cycle of tasks of one loop is refused when the task that closes it enqueues; a cycle
+  through other threads or processes is found by the look (shmlocks/waitgraph.py: the
+  cohorts' records name the task they act for, and the wait links of a task's holds say
+  what it waits for) and the member that began to wait last gets DeadlockError.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
+import itertools
 import os
-import queue
 import threading
+import time
 import weakref
 from typing import Any
 
 from . import _core
-from .errors import CapacityError, DeadlockError, NotOwnerError
+from .errors import DeadlockError, NotOwnerError
 
-_IDLE_MAX = 8  # idle proxies kept for the next task (each keeps its slots)
+#: threads of shmlocks' that an event loop thread keeps (its waiter thread, AIO_MODE
+#: "thread"; none with io_uring)
+_IDLE_MAX = 1
+passed_on = 0  # grants released because no task took them (tests)
+polls = 0  # re-entries of cohorts' waits (tests: a wait behind a live holder makes none)
+_URING = _core.AIO_MODE == "io_uring"
+_CANCEL_BIT = 1 << 63
+_LABEL_MAX = 40  # bytes of a task's name in its cohort's record (shm_layout.h label)
+_CUT_MIN_S = 0.005  # a cut recovery is polled again after this, doubling ...
+_CUT_MAX_S = 0.2  # ... up to this (the loop thread's time is not the recovery's)
+_DL_RECHECK_S = 0.5  # a task waiting past the deadlock timeout is looked at this often
 
-_mutex = threading.Lock()  # the pool and the registry (loops may run in several threads)
-_idle: list[_Proxy] = []
-_all: weakref.WeakSet[_Proxy] = weakref.WeakSet()
-_of_task: weakref.WeakKeyDictionary[asyncio.Task[Any], _Proxy] = weakref.WeakKeyDictionary()
-passed_on = 0  # grants released because their task was cancelled as they came (tests)
-# per lock: the turn of the last task of this process that called acquire_async() and had
-# to await something before taking its place; a task that calls later takes its place
-# after that one's (call order, docs/design.md §14)
-_tail: weakref.WeakKeyDictionary[Any, asyncio.Future[None]] = weakref.WeakKeyDictionary()
+_local = threading.local()
+_task_ids: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
+_next_task_id = itertools.count(1)
+_drivers: weakref.WeakSet[_Driver] = weakref.WeakSet()
 
-
-def _count_passed_on() -> None:
-    global passed_on
-    with _mutex:
-        passed_on += 1
-
-
-class _Proxy:
-    """A thread that stands for one task at a time in shared memory."""
-
-    def __init__(self) -> None:
-        self.q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.seats: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-        self.holds: set[Any] = set()  # the locks the task holds (through this proxy)
-        self.task: asyncio.Task[Any] | None = None
-        self.calls = 0  # acquire_async calls of the task in progress
-        self.posted = 0  # commands posted (the owning loop's thread writes it) ...
-        self.finished = 0  # ... and done (the proxy thread writes it): idle when equal
-        self.thread = threading.Thread(target=self._run, name="shmlocks-task", daemon=True)
-        self.thread.start()
-        _all.add(self)
-
-    def _run(self) -> None:
-        get = self.q.get
-        while True:
-            item = get()
-            if item is None:
-                return
-            fn, args, done = item
-            try:
-                res, exc = fn(*args), None
-            except BaseException as e:  # handed to the loop, raised there
-                res, exc = None, e
-            if done is None:  # (not posted: a chore, _closed)
-                continue
-            self.finished += 1
-            done(res, exc)
-            task = self.task
-            if task is not None and task.done():
-                # its loop may have stopped before our result reached it (a closed loop
-                # runs no callback): give the proxy back from here
-                _maybe_return(self)
-
-    def idle(self) -> bool:
-        return self.posted == self.finished
-
-    def post(self, fn: Any, args: tuple[Any, ...], done: Any) -> None:
-        self.posted += 1
-        self.q.put((fn, args, done))
-
-    def call(self, fn: Any, *args: Any) -> asyncio.Future[Any]:
-        """Run fn(*args) on the proxy thread: a future of the running loop."""
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-
-        self.post(fn, args, _threadsafe(loop, _arrival(fut, self)))
-        return fut
-
-    def call_sync(self, fn: Any, *args: Any) -> Any:
-        """Run fn(*args) on the idle proxy and wait for it (a step that never waits: a
-        pthread kind's release, mark_consistent)."""
-        done = threading.Event()
-        out: list[Any] = []
-
-        def back(res: Any, exc: BaseException | None) -> None:
-            out.append((res, exc))
-            done.set()
-
-        self.post(fn, args, back)
-        done.wait()
-        res, exc = out[0]
-        if exc is not None:
-            raise exc
-        return res
+IDLE, WAITING, HOLDING = 0, 1, 2
 
 
-def _arrival(fut: asyncio.Future[Any], p: _Proxy) -> Any:
-    """What a proxy's command reports to, on the task's loop: its result or exception
-    into fut (unless the task gave up on it), then the proxy back to the pool if free."""
-
-    def arrive(res: Any, exc: BaseException | None) -> None:
-        if not fut.cancelled():
-            if exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(res)
-        _maybe_return(p)
-
-    return arrive
+def _task_id(task: asyncio.Task[Any]) -> int:
+    n = _task_ids.get(task)
+    if n is None:
+        n = _task_ids[task] = next(_next_task_id)
+    return n
 
 
-def _threadsafe(loop: asyncio.AbstractEventLoop, cb: Any) -> Any:
-    def done(res: Any, exc: BaseException | None) -> None:
-        try:
-            loop.call_soon_threadsafe(cb, res, exc)
-        except RuntimeError:  # the loop is closed: nobody waits for this any more
-            pass
-
-    return done
-
-
-class _WaitState:
-    """Who passes on a lock granted as its task is cancelled: the proxy, if the
-    cancellation came first (it releases at once, whatever the loop does next); the task,
-    if the grant came first (it releases as it leaves with CancelledError)."""
-
-    __slots__ = ("mutex", "cancelled", "granted")
-
-    def __init__(self) -> None:
-        self.mutex = threading.Lock()
-        self.cancelled = False
-        self.granted = False
-
-
-def _wait_cmd(seat: Any, rc: int, deadline: int, st: _WaitState) -> bool:
-    """On the proxy thread: the wait (deadline 0: the one attempt of a pthread kind), and
-    the pass-on of a grant nobody awaits any more."""
-    got = seat.try_() if deadline == 0 else seat.wait(rc, deadline)
-    if got:
-        with st.mutex:
-            st.granted = not st.cancelled
-        if not st.granted:
-            seat.pass_on()  # owner_died, if it came with the grant, goes to the next holder
-            _count_passed_on()
-            return False
-    return bool(got)
-
-
-def _lease(task: asyncio.Task[Any], lock: Any) -> _Proxy:
-    """The task's proxy: its own, or one from the pool (one with a seat on this lock
-    first), or a new one."""
-    p = _of_task.get(task)
-    if p is not None:
-        return p
-    with _mutex:
-        for i, q in enumerate(_idle):
-            if lock in q.seats:
-                p = _idle.pop(i)
-                break
-        else:
-            p = _idle.pop() if _idle else None
-    if p is None:
-        p = _Proxy()
-    p.task = task
-    _of_task[task] = p
-    _set_name(p, task)
-    return p
-
-
-def _set_name(p: _Proxy, task: asyncio.Task[Any]) -> None:
-    """The proxy thread's name says whose it is (threading's name; the kernel's comm, which
-    `ps -L` and /proc show, is the thread's own to set and stays "shmlocks-task")."""
-    p.thread.name = f"shmlocks-task:{task.get_name()}"
-
-
-def _maybe_return(p: _Proxy) -> None:
-    """Give the proxy back to the pool once its task holds and waits for nothing (from
-    the task's loop, or from the proxy once the task is done)."""
-    with _mutex:
-        if p.holds or p.calls or not p.idle() or p.task is None:
-            return
-        task, p.task = p.task, None
-        if _of_task.get(task) is p:
-            del _of_task[task]
-        if len(_idle) < _IDLE_MAX:
-            _idle.append(p)
-            return
-    p.q.put(None)  # ends: its thread gives its slots back
+def _label(task: asyncio.Task[Any] | None) -> bytes:
+    if task is None:
+        return b""
+    raw = task.get_name().encode("utf-8", "replace")[:_LABEL_MAX]
+    return raw.decode("utf-8", "ignore").encode()  # (never cut inside a character)
 
 
 def _current() -> asyncio.Task[Any] | None:
@@ -231,76 +89,608 @@ def _current() -> asyncio.Task[Any] | None:
         return None
 
 
-def _inline(lock: Any, p: _Proxy) -> bool:
-    """May a step of this lock run on the loop's thread for the proxy (a user-space kind,
-    the proxy idle)?"""
-    return lock.recovery == "user" and p.idle()
+def _ended(task: asyncio.Task[Any]) -> bool:
+    """A task that can no longer release what it holds (done, or its loop closed)."""
+    return task.done() or task.get_loop().is_closed()
 
 
-def _release_seat(p: _Proxy, seat: Any, handing_on: bool | None = False) -> None:
-    """Release seat's hold now (on the loop's thread, or on the idle proxy), or post it
-    behind the proxy's work in progress (a cancelled wait still ending). handing_on None:
-    a grant its task never saw, passed on (``_Seat.pass_on``: owner_died goes on)."""
-    args: tuple[Any, ...]
-    if handing_on is None:
-        release, args = seat.pass_on, ()
-    else:
-        release, args = seat.release, (handing_on,)
-    if _inline(seat.lock, p):
-        release(*args)
-    elif p.idle():
-        p.call_sync(release, *args)
-    else:
-        loop = asyncio.get_running_loop()
+class _Entry:
+    """A task waiting behind its cohort."""
 
-        def after(res: Any, exc: BaseException | None) -> None:
-            if exc is not None:
-                loop.call_exception_handler(
-                    {"message": f"shmlocks: release of {seat.lock!r} failed", "exception": exc}
-                )
-            _maybe_return(p)
+    __slots__ = ("fut", "task", "t0", "timer", "done")
 
-        p.post(release, args, _threadsafe(loop, after))
+    def __init__(self, fut: asyncio.Future[bool], task: asyncio.Task[Any], t0: int) -> None:
+        self.fut = fut
+        self.task = task
+        self.t0 = t0
+        self.timer: asyncio.TimerHandle | None = None
+        self.done = False
 
 
-async def _seat(p: _Proxy, lock: Any) -> Any:
-    seat = p.seats.get(lock)
-    if seat is None:
+class _Cohort:
+    """One lock's participant for the tasks of one event loop thread (the module's
+    docstring has its invariant)."""
+
+    __slots__ = (
+        "d",
+        "lock",
+        "agent",
+        "q",
+        "nwait",
+        "holder",
+        "state",
+        "ud",
+        "timer",
+        "backoff",
+        "shown",
+        "linked",
+        "__weakref__",
+    )
+
+    def __init__(self, d: _Driver, lock: Any) -> None:
+        self.d = d
+        self.lock = lock
+        self.agent = _core._Agent(lock, len(d.cohorts))
+        self.q: collections.deque[_Entry] = collections.deque()
+        self.nwait = 0  # live entries in q
+        self.holder: asyncio.Task[Any] | None = None
+        self.state = IDLE
+        self.ud = 0  # the sleep in flight (a ring's user_data, a waiter's arm id)
+        self.timer: asyncio.TimerHandle | None = None  # a poll due without a wake-up
+        self.backoff = 0.0
+        self.shown: tuple[int, int] = (0, -1)  # (task id, tasks) the record shows
+        self.linked = False  # the record carries a wait link of its holder's
+
+    # -- the record (inspect; the wait-for graph) --------------------------------------
+
+    def _show(self) -> None:
+        """The record names the task the cohort acts for (its holder, else its first
+        waiter) and counts the tasks waiting behind it."""
+        q = self.q
+        while q and q[0].done:
+            q.popleft()
+        task = self.holder if self.holder is not None else (q[0].task if q else None)
+        tid = _task_id(task) if task is not None else 0
+        if (tid, self.nwait) == self.shown:
+            return
+        if tid != self.shown[0]:
+            self.agent.record(tid, _label(task), self.nwait)
+        else:
+            self.agent.count(self.nwait)
+        self.shown = (tid, self.nwait)
+
+    # -- taking a place and waiting -----------------------------------------------------
+
+    def take(self) -> bool:
+        """Take the lock's place for the tasks that wait (IDLE only): True if the lock is
+        held now (the caller hands it on), else the cohort waits (its sleep armed)."""
+        agent = self.agent
+        if agent.take() or agent.poll():  # (the first entry: held, or its watch set)
+            self.state = HOLDING
+            return True
+        self.state = WAITING
+        self._sleep()
+        return False
+
+    def _sleep(self) -> None:
+        """Hand the would-be sleep to the driver, and a timer if the wait must look
+        again by a time (a deadline of the kind's, a recovery cut short: backed off)."""
+        d = self.d
+        self.ud = d.arm(self)
+        until = self.agent.until_ns
+        if until >= 0 or self.agent.cut:
+            delay = max(0.0, (until - time.monotonic_ns()) / 1e9) if until >= 0 else 0.0
+            if self.agent.cut:
+                self.backoff = min(_CUT_MAX_S, max(_CUT_MIN_S, self.backoff * 2))
+                delay = max(delay, self.backoff)
+            else:
+                self.backoff = 0.0
+            loop = d.loop
+            assert loop is not None  # (a cohort sleeps only for its loop's tasks)
+            self.timer = loop.call_later(delay, self._due)
+        else:
+            self.backoff = 0.0
+
+    def _unsleep(self) -> None:
+        if self.ud:
+            self.d.disarm(self.ud)
+            self.ud = 0
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _due(self) -> None:
+        self.timer = None
+        if self.state == WAITING:
+            self._unsleep()
+            self.poll()
+
+    def woken(self, ud: int) -> None:
+        """The sleep `ud` ended (a word changed or was woken, a death): look again."""
+        if ud != self.ud or self.state != WAITING:
+            return
+        self.ud = 0
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.poll()
+
+    def poll(self) -> None:
+        global polls
+        polls += 1
         try:
-            seat = await p.call(lock._async_seat)  # registers the proxy (maybe recovers)
-        except CapacityError as e:
-            raise CapacityError(
-                f"{e}: each asyncio task waiting in acquire_async() (or holding a lock it "
-                "got there) uses one, as a thread does; create the lock or its region "
-                "with a larger max_participants"
-            ) from None
-        p.seats[lock] = seat
-    return seat
+            got = self.agent.poll()
+        except BaseException as e:
+            # the wait ended without the lock (not recoverable, corrupt, a signal
+            # handler's exception): the first task gets it; the others take a new place
+            self.state = IDLE
+            first = self._first()
+            if isinstance(e, Exception) and first is not None:
+                self._drop(first)
+                first.fut.set_exception(e)
+                self._again()
+                return
+            self._again()
+            raise
+        if got:
+            self.state = HOLDING
+            self.grant()
+        else:
+            self._sleep()
+
+    def _again(self) -> None:
+        """After a wait that ended without the lock: a new place for the tasks left."""
+        self._show()
+        loop = self.d.loop
+        if self.nwait > 0 and self.state == IDLE and loop is not None:
+            loop.call_soon(self._retake)
+
+    def _retake(self) -> None:
+        if self.nwait > 0 and self.state == IDLE and self.holder is None:
+            try:
+                if self.take():
+                    self.grant()
+            except Exception as e:
+                first = self._first()
+                if first is not None:
+                    self._drop(first)
+                    first.fut.set_exception(e)
+                self._again()
+        else:
+            self._show()
+
+    def _first(self) -> _Entry | None:
+        for e in self.q:
+            if not e.done and not e.fut.done():
+                return e
+        return None
+
+    # -- the lock comes, and goes -------------------------------------------------------
+
+    def grant(self) -> None:
+        """The cohort holds the lock (HOLDING, no holder yet): the first task waiting gets
+        it; with none left, it is passed on (owner_died handed on)."""
+        q = self.q
+        while q:
+            e = q.popleft()
+            if e.done:
+                continue
+            e.done = True
+            self.nwait -= 1
+            if e.timer is not None:
+                e.timer.cancel()
+            if e.fut.done():  # cancelled, its task not yet back to say so (_drop)
+                self.d.unlinked(e.task)
+                continue
+            self.holder = e.task
+            self.d.held.setdefault(e.task, []).append(self)
+            self.agent.waited(time.monotonic_ns() - e.t0)
+            self.d.unlinked(e.task)
+            e.fut.set_result(True)
+            self._show()
+            return
+        self.state = IDLE
+        self.agent.pass_on()
+        _count_passed_on()
+        self._show()
+        self.d.idle(self)
+
+    def hold(self, task: asyncio.Task[Any]) -> None:
+        """The lock taken at once for `task` (no wait)."""
+        self.holder = task
+        self.d.held.setdefault(task, []).append(self)
+        self._show()
+
+    def release(self, handing_on: bool = False) -> None:
+        """The holding task's release: the lock goes back to the shared queue; the tasks
+        waiting (if any) take a new place at once."""
+        task = self.holder
+        self.agent.release(handing_on)
+        self.holder = None
+        self.state = IDLE
+        if task is not None:
+            self.d.unheld(task, self)
+        if self.nwait > 0:
+            try:
+                if self.take():
+                    self.grant()
+                    return
+            except Exception as e:
+                first = self._first()
+                if first is not None:
+                    self._drop(first)
+                    first.fut.set_exception(e)
+                self._again()
+                return
+            self._show()
+            return
+        self._show()
+        self.d.idle(self)
+
+    def _drop(self, e: _Entry) -> None:
+        """A waiting task leaves (timeout, cancellation, deadlock, error): with no task
+        left, the place goes too."""
+        if e.done:
+            return
+        e.done = True
+        self.nwait -= 1
+        if e.timer is not None:
+            e.timer.cancel()
+        self.d.unlinked(e.task)
+        if self.nwait == 0 and self.state == WAITING:
+            self.withdraw()
+        self._show()
+
+    def withdraw(self) -> None:
+        self._unsleep()
+        self.state = IDLE
+        if self.agent.withdraw():
+            _count_passed_on()
+        self._show()
+        self.d.idle(self)
+
+    def expire(self, e: _Entry) -> None:
+        """A task's timeout."""
+        e.timer = None
+        if e.done or e.fut.done():
+            return
+        self._drop(e)
+        self.agent.timed_out()
+        e.fut.set_result(False)
+
+    def idle(self) -> bool:
+        return self.state == IDLE and self.holder is None and self.nwait == 0
 
 
-def _line_up(lock: Any, seat: Any) -> tuple[asyncio.Future[None] | None, Any]:
-    """The turn of a task that must await something before it takes its place in line
-    (its seat on the lock, the turn of a task that called before it), or None when it
-    takes its place at once; and the turn it waits for."""
-    prev = _tail.get(lock)
-    if prev is not None and prev.done():
-        prev = None
-    if seat is not None and prev is None:
-        return None, None
+def _count_passed_on() -> None:
+    global passed_on
+    passed_on += 1
+
+
+class _Driver:
+    """One event loop thread's side: its cohorts (one per lock its tasks hold or wait
+    for), the holds of its tasks, and how their waits sleep (the thread's ring, or its
+    waiter thread)."""
+
+    def __init__(self) -> None:
+        self.ident = threading.get_ident()
+        self.pid = os.getpid()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.cohorts: dict[int, _Cohort] = {}  # id(lock) -> its cohort
+        self.held: dict[asyncio.Task[Any], list[_Cohort]] = {}  # a task's holds
+        self.waits: dict[asyncio.Task[Any], tuple[_Cohort, _Entry]] = {}  # holders' waits
+        self.inflight: dict[int, _Cohort] = {}  # a sleep's id -> its cohort
+        self.seq = 0
+        self.ring: Any = None
+        self.efd = -1
+        self.waiter: Any = None
+        self.wthread: threading.Thread | None = None
+        self.dl_timer: asyncio.TimerHandle | None = None
+        self.key: tuple[int, int, int, int] | None = None
+        _drivers.add(self)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve the running loop (a thread runs one at a time; a new one replaces a
+        closed one, whose tasks can no longer take or release anything)."""
+        old = self.loop
+        if old is not None:
+            if self.efd >= 0 and not old.is_closed():
+                try:
+                    old.remove_reader(self.efd)
+                except Exception:  # noqa: BLE001 - it may be closing
+                    pass
+            if old.is_closed():
+                self._forget_loop(old)
+        self.loop = loop
+        self.dl_timer = None
+        if _URING:
+            if self.ring is None:
+                self.ring = _core._Ring(256)
+                self.efd = self.ring.fileno()
+            loop.add_reader(self.efd, self._on_ring)
+
+    def _forget_loop(self, old: asyncio.AbstractEventLoop) -> None:
+        """The tasks of a closed loop wait no more: their places go (a hold stays, for
+        the next task of this thread that releases it: _mine)."""
+        for c in list(self.cohorts.values()):
+            if c.timer is not None:
+                c.timer.cancel()
+                c.timer = None
+            for e in c.q:
+                if not e.done:
+                    e.done = True
+                    c.nwait -= 1
+            c.q.clear()
+            if c.state == WAITING:
+                c.withdraw()
+        self.waits.clear()
+
+    def cohort(self, lock: Any) -> _Cohort:
+        c = self.cohorts.get(id(lock))
+        if c is not None and c.lock is lock:
+            return c
+        self._sweep()
+        c = _Cohort(self, lock)
+        self.cohorts[id(lock)] = c
+        if self.key is None:
+            self.key = c.agent.key()
+        return c
+
+    def _sweep(self) -> None:
+        """Cohorts of closed locks that hold and wait for nothing give their slots back."""
+        for k, c in list(self.cohorts.items()):
+            if c.idle() and c.agent.closed:
+                del self.cohorts[k]
+                c.agent.close()
+
+    def idle(self, c: _Cohort) -> None:
+        """c holds and waits for nothing now: if its lock was closed, its slot goes."""
+        if c.agent.closed and c.idle():
+            if self.cohorts.get(id(c.lock)) is c:
+                del self.cohorts[id(c.lock)]
+            c.agent.close()
+
+    # -- sleeping -----------------------------------------------------------------------
+
+    def arm(self, c: _Cohort) -> int:
+        self.seq += 1
+        ud = self.seq
+        self.inflight[ud] = c
+        if _URING:
+            c.agent.arm(self.ring, ud)
+        else:
+            if self.waiter is None:
+                self._start_waiter()
+            c.agent.arm_thread(self.waiter, ud)
+        return ud
+
+    def disarm(self, ud: int) -> None:
+        if self.inflight.pop(ud, None) is None:
+            return
+        if _URING:
+            self.ring.cancel(ud)
+        else:
+            self.waiter.disarm(ud)
+
+    def _on_ring(self) -> None:
+        inflight = self.inflight
+        for ud, _res in self.ring.drain():
+            if ud & _CANCEL_BIT:
+                continue
+            c = inflight.pop(ud, None)
+            if c is not None:
+                c.woken(ud)
+
+    def _start_waiter(self) -> None:
+        self.waiter = _core._Waiter()
+        ref = weakref.ref(self)
+        t = threading.Thread(
+            target=_waiter_main, args=(self.waiter, ref), name="shmlocks-aio-waiter", daemon=True
+        )
+        self.wthread = t
+        t.start()
+
+    def fired(self, ids: list[int]) -> None:
+        inflight = self.inflight
+        for ud in ids:
+            c = inflight.pop(ud, None)
+            if c is not None:
+                c.woken(ud)
+
+    # -- the tasks' holds, links and deadlocks ------------------------------------------
+
+    def unheld(self, task: asyncio.Task[Any], c: _Cohort) -> None:
+        hs = self.held.get(task)
+        if hs is not None:
+            if c in hs:
+                hs.remove(c)
+            if not hs:
+                del self.held[task]
+        if c.linked:
+            c.linked = False
+            c.agent.link(b"", 0, 0)
+
+    def linked(self, task: asyncio.Task[Any], c: _Cohort, e: _Entry) -> None:
+        """`task` (which holds locks through cohorts) waits behind c: each cohort that
+        holds for it names, in its record, the lock it waits for (the wait link)."""
+        hs = self.held.get(task)
+        if not hs:
+            return
+        self.waits[task] = (c, e)
+        seg, lock1 = c.agent.target
+        for h in hs:
+            h.agent.link(seg, lock1, e.t0)
+            h.linked = True
+        self._dl_schedule()
+
+    def unlinked(self, task: asyncio.Task[Any]) -> None:
+        if self.waits.pop(task, None) is None:
+            return
+        for h in self.held.get(task, ()):
+            if h.linked:
+                h.linked = False
+                h.agent.link(b"", 0, 0)
+
+    def local_cycle(self, task: asyncio.Task[Any], c: _Cohort) -> list[_Cohort] | None:
+        """Would `task`, waiting behind c, close a cycle of tasks of this loop (the
+        holder of c waits behind a cohort whose holder waits ... for a lock `task`
+        holds)? The cohorts of the cycle, or None."""
+        path = [c]
+        seen = set()
+        cur: _Cohort | None = c
+        while cur is not None and cur.holder is not None:
+            h = cur.holder
+            if h is task:
+                return path
+            if h in seen:
+                return None
+            seen.add(h)
+            w = self.waits.get(h)
+            cur = w[0] if w is not None else None
+            if cur is not None:
+                path.append(cur)
+        return None
+
+    def _dl_schedule(self) -> None:
+        """Look for cycles through this loop's waiting tasks once the oldest of their
+        waits is the deadlock timeout old, then every _DL_RECHECK_S."""
+        timeout = _core.get_deadlock_timeout()
+        if self.dl_timer is not None or timeout is None or not self.waits or self.loop is None:
+            return
+        t0 = min(e.t0 for _, e in self.waits.values())
+        delay = max(0.0, t0 / 1e9 + timeout - time.monotonic())
+        self.dl_timer = self.loop.call_later(delay, self._dl_look)
+
+    def _dl_look(self) -> None:
+        """The look (docs/design.md §9) for this loop's tasks that hold locks and wait:
+        a task of a cycle that must give up (the one that began to wait last) gets
+        DeadlockError. The wait-for graph (shmlocks/waitgraph.py) is read once for all
+        of them, twice when one is found (a cycle seen across a hand-off is not one)."""
+        self.dl_timer = None
+        timeout = _core.get_deadlock_timeout()
+        if timeout is None or not self.waits or self.key is None:
+            return
+        now = time.monotonic_ns()
+        slack = 10_000_000  # (a timer may fire a little early: uvloop's clock is in ms)
+        due = [
+            (t, c, e)
+            for t, (c, e) in self.waits.items()
+            if not e.done and now - e.t0 + slack >= timeout * 1e9
+        ]
+        if due:
+            from . import waitgraph
+
+            g = waitgraph.snapshot()
+            for t, c, e in due:
+                me = (*self.key, _task_id(t))
+                cyc = g.cycle_from(me)
+                if cyc is None or g.victim(me) != me:
+                    continue
+                g2 = waitgraph.snapshot()
+                c2 = g2.cycle_from(me)
+                if (
+                    c2 is None
+                    or g2.victim(me) != me
+                    or [(m.thread.key, m.thread.since_ns) for m in cyc]
+                    != [(m.thread.key, m.thread.since_ns) for m in c2]
+                ):
+                    continue
+                if e.done:
+                    continue
+                c._drop(e)
+                e.fut.set_exception(
+                    DeadlockError(
+                        f"deadlock: task {t.get_name()!r} (pid {os.getpid()}) waits for "
+                        f"{c.lock.kind} lock {c.lock.name!r} in a cycle of {len(c2)}; it "
+                        "gave up its wait (the last of the cycle to begin waiting) and keeps "
+                        "its locks:\n" + waitgraph.describe_cycle(c2)
+                    )
+                )
+                g = waitgraph.snapshot()  # (the graph changed)
+        if self.waits and self.loop is not None and not self.loop.is_closed():
+            # the next look: in _DL_RECHECK_S for the waits looked at, or when the next of
+            # the others comes of age
+            later = [e.t0 / 1e9 + timeout for _, e in self.waits.values()]
+            nxt = [x for x in later if x > now / 1e9 + slack / 1e9]
+            delay = _DL_RECHECK_S if due else 0.0
+            if nxt and (not due or min(nxt) - time.monotonic() < delay):
+                delay = max(0.0, min(nxt) - time.monotonic())
+            self.dl_timer = self.loop.call_later(delay, self._dl_look)
+
+    # -- the end ----------------------------------------------------------------------
+
+    def __del__(self) -> None:
+        if self.waiter is not None:
+            self.waiter.stop()
+
+    def close(self) -> None:
+        """At exit (this thread): waits withdrawn, idle slots given back, the ring and the
+        waiter thread gone. A hold stays until the process ends, as a thread's would."""
+        if self.pid != os.getpid():
+            return
+        mine = threading.get_ident() == self.ident
+        for c in list(self.cohorts.values()):
+            if not mine:
+                continue
+            try:
+                if c.state == WAITING:
+                    for e in c.q:
+                        e.done = True
+                    c.nwait = 0
+                    c._unsleep()
+                    c.state = IDLE
+                    if c.agent.withdraw():
+                        _count_passed_on()
+                if c.idle():
+                    c.agent.close()
+            except Exception:  # noqa: BLE001 - at exit: best effort
+                pass
+        if self.waiter is not None:
+            self.waiter.stop()
+        if self.ring is not None and mine:
+            self.ring.close()
+            self.ring = None
+
+
+def _waiter_main(waiter: Any, ref: weakref.ref[_Driver]) -> None:
+    """The waiter thread (AIO_MODE "thread"): sleep on the armed watch sets; tell the
+    loop which arms fired."""
+    while True:
+        ids = waiter.sleep()
+        if ids is None:
+            return
+        if not ids:
+            continue
+        d = ref()
+        if d is None:
+            return
+        loop = d.loop
+        if loop is None:
+            continue
+        try:
+            loop.call_soon_threadsafe(d.fired, ids)
+        except RuntimeError:  # its loop is closed: the next loop of the thread re-polls
+            pass
+
+
+def _driver() -> _Driver:
+    """The calling thread's driver, bound to its running loop."""
+    d: _Driver | None = getattr(_local, "d", None)
+    if d is None:
+        d = _local.d = _Driver()
     loop = asyncio.get_running_loop()
-    if prev is not None and prev.get_loop() is not loop:
-        prev = None  # (another loop's task: tasks of different loops have no call order)
-    turn = loop.create_future()
-    _tail[lock] = turn
-    return turn, prev
+    if d.loop is not loop:
+        d.bind(loop)
+    return d
 
 
-def _taken(lock: Any, turn: asyncio.Future[None] | None) -> None:
-    """The task took its place (or gave up): the next task that called may take its own."""
-    if turn is not None and not turn.done():
-        turn.set_result(None)
-        if _tail.get(lock) is turn:
-            del _tail[lock]
+def _mine_driver() -> _Driver | None:
+    return getattr(_local, "d", None)  # (a forked child starts without: _after_fork)
+
+
+# ----------------------------------------------------------------------------- the API
 
 
 async def acquire(lock: Any, deadline: int) -> bool:
@@ -308,65 +698,61 @@ async def acquire(lock: Any, deadline: int) -> bool:
     task = _current()
     if task is None:
         raise RuntimeError("acquire_async() must be awaited in an asyncio task")
-    p = _of_task.get(task)
-    if p is not None and lock in p.holds:
+    d = _driver()
+    c = d.cohort(lock)
+    if c.holder is task:
         if deadline == 0:
             return False
         raise DeadlockError(
             f"this task already holds {lock.kind} lock {lock.name!r} "
             "(shmlocks locks are not reentrant)"
         )
-    p = _lease(task, lock)
-    p.calls += 1
-    turn = None
+    if c.state == IDLE and c.holder is None and c.nwait == 0:
+        if deadline == 0:
+            if c.agent.try_():
+                c.state = HOLDING
+                c.hold(task)
+                return True
+            return False
+        if c.take():
+            c.hold(task)
+            return True
+        # (a place is taken: this task waits for it, below)
+    elif deadline == 0:
+        return False  # another task of this loop holds it or waits for it first
+    else:
+        cyc = d.local_cycle(task, c)
+        if cyc is not None:
+            names = ", ".join(f"{x.lock.kind} lock {x.lock.name!r}" for x in cyc)
+            raise DeadlockError(
+                f"deadlock: task {task.get_name()!r} would wait for a cycle of tasks of "
+                f"its own event loop (through {names}), each holding what the next awaits; "
+                "it gave up its wait and keeps its locks"
+            )
+    loop = d.loop
+    assert loop is not None
+    e = _Entry(loop.create_future(), task, time.monotonic_ns())
+    c.q.append(e)
+    c.nwait += 1
+    if deadline > 0:
+        e.timer = loop.call_later(max(0.0, (deadline - e.t0) / 1e9), c.expire, e)
+    if task in d.held:
+        d.linked(task, c, e)
+    c._show()
     try:
-        seat = p.seats.get(lock)
-        turn, prev = _line_up(lock, seat)
-        if seat is None:
-            seat = await _seat(p, lock)
-        if prev is not None and not prev.done():
-            await asyncio.shield(prev)  # (its cancellation is ours, not prev's)
-        if _inline(lock, p):
-            got = seat.try_() if deadline == 0 else seat.take()
-            _taken(lock, turn)
-            if got is True or got is False:
-                if got:
-                    p.holds.add(lock)
-                return got
-            rc = got  # in line: the proxy waits on from here
-        else:
-            rc = 0  # the proxy takes (deadline 0: tries), then waits
-        _taken(lock, turn)  # (the wait is posted before the next task runs)
-        got = await _wait(p, seat, rc, deadline)
-        if got:
-            p.holds.add(lock)
-        return bool(got)
-    finally:
-        _taken(lock, turn)
-        p.calls -= 1
-        _maybe_return(p)
-
-
-async def _wait(p: _Proxy, seat: Any, rc: int, deadline: int) -> bool:
-    """The proxy waits; the task awaits its result, cancellable."""
-    loop = asyncio.get_running_loop()
-    fut = loop.create_future()
-    st = _WaitState()
-
-    seat.reset()
-    p.post(_wait_cmd, (seat, rc, deadline, st), _threadsafe(loop, _arrival(fut, p)))
-    try:
-        return bool(await fut)
+        return await e.fut
     except asyncio.CancelledError:
-        with st.mutex:
-            st.cancelled = True
-            granted = st.granted
-        if granted:
-            _release_seat(p, seat, None)  # granted before the cancellation: pass it on
-            _count_passed_on()
+        if e.fut.done() and not e.fut.cancelled() and e.fut.exception() is None:
+            if e.fut.result() and c.holder is task:
+                # granted as it was cancelled: nobody saw the grant (nor its owner_died)
+                c.release(handing_on=c.agent.owner_died)
+                _count_passed_on()
         else:
-            seat.cancel()  # the wait ends as at a timeout (or the proxy passes it on)
+            c._drop(e)
         raise
+    finally:
+        if not e.done:
+            c._drop(e)
 
 
 async def aenter(lock: Any, deadline: int) -> Any:
@@ -375,106 +761,97 @@ async def aenter(lock: Any, deadline: int) -> Any:
 
 
 async def aexit(lock: Any, t: Any) -> bool:
-    p = _mine(lock)
-    if p is None:
+    c = _mine(lock)
+    if c is None:
         lock.release()  # raises NotOwnerError (or releases the thread's own hold)
         return False
-    handing_on = t is not None and lock.owner_died
-    p.holds.discard(lock)
-    try:
-        _release_seat(p, p.seats[lock], handing_on)
-    finally:
-        _maybe_return(p)
+    c.release(handing_on=t is not None and c.agent.owner_died)
     return False
 
 
-def _holder(lock: Any) -> tuple[asyncio.Task[Any] | None, _Proxy | None]:
-    """The task of this process that holds lock through its proxy, and the proxy."""
-    for task, q in list(_of_task.items()):
-        if lock in q.holds:
-            return task, q
-    return None, None
-
-
-def _mine(lock: Any) -> _Proxy | None:
-    """The proxy through which the calling task may act on its hold of lock: its own, or
-    that of a task that ended holding it (which nobody else can release: the task that
+def _mine(lock: Any) -> _Cohort | None:
+    """The cohort through which the calling task may act on its hold of lock: its own, or
+    one holding for a task that ended (which nobody else can release: the task that
     awaited ``create_task(lock.acquire_async())``, or ``asyncio.wait_for(...)``, which
     wraps its argument in a task of its own before Python 3.12, inherits the hold).
-    NotOwnerError if a live task of this process holds it; None if no task does."""
-    task = _current()
-    p = _of_task.get(task) if task is not None else None
-    if p is not None and lock in p.holds:
-        return p
-    holder, q = _holder(lock)
-    if holder is None or q is None:
+    NotOwnerError if a live task holds it; None if no task of this thread does."""
+    d = _mine_driver()
+    if d is None:
         return None
-    if task is None or not holder.done():
+    c = d.cohorts.get(id(lock))
+    if c is None or c.lock is not lock or c.holder is None:
+        return None
+    task = _current()
+    if c.holder is task:
+        return c
+    if task is None or not _ended(c.holder):
         raise NotOwnerError(
             f"release of {lock.kind} lock {lock.name!r} by a "
             f"{'task' if task is not None else 'thread'} that does not hold it "
-            f"(task {holder.get_name()!r} does)"
+            f"(task {c.holder.get_name()!r} does)"
         )
-    return q
+    return c
 
 
 def _release(lock: Any) -> bool:
     """Lock.release() when the calling thread holds nothing: the calling task's hold."""
-    p = _mine(lock)
-    if p is None:
+    c = _mine(lock)
+    if c is None:
         return False
-    p.holds.discard(lock)
-    try:
-        _release_seat(p, p.seats[lock])
-    finally:
-        _maybe_return(p)
+    c.release()
     return True
 
 
 def _mark_consistent(lock: Any) -> bool:
-    p = _mine(lock)
-    if p is None:
+    c = _mine(lock)
+    if c is None:
         return False
-    seat = p.seats[lock]
-    if _inline(lock, p):
-        seat.mark_consistent()
-    else:
-        p.call_sync(seat.mark_consistent)  # pthread_mutex_consistent: the owner's call
+    c.agent.mark_consistent()
     return True
 
 
 def _is_owned(lock: Any) -> bool:
+    d = _mine_driver()
+    if d is None:
+        return False
+    c = d.cohorts.get(id(lock))
     task = _current()
-    p = _of_task.get(task) if task is not None else None
-    return p is not None and lock in p.holds
+    return c is not None and c.lock is lock and task is not None and c.holder is task
 
 
-def _closed() -> None:
-    """A lock (and its region) was closed: every proxy leaves the closed regions where it
-    holds nothing (after what it is doing), so that the region is unmapped and its name
-    left as at a close without asyncio, not at the proxy's next registration."""
-    for p in list(_all):
-        p.q.put((_core._leave_closed, (), None))
+def _closed(lock: Any) -> None:
+    """A lock (and its region) was closed: its cohorts that hold and wait for nothing give
+    their slots back (on their own threads: this one now, the others at their loop's next
+    turn), so that the region is unmapped and its name left as at a close without asyncio."""
+    me = threading.get_ident()
+    for d in list(_drivers):
+        if d.pid != os.getpid():
+            continue
+        c = d.cohorts.get(id(lock))
+        if c is None or c.lock is not lock:
+            continue
+        if d.ident == me:
+            d.idle(c)
+        elif d.loop is not None and not d.loop.is_closed():
+            try:
+                d.loop.call_soon_threadsafe(d.idle, c)
+            except RuntimeError:
+                pass
 
 
 def _shutdown() -> None:
-    """At exit: end every proxy (waits cancelled); a proxy still holding a lock keeps it
-    until the process ends, as a thread would."""
-    for p in list(_all):
-        for seat in list(p.seats.values()):
-            seat.cancel()
-        p.q.put(None)
-    for p in list(_all):
-        p.thread.join(1.0)
+    d = _mine_driver()
+    if d is not None:
+        d.close()
+    for o in list(_drivers):
+        if o is not d and o.waiter is not None and o.pid == os.getpid():
+            o.waiter.stop()
 
 
 def _after_fork() -> None:
-    global _mutex
-    _mutex = threading.Lock()
-    _idle.clear()
-    _all.clear()
-    _of_task.clear()
-    _tail.clear()
+    global _local, _drivers
+    _local = threading.local()  # (the parent's cohorts are not the child's)
+    _drivers = weakref.WeakSet()
 
 
 atexit.register(_shutdown)

@@ -77,6 +77,12 @@ LAYOUT = {
     "header_fields": <char*>&_lay_h.part_hwm - <char*>&_lay_h + sizeof(uint32_t),
     "part_hwm_off": <char*>&_lay_h.part_hwm - <char*>&_lay_h,
     "participant_size": sizeof(shm_participant),
+    # an asyncio cohort's fields and the wait link (docs/design.md §3, §9, §14)
+    "agent_off": <char*>&_lay_p.agent - <char*>&_lay_p,
+    "task_id_off": <char*>&_lay_p.task_id - <char*>&_lay_p,
+    "label_off": <char*>&_lay_p.label - <char*>&_lay_p,
+    "link_seq_off": <char*>&_lay_p.link_seq - <char*>&_lay_p,
+    "link_name_off": <char*>&_lay_p.link_name - <char*>&_lay_p,
     "max_participants": SHM_MAX_PARTICIPANTS,  # the cap of max_participants=None
     "hwm_first": SHM_HWM_FIRST,               # participants a new region provisions
     "ticket_slots": SHM_TICKET_SLOTS,         # the ticket kind's slot lines: min(P, this)
@@ -85,6 +91,7 @@ LAYOUT = {
     "state_ready": SHM_STATE_READY,
     "dirent_ready": SHM_DIRENT_READY,
     "body_magic": SHM_BODY_MAGIC,
+    "op_taking": SHM_OP_TAKING,
     "op_waiting": SHM_OP_WAITING,
     "op_quarantined": SHM_OP_QUARANTINED,
     "holder_slot_bits": HOLDER_SLOT_BITS,

@@ -33,9 +33,10 @@ LINE = _L["line"]
 HEADER_SIZE = _L["header_size"]
 _HEADER = struct.Struct("<QIIQIIQQQQIIIIQII")  # magic .. part_hwm (bytes 0..95)
 PART_SIZE = _L["participant_size"]
-# a participant: its token's futex word (line 0), then line 1: pid .. tstart; the rest of
-# line 1 and lines 2-3 (reserved for issues 37B and 38) are not read
-_PART = struct.Struct("<I124xIIIIQQIIQQQ64x256x")
+# a participant: its token's futex word (line 0), then line 1: pid .. tstart, then what an
+# asyncio cohort says of its task (poke, agent, tasks, task_id, label), then lines 2-3: the
+# wait link (link_seq, link_lock, link_since, link_name)
+_PART = struct.Struct("<I124xIIIIQQIIQQQIII4xQ40sIIQ201s39x")
 _DIRENT = struct.Struct("<II8x56s")
 _CTL = struct.Struct("<IIII5QI")  # kind, flags, holder, magic, 5 counters, last_pid
 _CTL_RARE = struct.Struct("<QQ")  # owner_deaths, timeouts (bytes 112..127)
@@ -43,6 +44,7 @@ STATE_READY = _L["state_ready"]
 DIRENT_READY = _L["dirent_ready"]
 BODY_MAGIC = _L["body_magic"]
 OP_WAITING = _L["op_waiting"]
+OP_TAKING = _L["op_taking"]
 OP_QUARANTINED = _L["op_quarantined"]
 HOLDER_SLOT_BITS = _L["holder_slot_bits"]
 FUTEX_OWNER_DIED = _L["futex_owner_died"]
@@ -88,6 +90,40 @@ class Participant(NamedTuple):
     pidns: int
     wait_since: int
     tstart: int
+    poke: int = 0
+    agent: int = 0  # 1: an asyncio cohort of its thread's event loop (docs/design.md §14)
+    tasks: int = 0  # the tasks waiting behind the cohort
+    task_id: int = 0  # the task the cohort acts for now
+    label: bytes = b""  # that task's name
+    link_seq: int = 0
+    link_lock: int = 0  # the wait link: the lock index + 1 its task waits for, 0 none ...
+    link_since: int = 0
+    link_name: bytes = b""  # ... in this segment
+
+    @property
+    def task(self) -> str | None:
+        """An asyncio cohort's task name (None: a thread)."""
+        if self.agent != 1:
+            return None
+        return self.label.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+    def link(self) -> tuple[str, int, int] | None:
+        """(segment, lock index, since) of the wait its task makes, or None (no link, or one
+        being written: link_seq odd)."""
+        if self.agent != 1 or self.link_lock == 0 or self.link_seq & 1:
+            return None
+        name = self.link_name.split(b"\0", 1)[0].decode("utf-8", "replace")
+        return (name, self.link_lock - 1, self.link_since) if name else None
+
+    def agent_tasks(self, lock1: int, hslot: int | None) -> int:
+        """The waiters of lock (index + 1) lock1 this cohort stands for (participants.pxd
+        agent_tasks)."""
+        waiting = self.op_lock == lock1 and self.op_step in (OP_TAKING, OP_WAITING)
+        if not waiting and hslot != self.slot:
+            return 0
+        if self.op_lock == lock1 and self.op_step == OP_WAITING and self.tasks == 0:
+            return 1
+        return self.tasks
 
     @property
     def state(self) -> int:
@@ -167,7 +203,7 @@ class Segment:
     max_participants: int  # the cap
     creator_pid: int
     creator_pidns: int
-    records: list[tuple[int, ...]]  # every participant slot provisioned, as _PART unpacks it
+    records: list[tuple[Any, ...]]  # every participant slot provisioned, as _PART unpacks it
     locks: list[Lock]  # the READY directory entries, in index order
     resident: int = 0  # bytes tmpfs gave the file (st_blocks): the file is sparse
 
@@ -359,13 +395,17 @@ def _participant(seg: Segment, slot: int | None) -> dict[str, Any] | None:
     if slot is None:
         return None
     p = seg.participant(slot)
-    return {
+    d: dict[str, Any] = {
         "slot": slot,
         "pid": p.pid,
         "tid": p.tid,
         "alive": p.state == 1,
         "other_namespace": other_pidns(p.pidns),
     }
+    if p.agent == 1:  # an asyncio cohort: the task it acts for (Region._participant)
+        d["task"] = p.task
+        d["task_id"] = p.task_id
+    return d
 
 
 def _weigh(seg: Segment, lk: Lock, in_use: list[Participant]) -> tuple[bool, int | None, bool]:
@@ -539,10 +579,12 @@ def describe(seg: Segment) -> dict[str, Any]:
                 ]
             locks.append(obj)
             continue
+        hs = seg.holder_slot(lk)
         waiters = sum(
-            1
+            (p.agent_tasks(lk.idx + 1, hs) if p.agent == 1 else 1)
             for p in in_use
-            if p.op_lock == lk.idx + 1 and p.op_step == OP_WAITING and p.state == 1
+            if p.state == 1
+            and (p.agent == 1 or (p.op_lock == lk.idx + 1 and p.op_step == OP_WAITING))
         )
         locked, holder, stale = _weigh(seg, lk, in_use)
         hd = _participant(seg, holder) if locked else None

@@ -28,6 +28,7 @@ def cycles_report(g: waitgraph.Graph) -> dict[str, Any]:
                 {
                     "pid": m.thread.pid,
                     "tid": m.thread.tid,
+                    "task": m.thread.task,
                     "holds": m.held.label,
                     "holds_kind": m.held.kind,
                     "holds_as": m.thread.modes.get(m.held),

@@ -1,12 +1,16 @@
 """The machine-wide wait-for graph (docs/design.md §9): who waits for what, across every
 shmlocks segment in /dev/shm and every process.
 
-Invariant: a thread is a node named (pidns, pid, tid, start time), the same in every
-segment it uses; its out-edges go to every thread it needs gone before it can go on: the
-holder of the lock it publishes it waits for, or for an RWLock the writer a reader waits
-behind, or every reader a writer drains (an AND-wait: each of them must leave). Only live
-threads and validated records make edges, so any cycle is a real deadlock; of each
-strongly connected set of waiters exactly one gives up (``Graph.victim``).
+Invariant: a thread is a node named (pidns, pid, tid, start time, 0), the same in every
+segment it uses, and an asyncio task acting through its loop's cohorts (docs/design.md
+§14) one named (pidns, pid, tid, start time, task id) of its loop's thread; a node's
+out-edges go to every node it needs gone before it can go on: the holder of the lock it
+publishes it waits for (a thread's wait record, a cohort's for the task it waits for, or
+the wait link a cohort that holds for a task carries: the lock, in any segment, that task
+waits for), or for an RWLock the writer a reader waits behind, or every reader a writer
+drains (an AND-wait: each of them must leave). Only live participants and validated
+records make edges, so any cycle is a real deadlock; of each strongly connected set of
+waiters exactly one gives up (``Graph.victim``).
 
 Pure Python over private copies read with pread (shmlocks/_segment.py), never a mapping, so
 a segment that shrinks under the reader is a note, not SIGBUS; a segment is validated as
@@ -24,8 +28,9 @@ from dataclasses import dataclass, field
 from shmlocks import _segment, _shmread
 from shmlocks._core import SHM_DIR
 
-#: a thread's identity across segments: (pidns, pid, tid, thread start time)
-ThreadKey = tuple[int, int, int, int]
+#: a node's identity across segments: (pidns, pid, tid, thread start time, task id), the
+#: task id 0 for a thread, an asyncio task's (through its loop's cohorts) otherwise
+ThreadKey = tuple[int, int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class ThreadInfo:
     #: it holds with `with`, how many ("1 unit")
     waits_as: str | None = None
     modes: dict[LockRef, str] = field(default_factory=dict)
+    task: str | None = None  # an asyncio task's name (its loop's thread is pid, tid)
 
     def waited_s(self, now_ns: int | None = None) -> float:
         if self.waits is None:
@@ -69,10 +75,17 @@ class ThreadInfo:
         now = time.monotonic_ns() if now_ns is None else now_ns
         return max(0, now - self.since_ns) / 1e9
 
+    @property
+    def who(self) -> str:
+        return f"pid {self.pid} tid {self.tid}" + (
+            f" (task {self.task!r})" if self.task is not None else ""
+        )
+
     def as_dict(self, now_ns: int | None = None) -> dict[str, object]:
         return {
             "pid": self.pid,
             "tid": self.tid,
+            "task": self.task,
             "holds": [h.label for h in self.holds],
             "waits_for": self.waits.label if self.waits else None,
             "waits_as": self.waits_as,
@@ -99,6 +112,11 @@ class Graph:
     #: per segment and slot: the thread in it and whether it is alive (inspect)
     slots: dict[tuple[str, int], tuple[ThreadKey, bool]] = field(default_factory=dict)
     taken_ns: int = 0
+    #: every valid lock read, and its holder's node: where a wait link leads
+    refs: dict[tuple[str, int], LockRef] = field(default_factory=dict)
+    holder_of: dict[tuple[str, int], ThreadKey] = field(default_factory=dict)
+    #: the wait links read: (the node that waits, (segment, lock index, since), detects)
+    links: list[tuple[ThreadKey, tuple[str, int, int], bool]] = field(default_factory=list)
 
     def cycle_from(self, start: ThreadKey) -> list[Member] | None:
         """The shortest cycle through `start` (breadth first, so the same graph always
@@ -190,7 +208,7 @@ def describe_cycle(cycle: list[Member], now_ns: int | None = None) -> str:
     for m in cycle:
         t = m.thread
         lines.append(
-            f"pid {t.pid} tid {t.tid} holds {_ref(m.held, t.modes.get(m.held))}, waits for "
+            f"{t.who} holds {_ref(m.held, t.modes.get(m.held))}, waits for "
             f"{_ref(m.awaited, t.waits_as)} since {t.waited_s(now_ns):.3f} s"
         )
     return "\n".join(lines)
@@ -208,7 +226,7 @@ def _scan_segment(g: Graph, seg: _segment.Segment) -> None:
         st = p.state
         if st == 0:
             continue
-        key = (p.pidns, p.pid, p.tid, p.tstart)
+        key = (p.pidns, p.pid, p.tid, p.tstart, p.task_id if p.agent == 1 else 0)
         g.slots[(name, p.slot)] = (key, st == 1)
         if st != 1:
             continue  # a dead thread is recovered, never part of a cycle
@@ -216,7 +234,12 @@ def _scan_segment(g: Graph, seg: _segment.Segment) -> None:
         t = g.threads.get(key)
         if t is None:
             t = g.threads[key] = ThreadInfo(key, p.pid, p.tid)
+            if key[4]:
+                t.task = p.task
         t.slots.append((name, p.slot))
+        link = p.link()
+        if link is not None and key[4]:
+            g.links.append((key, link, bool(p.detects)))
         if p.op_step == _segment.OP_WAITING and 1 <= p.op_lock <= seg.max_locks:
             if t.waits is None or p.wait_since > t.since_ns:
                 waiting.append((p.slot, p.op_lock - 1))
@@ -241,6 +264,7 @@ def _scan_segment(g: Graph, seg: _segment.Segment) -> None:
         if not lk.valid:
             continue
         ref = refs[lk.idx] = LockRef(name, lk.idx, lk.name, lk.kind or "?")
+        g.refs[(name, lk.idx)] = ref
         if lk.kind == "rwlock":
             rwlocks[lk.idx] = lk
             for x in _segment.rw_readers(lk):
@@ -258,6 +282,9 @@ def _scan_segment(g: Graph, seg: _segment.Segment) -> None:
             continue  # free, out of range, or left by an earlier occupant of the slot
         holders[lk.idx] = h
         held(h, ref, None)
+        hk = keys[h]
+        if hk is not None:
+            g.holder_of[(name, lk.idx)] = hk
     for slot, li in waiting:
         wkey = keys[slot]
         wref = refs.get(li)
@@ -283,6 +310,20 @@ def _scan_segment(g: Graph, seg: _segment.Segment) -> None:
             g.edges.pop(wkey, None)  # free, or only dead threads to wait for
 
 
+def _follow_links(g: Graph) -> None:
+    """The waits of asyncio tasks that only their holds' wait links tell (a task queued
+    behind another task of its loop): the lock named, in whatever segment was read."""
+    for key, (seg, idx, since), detects in g.links:
+        t = g.threads.get(key)
+        ref = g.refs.get((seg, idx))
+        if t is None or ref is None or t.waits is not None:
+            continue  # (its cohort's own wait record said it already)
+        t.waits, t.waits_as, t.since_ns, t.detects = ref, None, since, detects
+        hk = g.holder_of.get((seg, idx))
+        if hk is not None and hk != key:
+            g.edges[key] = [hk]
+
+
 def snapshot(names: list[str] | None = None) -> Graph:
     """Read every shmlocks segment (or those named) into one wait-for graph: each from a
     private copy read with pread (shmlocks/_segment.py), never a mapping."""
@@ -301,4 +342,5 @@ def snapshot(names: list[str] | None = None) -> Graph:
             g.notes.append(f"skipped {name}: {text}")
             continue
         _scan_segment(g, seg)
+    _follow_links(g)
     return g

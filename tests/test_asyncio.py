@@ -1,10 +1,14 @@
 """asyncio: ``await lock.acquire_async()`` and ``async with lock`` for every kind
 (docs/design.md §14). The task is the owner: tasks of one loop contend like threads, and
-with threads and other processes; FIFO kinds serve tasks, threads and processes in arrival
-order; release by another task is NotOwnerError, a second acquire by the holder
-DeadlockError; a SIGKILLed holder process is owner_died for the next task. The loop is never
-blocked while tasks wait; cancelled waits leave no hold and no place in the queue. Each
-test runs on the default loop and on uvloop when it is installed."""
+with threads and other processes; the tasks of one loop queue in call order behind one
+place of the lock's queue (their cohort), so FIFO kinds serve a loop's tasks in call order
+and each task is overtaken by at most one hold of each other waiter per task ahead of it;
+release by another task is NotOwnerError, a second acquire by the holder DeadlockError; a
+SIGKILLed holder process is owner_died for the next task. No thread waits for a task (one
+waiter thread per loop under SHMLOCKS_AIO=thread), the loop is never blocked while tasks
+wait; cancelled waits leave no hold and no place in the queue. Each test runs on the
+default loop and on uvloop when it is installed; CI runs the file under
+SHMLOCKS_AIO=thread too."""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import pytest
 from support import FIFO_KINDS, Holder, run_python, until
 
 import shmlocks
-from shmlocks import _aio
+from shmlocks import _aio, _core
 
 LOOPS = ("asyncio", "uvloop")
 
@@ -39,10 +43,20 @@ def run(factory, coro):
         return runner.run(coro)
 
 
-def settle_proxies(timeout=10.0):
-    """Every task proxy is back in the pool (no hold, no wait in progress): a cancelled
-    wait ends on its proxy shortly after the task saw CancelledError."""
-    until(lambda: not _aio._of_task, timeout, "every task proxy returned to the pool")
+def settle(timeout=10.0):
+    """Every cohort of this thread is idle or holds for a task: none waits with no task
+    left (a cohort gives its place up as its last task leaves, at once)."""
+
+    def idle():
+        d = _aio._mine_driver()
+        return d is None or all(c.nwait > 0 or c.state != _aio.WAITING for c in d.cohorts.values())
+
+    until(idle, timeout, "every cohort with no task left gave its place up")
+
+
+def shmlocks_threads():
+    """Threads of shmlocks' in this process (the waiter threads of AIO_MODE "thread")."""
+    return [t for t in threading.enumerate() if t.name.startswith("shmlocks")]
 
 
 def assert_free(lock):
@@ -79,7 +93,7 @@ def test_tasks_of_one_loop_contend(kind, new_lock, loop_factory):
     state = run(loop_factory, _contend(lock, 8, 60))
     assert state == {"n": 480, "inside": 0, "overlap": 0}
     assert lock.stats()["acquisitions"] == 480
-    settle_proxies()
+    settle()
     assert_free(lock)
 
 
@@ -109,9 +123,11 @@ def test_owner_rules(kind, new_lock, loop_factory):
 
         await asyncio.create_task(other())
         assert lock.locked()
-        assert lock.owner[0] == os.getpid()
-        assert lock.owner[1] != threading.get_native_id(), "the holder is the task's proxy"
+        assert lock.owner == (os.getpid(), threading.get_native_id()), "the loop's thread"
         assert lock.acquire(blocking=False) is False  # the loop's thread is not the owner
+        with pytest.raises(shmlocks.DeadlockError, match="task of this thread"):
+            lock.acquire(timeout=5)  # (it would block the loop its holder needs)
+        assert lock.locked() and lock._is_owned()
         lock.release()
         assert not lock.locked()
         with pytest.raises(shmlocks.NotOwnerError):
@@ -122,7 +138,7 @@ def test_owner_rules(kind, new_lock, loop_factory):
             lock.acquire_async(timeout=-2)
 
     run(loop_factory, main())
-    settle_proxies()
+    settle()
     assert lock.stats()["timeouts"] == 1
 
 
@@ -230,7 +246,7 @@ def test_random_cancellations_leak_nothing(kind, new_lock, loop_factory):
     assert state["overlap"] == 0 and state["inside"] == 0
     assert state["n"] <= state["entered"]  # a section cancelled mid-sleep counts no n
     assert state["cancelled"] > 0
-    settle_proxies()
+    settle()
     # every hold began either in a section or as a grant passed on at its cancellation
     passed = _aio.passed_on - passed0
     assert lock.stats()["acquisitions"] - before == state["entered"] + passed
@@ -264,7 +280,7 @@ def test_cancel_while_waiting_behind_another_process(kind, new_lock, procs, loop
         assert await second is True
 
     run(loop_factory, main())
-    settle_proxies()
+    settle()
     assert_free(lock)
 
 
@@ -293,7 +309,7 @@ def test_a_non_blocking_acquire_cancelled_as_it_succeeds_leaks_nothing(
         assert not lock.locked(), "a non-blocking grant met by a cancellation was leaked"
 
     run(loop_factory, main())
-    settle_proxies()
+    settle()
     assert_free(lock)
 
 
@@ -339,24 +355,17 @@ def _switches(tids):
 
 def test_loop_is_not_blocked_by_100_waiting_tasks(kind, new_lock, procs):
     """While 100 tasks wait for a lock another process holds, a 1 ms periodic callback
-    keeps running on time (every tick within 5 ms over a 0.5 s window), and the threads
-    that wait for the tasks sleep (no polling: not one wake-up in the window, but for pi,
-    whose FUTEX_LOCK_PI cannot watch a cancel word and sleeps in 100 ms slices); then
-    every task gets the lock once.
+    keeps running on time (every tick within 5 ms over a 0.5 s window), and their wait
+    sleeps (no polling: not one re-entry of the cohort's wait in the window, and no thread
+    of shmlocks' but the loop's waiter thread under SHMLOCKS_AIO=thread, which does not
+    wake either); then every task gets the lock once.
 
     A machine under load (other jobs on 2 CPUs) delays a tick by tens of ms now and then
     with no lock involved, so the best of 8 windows is taken, and it is held to 3x the
     same loop's best window without waiters (the worse of before and after) when that one
-    could not keep 5 ms either. Not one wake-up of the waiting threads is the part that no
-    load can fake.
-
-    Deadlock detection is off here: with it, each wait older than the deadlock timeout
-    looks for a cycle every 0.5 s (docs/design.md §9), 200 looks a second for 100 waiting
-    tasks, and that is what the waits would then cost the loop, asyncio or not."""
-    lock = new_lock(kind, max_participants=160)
+    could not keep 5 ms either. Not one wake-up is the part that no load can fake."""
+    lock = new_lock(kind, max_participants=8)  # (the 100 tasks take one slot)
     holder = Holder(procs, lock)
-    old = shmlocks.get_deadlock_timeout()
-    shmlocks.set_deadlock_timeout(None)
 
     async def main():
         got = 0
@@ -369,12 +378,12 @@ def test_loop_is_not_blocked_by_100_waiting_tasks(kind, new_lock, procs):
         base = await _lag_windows()
         tasks = [asyncio.create_task(waiter()) for _ in range(100)]
         await _until_waiters(lock, 100, timeout=60)
-        tids = [p.thread.native_id for p in _aio._of_task.values()]
-        assert len(tids) == 100
-        await asyncio.sleep(0.3)  # the last arrivals spin and yield for ~2 ms, then park
-        sw0 = _switches(tids)
+        threads = shmlocks_threads()
+        tids = [t.native_id for t in threads]
+        await asyncio.sleep(0.1)
+        sw0, p0 = _switches(tids), _aio.polls
         lags = await _lag_windows(n=1, length=0.5)
-        woke = _switches(tids) - sw0
+        woke, polled = _switches(tids) - sw0, _aio.polls - p0
         if lags[-1] >= 0.005:
             lags = min(lags, await _lag_windows(), key=lambda w: w[-1])
         assert got == 0
@@ -382,12 +391,9 @@ def test_loop_is_not_blocked_by_100_waiting_tasks(kind, new_lock, procs):
         await asyncio.wait_for(asyncio.gather(*tasks), 60)
         # the load may have changed meanwhile: the baseline again, the worse of the two
         base = max(base, await _lag_windows(), key=lambda w: w[-1])
-        return got, base, lags, woke
+        return got, base, lags, woke, polled, len(threads)
 
-    try:
-        got, base, lags, woke = run(asyncio.new_event_loop, main())
-    finally:
-        shmlocks.set_deadlock_timeout(old)
+    got, base, lags, woke, polled, nthreads = run(asyncio.new_event_loop, main())
     assert got == 100
     assert len(lags) > 300
     bound = max(0.005, 3 * base[-1])
@@ -395,11 +401,10 @@ def test_loop_is_not_blocked_by_100_waiting_tasks(kind, new_lock, procs):
         f"loop lag with 100 waiting tasks: max {lags[-1] * 1e3:.1f} ms, "
         f"without: {base[-1] * 1e3:.1f} ms"
     )
-    if kind != "pi":
-        assert woke == 0, f"the waiting threads woke {woke} times in 0.5 s"
-    else:
-        assert woke <= 100 * 6 * 2, f"pi waiters woke {woke} times in 0.5 s"
-    settle_proxies()
+    assert nthreads == (0 if _core.AIO_MODE == "io_uring" else 1)
+    assert polled == 0, f"the cohort's wait was re-entered {polled} times in 0.5 s"
+    assert woke == 0, f"the waiter thread woke {woke} times in 0.5 s"
+    settle()
     assert lock.stats()["acquisitions"] == 101
 
 
@@ -418,8 +423,12 @@ def _fifo_proc(lock, idx, order, pos):
 
 @pytest.mark.parametrize("kind", FIFO_KINDS)
 def test_fifo_across_tasks_threads_processes(kind, new_lock, procs, loop_factory):
-    """Tasks, threads and processes arriving one after another while the lock is held are
-    served in that order."""
+    """Tasks, threads and processes arriving one after another while the lock is held: the
+    threads and processes are served in arrival order, and the tasks of the loop in call
+    order behind their cohort's place: the first task's place is its call's; each later
+    task's is taken when the one before it releases (docs/design.md §14), so it is
+    overtaken by one hold of each waiter that came after the task before it. Here (tasks
+    0, 3, 6; threads 1, 4, 7; processes 2, 5, 8): 0, 1, 2, 4, 5, 7, 8, 3, 6."""
     lock = new_lock(kind)
     ctx = mp.get_context("fork")
     n = 9
@@ -455,8 +464,8 @@ def test_fifo_across_tasks_threads_processes(kind, new_lock, procs, loop_factory
             assert p.exitcode == 0
 
     run(loop_factory, main())
-    assert list(order) == list(range(n))
-    settle_proxies()
+    assert list(order) == [0, 1, 2, 4, 5, 7, 8, 3, 6]
+    settle()
     assert_free(lock)
 
 
@@ -500,7 +509,7 @@ def test_fifo_tasks_are_served_in_call_order(kind, gap, new_lock, loop_factory):
         called, served = run(loop_factory, _call_order(lock, 12, gap, rnd))
         assert called == list(range(12))
         assert served == called, f"tasks called in order 0..11, served {served}"
-    settle_proxies()
+    settle()
     assert_free(lock)
 
 
@@ -528,7 +537,7 @@ def test_killed_holder_process_is_owner_died_for_the_next_task(kind, new_lock, p
         assert await asyncio.create_task(next_task()) is False
 
     run(loop_factory, main())
-    settle_proxies()
+    settle()
     assert lock.stats()["owner_deaths"] == 1
     assert_free(lock)
 
@@ -552,7 +561,7 @@ def test_handing_owner_died_on_from_async_with(kind, new_lock, procs, loop_facto
             assert not lock.owner_died
 
     run(loop_factory, main())
-    settle_proxies()
+    settle()
 
 
 def test_a_grant_passed_on_at_cancellation_hands_owner_died_on(kind, new_lock, procs, loop_factory):
@@ -597,7 +606,7 @@ def test_a_grant_passed_on_at_cancellation_hands_owner_died_on(kind, new_lock, p
             lock.release()
 
     assert after() is False
-    settle_proxies()
+    settle()
     assert_free(lock)
 
 
@@ -605,75 +614,90 @@ def test_a_grant_passed_on_at_cancellation_hands_owner_died_on(kind, new_lock, p
 
 
 def test_task_holds_and_waits_are_seen(kind, new_lock, loop_factory):
-    """inspect's view (the lock's description): a holding task is its proxy thread of this
-    process; a waiting task counts as a waiter; the statistics count its wait."""
+    """inspect's view (the lock's description, mapped and read from the file alike): the
+    holder is the loop's thread, named with the holding task; the tasks waiting behind
+    count as waiters; the statistics count the tasks' holds and waits."""
+    from shmlocks import _segment
+
     lock = new_lock(kind)
 
     async def main():
+        me = asyncio.current_task()
+        me.set_name("the-holder")
         async with lock:
             d = lock._describe()
             assert d["locked"] and d["holder"]["pid"] == os.getpid()
-            assert d["holder"]["tid"] == lock.owner[1] != threading.get_native_id()
+            assert d["holder"]["tid"] == lock.owner[1] == threading.get_native_id()
+            assert d["holder"]["task"] == "the-holder"
 
             async def waiter():
                 async with lock:
                     pass
 
-            w = asyncio.create_task(waiter())
-            await _until_waiters(lock, 1)
-        await asyncio.wait_for(w, 10)
+            ws = [asyncio.create_task(waiter(), name=f"w{i}") for i in range(3)]
+            await _until_waiters(lock, 3)
+            seg = _segment.describe(_segment.read(lock.region.name))
+            (sd,) = seg["locks"]
+            assert sd["waiters"] == 3 and sd["holder"]["task"] == "the-holder"
+            assert sd["holder"] == lock._describe()["holder"]
+        await asyncio.wait_for(asyncio.gather(*ws), 10)
+        assert lock._describe()["waiters"] == 0
 
     run(loop_factory, main())
     st = lock.stats()
-    assert st["acquisitions"] == 2 and st["contended"] == 1
+    assert st["acquisitions"] == 4 and st["contended"] == 3
 
 
 def test_deadlock_between_tasks_is_detected(kind, new_lock):
-    """Two tasks each holding one lock and awaiting the other's: the wait-for graph sees
-    each task as one participant (its proxy holds and waits), so one of them gets
-    DeadlockError and the other its lock."""
+    """Two tasks of one loop each holding one lock and awaiting the other's: the cycle is
+    refused when the task that closes it calls (DeadlockError at once, not after the
+    deadlock timeout), and the other task gets its lock."""
     a, b = new_lock(kind), new_lock(kind)
     old = shmlocks.get_deadlock_timeout()
-    shmlocks.set_deadlock_timeout(0.3)
+    shmlocks.set_deadlock_timeout(30)
+    order = []
 
-    async def member(first, second, ready, go):
+    async def member(name, first, second, ready, go, delay):
         async with first:
             ready.set()
             await go.wait()
+            await asyncio.sleep(delay)
+            t0 = time.monotonic()
             try:
                 got = await second.acquire_async(timeout=15)
-            except shmlocks.DeadlockError:
-                return "deadlock"
+            except shmlocks.DeadlockError as e:
+                order.append(name)
+                assert "cycle" in str(e)
+                return ("deadlock", time.monotonic() - t0)
             second.release()
-            return "got" if got else "timeout"
+            return ("got" if got else "timeout", 0.0)
 
     async def main():
         r1, r2, go = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        t1 = asyncio.create_task(member(a, b, r1, go))
-        t2 = asyncio.create_task(member(b, a, r2, go))
+        t1 = asyncio.create_task(member("t1", a, b, r1, go, 0.0))
+        t2 = asyncio.create_task(member("t2", b, a, r2, go, 0.05))
         await r1.wait()
         await r2.wait()
         go.set()
-        return sorted(await asyncio.wait_for(asyncio.gather(t1, t2), 30))
+        return await asyncio.wait_for(asyncio.gather(t1, t2), 30)
 
     try:
-        assert run(asyncio.new_event_loop, main()) == ["deadlock", "got"]
+        r1, r2 = run(asyncio.new_event_loop, main())
     finally:
         shmlocks.set_deadlock_timeout(old)
-    settle_proxies()
+    assert r1[0] == "got" and r2[0] == "deadlock" and r2[1] < 1.0, (r1, r2)
+    assert order == ["t2"]  # the task that closed the cycle
+    settle()
 
 
 # --------------------------------------------------------------------------- capacity
 
 
-def test_too_many_waiting_tasks_get_a_capacity_error_that_names_tasks(kind, new_lock, loop_factory):
-    """More tasks waiting at once than the lock's max_participants: each task either gets
-    the lock (once, counted exactly) or a CapacityError that says what to do: that asyncio
-    tasks waiting in acquire_async() take participant slots, and to raise
-    max_participants (a message about live threads alone leaves a program that started
-    no thread nowhere)."""
-    lock = new_lock(kind, max_participants=4)
-    n = 12
+def test_any_number_of_waiting_tasks_use_one_slot(kind, new_lock, loop_factory):
+    """More tasks waiting at once than the lock's max_participants: they all get the lock
+    (one participant slot stands for a loop's tasks: their cohort), counted exactly."""
+    lock = new_lock(kind, max_participants=2)
+    n = 40
 
     async def main():
         held = 0
@@ -685,25 +709,49 @@ def test_too_many_waiting_tasks_get_a_capacity_error_that_names_tasks(kind, new_
 
         lock.acquire()  # the loop's own thread holds it: every task waits
         tasks = [asyncio.create_task(one()) for _ in range(n)]
-        end = time.monotonic() + 20
-        while sum(t.done() for t in tasks) + lock._describe()["waiters"] != n:
-            assert time.monotonic() < end, "the tasks neither waited nor failed"
-            await asyncio.sleep(0.005)
+        await _until_waiters(lock, n)
+        assert len(lock.region._describe()["participants"]) == 2
         lock.release()
-        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
-        return held, results
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        return held
 
-    held, results = run(loop_factory, main())
-    errors = [r for r in results if r is not None]
-    for e in errors:
-        assert isinstance(e, shmlocks.CapacityError), repr(e)
-        msg = str(e)
-        assert "asyncio task" in msg, msg
-        assert "max_participants" in msg, msg
-    assert held == n - len(errors)
-    assert lock.stats()["acquisitions"] == 1 + held
-    settle_proxies()
+    assert run(loop_factory, main()) == n
+    assert lock.stats()["acquisitions"] == 1 + n
+    settle()
     assert_free(lock)
+
+
+def test_a_cohort_past_the_cap_gets_a_capacity_error_that_names_loops(new_lock):
+    """Every slot of a capped region taken by threads: a task's first acquire_async() on
+    it gets CapacityError saying that an event loop whose tasks use a lock takes a slot
+    (and what to do)."""
+    lock = new_lock("futex", max_participants=2)
+    go, hold = threading.Event(), threading.Event()
+
+    def use():
+        with lock:
+            pass
+        go.set()
+        hold.wait(20)
+
+    ts = [threading.Thread(target=use) for _ in range(2)]
+    for t in ts:
+        t.start()
+        assert go.wait(10)
+        go.clear()
+
+    async def main():
+        with pytest.raises(shmlocks.CapacityError) as e:
+            await lock.acquire_async()
+        return str(e.value)
+
+    try:
+        msg = run(asyncio.new_event_loop, main())
+    finally:
+        hold.set()
+        for t in ts:
+            t.join(10)
+    assert "asyncio event loop" in msg and "max_participants=2" in msg, msg
 
 
 # --------------------------------------------------------------------------- Ctrl-C
@@ -725,7 +773,7 @@ except KeyboardInterrupt:
 
 def test_ctrl_c_of_a_waiting_asyncio_program(kind, new_lock, procs):
     """SIGINT to an asyncio program whose task waits for a lock (held here): it ends at
-    once with KeyboardInterrupt, its place in the queue left, its proxy threads gone."""
+    once with KeyboardInterrupt, its place in the queue left."""
     lock = new_lock(kind)
     lock.acquire()
     try:
@@ -752,27 +800,29 @@ def test_import_does_not_load_asyncio_support():
     assert r.stdout.strip() == "False", r.stderr
 
 
-def test_proxy_threads_end_with_the_pool(new_lock):
-    """More idle proxies than the pool keeps end (their slots go back)."""
-    lock = new_lock("mcs", max_participants=64)
+def test_no_thread_waits_for_a_task(new_lock):
+    """While 64 tasks wait (the proxies of before: 72 threads), shmlocks runs no thread
+    with io_uring, one waiter thread under SHMLOCKS_AIO=thread; afterwards, at most that
+    one is left."""
+    lock = new_lock("mcs")
+    before = shmlocks_threads()
 
     async def main():
         async def one():
             async with lock:
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.001)
 
-        await asyncio.gather(*(one() for _ in range(20)))
+        lock.acquire()
+        ts = [asyncio.create_task(one()) for _ in range(64)]
+        await _until_waiters(lock, 64)
+        during = shmlocks_threads()
+        lock.release()
+        await asyncio.wait_for(asyncio.gather(*ts), 30)
+        return during
 
-    run(asyncio.new_event_loop, main())
-    settle_proxies()
-    until(
-        lambda: (
-            sum(t.name.startswith("shmlocks-task") for t in threading.enumerate())
-            <= _aio._IDLE_MAX + 1
-        ),
-        10,
-        "surplus proxies ended",
-    )
+    during = run(asyncio.new_event_loop, main())
+    assert len(during) == (0 if _core.AIO_MODE == "io_uring" else 1), during
+    assert len(shmlocks_threads()) <= len(before) + _aio._IDLE_MAX
     assert_free(lock)
 
 
@@ -793,7 +843,7 @@ def test_a_hold_whose_task_ended_is_released_by_its_awaiter(kind, new_lock, loop
         assert not lock.locked()
 
     run(loop_factory, main())
-    settle_proxies()
+    settle()
     assert_free(lock)
 
 

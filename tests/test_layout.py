@@ -210,6 +210,18 @@ def test_python_readers_take_the_layout_from_the_core():
     assert (lay["creator_pid_off"], lay["creator_pidns_off"]) == (68, 80)
     assert lay["part_hwm_off"] == HWM_OFF
     assert _segment._PART.size == lay["participant_size"] == _segment.PART_SIZE == PART
+    # the cohort's fields and the wait link, where _PART's format reads them: the format
+    # up to tstart, then what precedes each field
+    head = _segment._PART.format.split("QQQ")[0] + "QQQ"
+    before = {
+        "agent_off": "I",
+        "task_id_off": "III4x",
+        "label_off": "III4xQ",
+        "link_seq_off": "III4xQ40s",
+        "link_name_off": "III4xQ40sIIQ",
+    }
+    for key, rest in before.items():
+        assert struct.calcsize(head + rest) == lay[key], key
     assert (lay["max_participants"], lay["hwm_first"], lay["ticket_slots"]) == (4096, 32, 64)
     assert _segment.HEADER_SIZE == lay["header_size"] == 2 * LINE
     assert _segment._DIRENT.size <= LINE and lay["name_max"] == 56

@@ -222,7 +222,7 @@ cdef class _Lock:
     cdef bint _waiting_via_other_view(self, reg_t* r) noexcept nogil
     cdef bint _held_via_other_view(self, reg_t* r) noexcept nogil
     cdef _raise_deadlock(self)
-    cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline, uint32_t* cancel=*)
+    cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline)
     cdef inline reg_t* _holding_me(self) noexcept nogil
     cdef inline int _unhold(self, reg_t* r, bint armed) noexcept nogil
     cdef int _release(self) except -1
@@ -243,3 +243,6 @@ cdef class _Lock:
     # HOOK _died_taken(): a hold begins with R_ACQ_DIED: forget what _dead_holder kept
     #   (default: nothing). Off the fast path (_got_flags).
     cdef void _died_taken(self) noexcept nogil
+    # -- the base's own, added since (docs/design.md §14): does an asyncio cohort of the
+    #    calling thread's loop hold or await the lock (the slow path, rm.agents > 0)?
+    cdef bint _task_of_mine(self, reg_t* r) noexcept nogil

@@ -21,6 +21,9 @@ cdef struct rmap_t:
     uint32_t L
     int closed                # no new use from this process
     int nthreads              # threads of this process holding a token in this mapping
+                              # (an asyncio cohort's agent slot counts as one, below)
+    int agents                # agent slots of this process here (reg_claim_agent): 0 keeps
+                              # the same-thread checks of a blocking acquire off its path
     int pins                  # threads inside a call that touches the mapping unregistered
     int pyalive               # the Region object is alive
     int fd                    # the segment's file, open as long as the mapping (-1: none)
@@ -179,6 +182,12 @@ cdef inline bint other_pidns(uint64_t ns) noexcept nogil:
 
 # -- registration and the re-entry windows (docs/design.md §4) ------------------------
 cdef reg_t* reg_register(rmap_t* rm, int64_t deadline=*) except NULL
+# an asyncio cohort's participant (docs/design.md §14): a slot claimed by the calling
+# thread (its token on that thread's robust list) but not in its registration list, so
+# the thread's own lock calls never find it; `others`: the agent slots the thread holds
+# already (they count against REGIONS_PER_THREAD with its registrations)
+cdef reg_t* reg_claim_agent(rmap_t* rm, int64_t deadline, int others) except NULL
+cdef void reg_release_agent(reg_t* r) noexcept nogil
 # provisioning participants (docs/design.md §2): at a region's creation and growth, and in
 # a lock's body at its creation (region.pxi)
 cdef int reg_grow(rmap_t* rm, uint32_t seen) except -1
@@ -279,4 +288,19 @@ cdef inline uint32_t participant_op(rmap_t* rm, uint32_t slot, uint32_t lock1) n
     if ld32_acq(&p.op_lock) != lock1:
         return 0
     return ld32_acq(&p.op_step)
+
+
+cdef inline int agent_tasks(rmap_t* rm, uint32_t x, uint32_t lock1, uint32_t hslot) noexcept nogil:
+    """How many waiters of lock (index + 1) lock1 the asyncio cohort in agent slot x
+    stands for (docs/design.md §14): the tasks it waits for the lock for (at least one
+    while it waits), or those queued behind the task it holds the lock for (hslot: the
+    lock's holder slot + 1); 0 if it acts on another lock."""
+    cdef uint32_t op = participant_op(rm, x, lock1)
+    cdef uint32_t t
+    if op != SHM_OP_TAKING and op != SHM_OP_WAITING and hslot != x + 1:
+        return 0
+    t = ld32_acq(&rm.part[x].tasks)
+    if op == SHM_OP_WAITING and t == 0:
+        return 1
+    return <int>t
 

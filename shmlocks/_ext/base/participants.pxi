@@ -348,6 +348,7 @@ cdef void atfork_child() noexcept nogil:
     st32_seq(&g_lc_busy, 1)
     while rm != NULL:
         rm.nthreads = 0
+        rm.agents = 0
         rm.pins = 0
         if rm.fork_fd >= 0:               # our own description, with its LOCK_SH
             if rm.fd >= 0:
@@ -432,18 +433,62 @@ cdef reg_t* reg_register(rmap_t* rm, int64_t deadline=-1) except NULL:
     return r
 
 
-cdef reg_t* reg_claim(rmap_t* rm, int64_t deadline) except NULL:
+cdef reg_t* reg_claim_agent(rmap_t* rm, int64_t deadline, int others) except NULL:
+    """A participant slot for an asyncio cohort of the calling thread's event loop
+    (docs/design.md §14): claimed as reg_register claims one (its token locked by this
+    thread, so on its robust list: the thread's or its process's death is the agent's),
+    marked `agent = 1`, but linked into no list: the thread's own lock calls never see
+    it, and only the cohort, on this thread, acts through it. It keeps the mapping as a
+    registration does (nthreads); reg_release_agent gives it back."""
+    cdef reg_t* r = NULL
+    if window_busy(rm):
+        raise reentry_error("a lock call")
+    if reg_leave_closed() + others >= REGIONS_PER_THREAD:
+        raise CapacityError(
+            f"this thread already takes part in {REGIONS_PER_THREAD} regions, the most a "
+            "thread may (its registrations and the asyncio cohorts of its event loop, one "
+            "per lock its tasks hold or wait for: each keeps a liveness token on the "
+            "thread's robust list, which the kernel walks only so far at its death): close "
+            "regions it no longer uses")
+    rmap_pin(rm)
+    try:
+        r = reg_claim(rm, deadline, 1)
+    finally:
+        rmap_unpin(rm)
+    if rm.closed:
+        reg_release_agent(r)
+        raise ValueError("region is closed")
+    return r
+
+
+cdef void reg_release_agent(reg_t* r) noexcept nogil:
+    """Give an agent slot back (on the thread that claimed it: its token is that
+    thread's; the cohort holds nothing and waits for nothing through it)."""
+    cdef rmap_t* rm = r.rm
+    gm_lock()
+    if rm.base != NULL:
+        st32_rlx(&rm.part[r.slot].agent, 0)
+        token_unlock(rm, r.slot)
+    rm.nthreads -= 1
+    rm.agents -= 1
+    rmap_maybe_unmap(rm)
+    gm_unlock()
+    free(r)
+
+
+cdef reg_t* reg_claim(rmap_t* rm, int64_t deadline, bint agent=0) except NULL:
     """reg_register's work, on a pinned mapping: the first free slot of those provisioned;
     if every one is taken, more are provisioned (reg_grow) and the claim looks again. A
     slot whose token is not a mutex of ours (foreign bytes: its glibc fields would make
-    glibc abort) is skipped, never locked."""
+    glibc abort) is skipped, never locked. `agent`: an asyncio cohort's slot
+    (reg_claim_agent), in no list."""
     cdef uint32_t lo = 0
     cdef uint32_t h
     cdef reg_t* r
     cdef int ncorrupt = 0
     while True:
         h = rmap_hwm(rm)
-        r = _claim_in(rm, lo, h, deadline, &ncorrupt)
+        r = _claim_in(rm, lo, h, deadline, &ncorrupt, agent)
         if r != NULL or PyErr_Occurred():
             return r
         if h >= rm.P:
@@ -462,23 +507,25 @@ cdef str _region_name(rmap_t* rm):
 
 
 cdef str _capacity_text(rmap_t* rm):
-    """CapacityError's text: which cap, and what to do (an asyncio task's adds that each
-    waiting task takes a slot: shmlocks/_aio.py)."""
+    """CapacityError's text: which cap, and what to do. A slot is a thread's, or an asyncio
+    event loop's for one lock its tasks hold or wait for (a cohort, docs/design.md §14)."""
     cdef str name = _region_name(rm)
+    cdef str who = ("live threads (each thread that used one of its locks keeps a slot until "
+                    "it ends or closes the region; each asyncio event loop whose tasks hold "
+                    "or wait for a lock of the region uses one per lock, whatever the "
+                    "number of tasks)")
     if rm.P < SHM_MAX_PARTICIPANTS:
-        return (f"all {rm.P} participant slots of region {name!r} are in use by live "
-                f"threads (max_participants={rm.P}, the cap it was created with): each "
-                "thread that used one of its locks keeps a slot until it ends or closes "
-                "the region; create the region with a larger max_participants (None: no "
-                f"cap but {SHM_MAX_PARTICIPANTS}), or use it from fewer threads at once")
-    return (f"all {rm.P} participant slots of region {name!r} are in use by live threads "
-            f"({SHM_MAX_PARTICIPANTS}, the most a region can have): each thread that used "
-            "one of its locks keeps a slot until it ends or closes the region; use it from "
-            "fewer threads at once (a pool), or spread the locks over more regions")
+        return (f"all {rm.P} participant slots of region {name!r} are in use by {who} "
+                f"(max_participants={rm.P}, the cap it was created with): create the region "
+                f"with a larger max_participants (None: no cap but {SHM_MAX_PARTICIPANTS}), "
+                "or use it from fewer threads at once")
+    return (f"all {rm.P} participant slots of region {name!r} are in use by {who} "
+            f"({SHM_MAX_PARTICIPANTS}, the most a region can have): use it from fewer "
+            "threads at once (a pool), or spread the locks over more regions")
 
 
 cdef reg_t* _claim_in(rmap_t* rm, uint32_t lo, uint32_t hi, int64_t deadline,
-                      int* ncorrupt) except? NULL:
+                      int* ncorrupt, bint agent) except? NULL:
     """Claim the first free slot of [lo, hi) for the calling thread: its reg_t, or NULL
     (none free; an exception set if a recovery's signal handler raised)."""
     cdef recov_t rec
@@ -527,6 +574,13 @@ cdef reg_t* _claim_in(rmap_t* rm, uint32_t lo, uint32_t hi, int64_t deadline,
             r.hid = participant_hid(rm, i)
             r.op = &p.op_lock
             r.held = 0
+            if agent:
+                st32_rlx(&p.agent, 1)
+                gm_lock()
+                rm.nthreads += 1
+                rm.agents += 1
+                gm_unlock()
+                return r
             r.next = <reg_t*>shm_tls_get()
             pthread_setspecific(g_key, r)
             shm_tls_set(r)

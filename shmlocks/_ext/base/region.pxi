@@ -858,18 +858,12 @@ cdef class Region:
     def _describe(self):
         """A snapshot of the region for triage (the CLI's inspect): participants, locks."""
         cdef uint32_t i
-        cdef int st
-        cdef shm_participant* p
         self._check_open()
         h = self.rm.hdr
         parts = []
         for i in range(rmap_hwm(self.rm)):
-            st = participant_state(self.rm, i)
-            if st:
-                p = &self.rm.part[i]
-                parts.append({"slot": i, "pid": ld32_rlx(&p.pid), "tid": ld32_rlx(&p.tid),
-                              "alive": st == 1,
-                              "other_namespace": other_pidns(ld64_acq(&p.pidns))})
+            if participant_state(self.rm, i):
+                parts.append(self._participant(i + 1))
         locks = []
         for i in range(self.rm.L):
             if ld32_acq(&self.rm.dir[i].state) == SHM_DIRENT_READY:
@@ -933,9 +927,19 @@ cdef class Region:
         if slot1 == 0 or slot1 > rmap_hwm(self.rm):
             return None
         p = &self.rm.part[slot1 - 1]
-        return {"slot": slot1 - 1, "pid": ld32_rlx(&p.pid), "tid": ld32_rlx(&p.tid),
-                "alive": participant_state(self.rm, slot1 - 1) == 1,
-                "other_namespace": other_pidns(ld64_acq(&p.pidns))}
+        d = {"slot": slot1 - 1, "pid": ld32_rlx(&p.pid), "tid": ld32_rlx(&p.tid),
+             "alive": participant_state(self.rm, slot1 - 1) == 1,
+             "other_namespace": other_pidns(ld64_acq(&p.pidns))}
+        if ld32_acq(&p.agent) == 1:          # an asyncio cohort: the task it acts for
+            d["task"] = _label_of(p)
+            d["task_id"] = ld64_acq(&p.task_id)
+        return d
+
+
+cdef str _label_of(shm_participant* p):
+    """An agent slot's task name (label: UTF-8, NUL-padded, maybe cut mid-character)."""
+    cdef bytes raw = (<char*>p.label)[:sizeof(p.label)]
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
 def _open_segment(n):

@@ -121,6 +121,26 @@ cdef class _Ring:
         """The waits armed whose completion is not yet reaped."""
         return len(self.arrays)
 
+    def drain(self):
+        """For an event loop's reader of fileno(): the eventfd reset, then every completion
+        ready, [(user_data, res), ...] (a completion that comes after the reset signals the
+        eventfd again). Never waits."""
+        cdef uint64_t ud = 0
+        cdef int32_t res = 0
+        cdef int k
+        self._check()
+        shm_uring_drain_eventfd(&self.r)
+        out = []
+        for k in range(2):
+            while shm_uring_reap(&self.r, &ud, &res):
+                out.append((ud, res))
+                if not ud & RING_CANCEL_BIT:
+                    free(<void*><size_t>self.arrays.pop(ud, 0))
+            if out or k:
+                break
+            shm_uring_enter(&self.r, 0, -1)         # completions waiting as task work
+        return out
+
     def completions(self, timeout=0):
         """Wait up to `timeout` seconds (None: no end) for a completion, then every one
         ready: [(user_data, res), ...] (empty at the timeout)."""

@@ -26,8 +26,6 @@ cdef struct wait_t:
                             # re-entry window, participants.pxi); NULL: none
     recov_t rec             # the recoveries this wait runs keep its deadline (park passes
                             # it to dep through the watch set: watch_t.rec)
-    uint32_t* cancel        # != 0: another thread cancelled this wait (a task's, §14);
-                            # NULL: it cannot be cancelled
     # -- a resumable wait (docs/design.md §5 "Resumable waits"): nb_init sets these; a
     #    blocking wait (nb 0) never reads them
     int nb                  # 1: never sleep here: where park (or robust, pi) would sleep,
@@ -101,13 +99,7 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
     w.dl_hit = 0
     w.rm = NULL
     recov_init(&w.rec, deadline)
-    w.cancel = NULL
     w.nb = 0
-
-
-cdef inline bint wait_cancelled(wait_t* w) noexcept nogil:
-    """Has another thread cancelled this wait (a task's proxy, docs/design.md §14)?"""
-    return w.cancel != NULL and ld32_acq(w.cancel) != 0
 
 
 cdef inline void nb_unannounce(wait_t* w) noexcept nogil:
@@ -176,3 +168,23 @@ cdef inline bint watch_word(watch_t* ws, uint32_t* word, uint32_t val) noexcept 
 cdef inline void wake_if_parked(uint32_t* word, uint32_t* parked) noexcept nogil:
     if ld32_seq(parked) != 0:
         shm_futex_wake(word, 0x7fffffff)
+
+
+# the fallback driver's sleeper (wait.pxi, docs/design.md §14): one arm per waiting cohort
+cdef struct waiter_arm:
+    uint64_t id
+    int n
+    uint32_t* words[SHM_WAITV_MAX]
+    uint32_t vals[SHM_WAITV_MAX]
+
+
+cdef class _Waiter:
+    cdef pthread_mutex_t mu
+    cdef waiter_arm* arms
+    cdef int narms
+    cdef int cap
+    cdef uint32_t rearm
+    cdef int stopped
+    cdef int slices                       # sleeps cut to a slice (the union too large)
+    cdef int _add(self, watch_t* ws, uint64_t id) except -1
+    cdef void _kick(self) noexcept nogil

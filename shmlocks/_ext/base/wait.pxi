@@ -141,8 +141,6 @@ cdef int wait_due(wait_t* w) noexcept nogil:
     cdef int64_t now = shm_now_ns()
     if w.deadline >= 0 and now >= w.deadline:
         return R_TIMEOUT
-    if wait_cancelled(w):
-        return R_TIMEOUT
     return wait_look_due(w, now)
 
 
@@ -150,18 +148,10 @@ cdef int wait_sleep(wait_t* w, watch_t* ws, bint sliced) noexcept nogil:
     """One sleep of a blocked wait, the same for park() and the pthread kinds: the signals
     that came before it (main thread), the sleep on ws to the deadline, the next look or
     (sliced) one slice, a watched death passed on (park_woken), the signal that woke it.
-    R_CONT: look at the lock again; R_SIGNAL: a handler raised; R_TIMEOUT: the wait was
-    cancelled (w.cancel, a task's wait)."""
+    R_CONT: look at the lock again; R_SIGNAL: a handler raised."""
     cdef int r
     if wait_signals(w):
         return R_SIGNAL
-    if w.cancel != NULL:
-        # a task's wait (docs/design.md §14): its cancellation ends the wait as a timeout
-        # does, woken through the cancel word, watched beside the others
-        if ld32_acq(w.cancel) != 0:
-            return R_TIMEOUT
-        if not watch_word(ws, w.cancel, 0):
-            sliced = 1
     r = park_sleep(ws, wait_until(w, sliced))
     park_woken(ws)
     if r == -EINTR and wait_signals(w):
@@ -173,8 +163,7 @@ cdef int wait_sleep_many(wait_t* w, watch_t* ws, shm_many* more) noexcept nogil:
     """wait_sleep on more words than one futex_waitv takes: ws and the thread's list
     `more` (a toolbox waiter that depends on more participants, docs/design.md §12),
     asleep on several io_uring FUTEX_WAITV at once until the first completion
-    (shm_many_sleep); in slices on ws alone if the thread cannot. No cancel word: the
-    caller has none (w.cancel NULL)."""
+    (shm_many_sleep); in slices on ws alone if the thread cannot."""
     cdef int r
     cdef void* head = NULL
     if wait_signals(w):
@@ -522,3 +511,153 @@ cdef int park_nb(park_t* pk, wait_t* w) noexcept nogil:
                 return R_TIMEOUT
             continue
         return nb_would_block(w, &ws, pk.parked, d != DEP_ARMED or not g_wait_waitv)
+
+
+# ---- the fallback driver's sleeper (docs/design.md §14) -------------------------------------
+#
+# Without io_uring (AIO_MODE "thread"), an event loop's thread cannot sleep on its cohorts'
+# watch sets itself: one thread of the process per loop thread with waiting cohorts does,
+# in futex_waitv on the union of their watch sets (one arm each) plus its own re-arm word,
+# which the loop's thread bumps and wakes whenever it adds or takes back an arm. When a
+# word of an arm changed, the arm fires (it is taken out: an arm is one sleep) and the
+# thread tells the loop which ones (the driver's callback, call_soon_threadsafe), which
+# re-enters their waits and arms them again. Past SHM_WAITV_MAX - 1 words the union does
+# not fit one futex_waitv: the first ones are slept on, in slices of PARK_SLICE_NS, and
+# every arm's words are compared after each (polling, documented). Every word is in a
+# mapping its cohort keeps (its agent slot, participants.pxi reg_claim_agent); an arm is
+# taken back (under the mutex) before its cohort gives its slot back, so the words this
+# thread reads after a sleep, under the mutex, are all mapped.
+
+cdef class _Waiter:
+    """The sleeping thread of AIO_MODE "thread" (not API: shmlocks/_aio.py's driver, one per
+    event loop thread). ``disarm(id)``, ``stop()`` from the loop's thread (an _Agent arms
+    it, _Agent.arm_thread); ``sleep()`` on the waiter thread: the ids of the arms that
+    fired (their words changed), [] after a re-arm or a slice, None once stopped."""
+
+    def __cinit__(self):
+        pthread_mutex_init(&self.mu, NULL)
+        self.arms = NULL
+        self.narms = 0
+        self.cap = 0
+        self.rearm = 0
+        self.stopped = 0
+        self.slices = 0
+
+    cdef int _add(self, watch_t* ws, uint64_t id) except -1:
+        cdef waiter_arm* a
+        cdef int i
+        pthread_mutex_lock(&self.mu)
+        if self.narms == self.cap:
+            a = <waiter_arm*>realloc(self.arms, (2 * self.cap + 4) * sizeof(waiter_arm))
+            if a == NULL:
+                pthread_mutex_unlock(&self.mu)
+                raise MemoryError()
+            self.arms = a
+            self.cap = 2 * self.cap + 4
+        a = &self.arms[self.narms]
+        a.id = id
+        a.n = ws.n
+        for i in range(ws.n):
+            a.words[i] = ws.words[i]
+            a.vals[i] = ws.vals[i]
+        self.narms += 1
+        pthread_mutex_unlock(&self.mu)
+        self._kick()
+        return 0
+
+    cdef void _kick(self) noexcept nogil:
+        fadd32(&self.rearm, 1)
+        shm_futex_wake(&self.rearm, 1)
+
+    def disarm(self, uint64_t id):
+        """Take arm `id` back (if it has not fired): its words are no longer read."""
+        cdef int i
+        pthread_mutex_lock(&self.mu)
+        for i in range(self.narms):
+            if self.arms[i].id == id:
+                self.narms -= 1
+                if i != self.narms:
+                    memcpy(&self.arms[i], &self.arms[self.narms], sizeof(waiter_arm))
+                break
+        pthread_mutex_unlock(&self.mu)
+
+    def stop(self):
+        """The sleeping thread returns (sleep() gives None) and ends."""
+        pthread_mutex_lock(&self.mu)
+        self.stopped = 1
+        self.narms = 0
+        pthread_mutex_unlock(&self.mu)
+        self._kick()
+
+    @property
+    def armed(self):
+        return self.narms
+
+    @property
+    def sliced(self):
+        """Sleeps so far that were cut to a slice (more words armed than one sleep takes)."""
+        return self.slices
+
+    def sleep(self):
+        """On the waiter thread: sleep until an arm's word changes (or a re-arm, or a
+        slice), then the ids of the arms that fired (taken out), or None once stopped."""
+        cdef uint32_t* words[SHM_WAITV_MAX]
+        cdef uint32_t vals[SHM_WAITV_MAX]
+        cdef uint64_t* fired = NULL
+        cdef int n = 0, nf = 0, i, j, k
+        cdef bint full = 0
+        cdef int64_t until = -1
+        cdef waiter_arm* a
+        with nogil:
+            pthread_mutex_lock(&self.mu)
+            if not self.stopped:
+                words[0] = &self.rearm
+                vals[0] = ld32_seq(&self.rearm)
+                n = 1
+                for i in range(self.narms):
+                    a = &self.arms[i]
+                    if n + a.n > SHM_WAITV_MAX:
+                        full = 1
+                        break
+                    for j in range(a.n):
+                        words[n] = a.words[j]
+                        vals[n] = a.vals[j]
+                        n += 1
+            pthread_mutex_unlock(&self.mu)
+            if n > 0:
+                if full or not g_wait_waitv:
+                    until = shm_now_ns() + PARK_SLICE_NS
+                    self.slices += 1
+                if g_wait_waitv:
+                    shm_futex_waitv(words, vals, n, until)
+                else:
+                    shm_futex_wait(words[0], vals[0], PARK_SLICE_NS)
+            pthread_mutex_lock(&self.mu)
+            if not self.stopped and self.narms > 0:
+                fired = <uint64_t*>malloc(self.narms * sizeof(uint64_t))
+                i = 0
+                while fired != NULL and i < self.narms:
+                    a = &self.arms[i]
+                    k = 0
+                    for j in range(a.n):
+                        if ld32_seq(a.words[j]) != a.vals[j]:
+                            k = 1
+                            break
+                    if k:
+                        fired[nf] = a.id
+                        nf += 1
+                        self.narms -= 1
+                        if i != self.narms:
+                            memcpy(a, &self.arms[self.narms], sizeof(waiter_arm))
+                        continue
+                    i += 1
+            pthread_mutex_unlock(&self.mu)
+        if self.stopped:
+            free(fired)
+            return None
+        out = [fired[i] for i in range(nf)]
+        free(fired)
+        return out
+
+    def __dealloc__(self):
+        free(self.arms)

@@ -122,7 +122,7 @@ cdef int dl_look(wait_t* w, int64_t now) noexcept with gil:
         if rm == NULL or rm.base == NULL or w.dl_slot >= rmap_hwm(rm):
             return 0
         p = &rm.part[w.dl_slot]
-        me = (ld64_rlx(&p.pidns), ld32_rlx(&p.pid), ld32_rlx(&p.tid), ld64_rlx(&p.tstart))
+        me = (ld64_rlx(&p.pidns), ld32_rlx(&p.pid), ld32_rlx(&p.tid), ld64_rlx(&p.tstart), 0)
         g = graph.snapshot()
         c = g.cycle_from(me)
         if c is None or g.victim(me) != me:

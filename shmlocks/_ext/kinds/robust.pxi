@@ -17,7 +17,6 @@
 # (glibc aborts on that); the lock then comes back owner_died.
 
 cdef int64_t PI_MAIN_SLICE_NS = 50000000    # 50 ms: Ctrl-C within 100 ms (see _sleep_pi)
-cdef int64_t PI_TASK_SLICE_NS = 100000000   # 100 ms: a task's cancellation within 100 ms
 cdef int64_t PI_FOREVER_NS = 86400 * <int64_t>1000000000
 
 
@@ -180,12 +179,6 @@ cdef class _PthreadMutexLock(_Lock):
             until = wait_until(w, not g_wait_waitv)
             if main:
                 t = shm_now_ns() + PI_MAIN_SLICE_NS
-                if until < 0 or t < until:
-                    until = t
-            elif w.cancel != NULL:
-                # a task's wait (docs/design.md §14): its cancellation is seen at the end
-                # of a slice, FUTEX_LOCK_PI watching no other word
-                t = shm_now_ns() + PI_TASK_SLICE_NS
                 if until < 0 or t < until:
                     until = t
             if until < 0:

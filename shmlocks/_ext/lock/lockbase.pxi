@@ -191,11 +191,16 @@ cdef class _Lock:
         return ld32_rlx(&self.b.ctl.holder) != 0
 
     cdef int _waiters(self) noexcept nogil:
-        """Live participants that published that they wait for this lock (a snapshot)."""
+        """Live participants that published that they wait for this lock, an asyncio
+        cohort counting the tasks it waits or holds for (agent_tasks; a snapshot)."""
         cdef uint32_t i
         cdef int n = 0
+        cdef uint32_t h = holder_slot(self.rm, ld32_acq(&self.b.ctl.holder))
         for i in range(rmap_hwm(self.rm)):
-            if (participant_op(self.rm, i, self._lock1) == SHM_OP_WAITING
+            if ld32_acq(&self.rm.part[i].agent) == 1:
+                if participant_state(self.rm, i) == 1:
+                    n += agent_tasks(self.rm, i, self._lock1, h)
+            elif (participant_op(self.rm, i, self._lock1) == SHM_OP_WAITING
                     and participant_state(self.rm, i) == 1):
                 n += 1
         return n
@@ -407,18 +412,37 @@ cdef class _Lock:
             return 0
         me = &self.rm.part[r.slot]
         p = &self.rm.part[h - 1]
-        return (ld32_acq(&p.pid) == r.pid and ld32_acq(&p.tid) == ld32_rlx(&me.tid)
+        return (ld32_acq(&p.agent) == 0
+                and ld32_acq(&p.pid) == r.pid and ld32_acq(&p.tid) == ld32_rlx(&me.tid)
                 and ld64_acq(&p.pidns) == ld64_rlx(&me.pidns)
                 and participant_state(self.rm, h - 1) == 1)
+
+    cdef bint _task_of_mine(self, reg_t* r) noexcept nogil:
+        """Slow path, with agent slots of this process in the region (rm.agents): does an
+        asyncio cohort of the calling thread's event loop (an agent slot of this thread)
+        hold this lock, or take or wait for it (docs/design.md §14)?"""
+        cdef shm_participant* me = &self.rm.part[r.slot]
+        cdef shm_participant* p
+        cdef uint32_t x, op
+        cdef uint32_t h = holder_slot(self.rm, ld32_acq(&self.b.ctl.holder))
+        for x in range(rmap_hwm(self.rm)):
+            p = &self.rm.part[x]
+            if x == r.slot or ld32_acq(&p.agent) != 1:
+                continue
+            if (ld32_acq(&p.pid) != r.pid or ld32_acq(&p.tid) != ld32_rlx(&me.tid)
+                    or ld64_acq(&p.pidns) != ld64_rlx(&me.pidns)
+                    or participant_state(self.rm, x) != 1):
+                continue
+            op = participant_op(self.rm, x, self._lock1)
+            if h == x + 1 or op == SHM_OP_TAKING or op == SHM_OP_WAITING:
+                return 1
+        return 0
 
     cdef _raise_deadlock(self):
         raise DeadlockError(f"this thread already holds {self.kind_name} lock {self._name!r} "
                             "(shmlocks locks are not reentrant)")
 
-    cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline,
-                              uint32_t* cancel=NULL):
-        # cancel: a word another thread sets (and wakes) to end the wait as at a timeout
-        # (a task's wait, run by its proxy: docs/design.md §14)
+    cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline):
         cdef wait_t w
         cdef uint32_t me = r.slot
         cdef int64_t t0
@@ -430,6 +454,18 @@ cdef class _Lock:
         if ld32_rlx(&self.b.ctl.holder) == r.hid:
             shm_op_set(r.op, 0, 0)
             self._raise_deadlock()
+        if self.rm.agents > 0 and deadline != 0 and self._task_of_mine(r):
+            # An asyncio task of this thread's event loop holds the lock, or waits for it
+            # (docs/design.md §14): this thread would block the loop that must run the
+            # task's release (or hand the task the lock first): it would never wake.
+            rc = self._withdraw(r, rc)
+            if rc == R_ACQ or rc == R_ACQ_DIED:      # released meanwhile
+                return self._got(r, rc, shm_crash_armed)
+            raise DeadlockError(
+                f"a task of this thread's asyncio event loop holds or awaits "
+                f"{self.kind_name} lock {self._name!r}: a blocking acquire on the loop's "
+                "thread would keep the loop from running it (await acquire_async() in a "
+                "task instead)")
         if self._held_via_other_view(r):
             # Held by this very thread through another object of this lock (open() again,
             # a pickle round trip: another participant slot of the same thread). Waiting
@@ -447,7 +483,6 @@ cdef class _Lock:
             self._withdraw(r, rc)
             raise reentry_error(f"acquire() of {self.kind_name} lock {self._name!r}")
         wait_init(&w, deadline, &self.b.precs[me].spin_ns)   # (recoveries it runs keep it)
-        w.cancel = cancel
         w.rm = self.rm                               # hidden while handlers run
         t0 = shm_now_ns()                            # also the wait's start, for stats_waited
         dl_arm(&w, self.rm, me, t0)                  # the wait record: since when ...
@@ -520,16 +555,17 @@ cdef class _Lock:
 
     cdef int _release(self) except -1:
         """release() off the fast path: a closed object, a thread that does not hold the
-        lock, a kind's error code."""
-        cdef reg_t* r
+        lock, a task's hold, a kind's error code."""
+        cdef reg_t* r = reg_lookup(self.rm)
         cdef int rc
-        if self._closed or self.rm.closed:
-            self._check_held_across_close()
-        r = reg_lookup(self.rm)
         if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.hid:
             if g_aio is not None and g_aio._release(self):
                 return 0                             # a task's hold (docs/design.md §14)
+            if self._closed or self.rm.closed:
+                raise ValueError(f"lock {self._name!r} is closed")
             self._not_owner(r)
+        if self._closed or self.rm.closed:
+            self._check_held_across_close()
         rc = self._unhold(r, shm_crash_armed)
         if rc < 0:
             _raise_code(self, rc)
@@ -653,8 +689,10 @@ cdef class _Lock:
         acquire() for a task of an asyncio event loop, with acquire()'s arguments and
         results: the **task** is the owner (two tasks contend like two threads; release()
         from another task raises NotOwnerError; awaiting a lock the task holds raises
-        DeadlockError). The loop is never blocked: the wait sleeps in the kernel on a
-        thread that stands for the task. Cancelling the awaiting task (task.cancel(),
+        DeadlockError). The loop is never blocked and no thread waits for the task: the
+        tasks of one loop queue in call order behind one place of the lock's queue (their
+        cohort), which the loop's thread waits on through io_uring (or, without it, one
+        waiter thread per loop). Cancelling the awaiting task (task.cancel(),
         asyncio.timeout(), asyncio.wait_for) leaves no hold and no place in the queue."""
         cdef int64_t deadline = _deadline_of(blocking, timeout)
         self._check()
@@ -668,13 +706,6 @@ cdef class _Lock:
 
     def __aexit__(self, t, v, tb):
         return _aio_module().aexit(self, t)
-
-    def _async_seat(self):
-        """The calling thread's seat on this lock (a task proxy's, shmlocks/_aio.py)."""
-        cdef _Seat s = _Seat.__new__(_Seat)
-        s.wlk = _weakref_ref(self)
-        s.r = self._me()
-        return s
 
     # -- state ----------------------------------------------------------------------------
 
@@ -791,8 +822,8 @@ cdef class _Lock:
         self._closed = True
         if self._standalone:
             self._region.close()
-            if g_aio is not None:
-                g_aio._closed()          # task proxies leave it too (docs/design.md §14)
+        if g_aio is not None:
+            g_aio._closed(self)          # its idle asyncio cohorts leave (docs/design.md §14)
 
     def unlink(self):
         """Remove the region's name now; mapped views go on working."""
@@ -900,56 +931,123 @@ cdef class _Lock:
                 "participants (pid, op_lock, op_step, op_value, generation)": parts}
 
 
-def _leave_closed():
-    """The calling thread (a task proxy, shmlocks/_aio.py) leaves every closed region where
-    it holds nothing, as its next registration would (docs/design.md §3)."""
-    reg_leave_closed()
-
-
 cdef object _aio_module():
     if g_aio is None:
         import shmlocks._aio                 # binds itself (_aio_bind)
     return g_aio
 
 
-cdef class _Seat:
-    """A task proxy thread's participant on one lock (shmlocks/_aio.py; docs/design.md
-    §14). Made on the proxy thread (Lock._async_seat); its steps run on that thread, or,
-    for the user-space kinds while the proxy is idle, on the event loop's thread on the
-    proxy's behalf: one thread at a time acts for a participant."""
-    cdef object wlk                  # the lock, weakly: a pooled proxy keeps its seats
-    cdef reg_t* r
-    cdef uint32_t cancel_word        # != 0: the task cancelled the wait (its futex word)
+cdef class _Agent:
+    """An asyncio cohort's participant on one lock (not API: shmlocks/_aio.py; docs/design.md
+    §14): an agent slot of the event loop's thread (participants.pxi reg_claim_agent)
+    through which the cohort holds the lock for one task at a time, and waits for it for
+    the tasks queued behind (a resumable wait: docs/design.md §5). Made and used by that
+    thread only (its token, and for robust and pi the mutex, are that thread's).
 
-    cdef _Lock _lk(self):
-        cdef _Lock lk = self.wlk()
-        if lk is None:
-            raise ValueError("the lock is gone")
-        lk._check()
-        return lk
+    ``take()`` takes the lock's place (a FIFO kind's ticket or queue node, at once): True
+    if held now, False if a wait is in progress; ``poll()`` re-enters it (True once held,
+    False where it would sleep: ``arm``/``arm_thread`` hand its watch set to the driver,
+    ``until_ns`` says when to poll anyway); ``withdraw()`` gives it up (True if a grant
+    that came meanwhile was passed on); ``try_()`` a non-blocking attempt; ``release()``,
+    ``pass_on()``, ``mark_consistent()`` act on its hold; ``close()`` gives the slot back."""
+    cdef _Lock lk
+    cdef reg_t* r
+    cdef wait_t w
+    cdef watch_t ws
+    cdef int _active                 # 1 while a wait is in progress (a place taken)
+    cdef int pid
+    cdef unsigned long owner
+
+    def __cinit__(self):
+        self.r = NULL
+        self._active = 0
+        self.ws.n = 0
+        self.pid = getpid()
+        self.owner = PyThread_get_thread_ident()
+
+    def __init__(self, _Lock lock, int others=0):
+        lock._check()
+        self.lk = lock
+        # (a registration's recoveries are cut short as a resumable wait's are: the loop)
+        self.r = reg_claim_agent(lock.rm, shm_now_ns() + NB_RECOVER_NS, others)
+
+    cdef int _mine(self) except -1:
+        if self.r == NULL:
+            raise ValueError("the lock's asyncio agent is closed")
+        if self.pid != getpid():
+            raise ValueError("an asyncio agent made before fork() is not the child's")
+        if PyThread_get_thread_ident() != self.owner:
+            raise RuntimeError("an asyncio agent is used by the thread that made it only")
+        return 0
 
     @property
     def lock(self):
-        return self.wlk()
+        return self.lk
+
+    @property
+    def slot(self):
+        return self.r.slot if self.r != NULL else None
+
+    @property
+    def active(self):
+        """True while a wait is in progress (a place taken, not yet held or left)."""
+        return bool(self._active)
+
+    @property
+    def closed(self):
+        """The lock object (or its region) was closed: no new wait through the agent."""
+        return bool(self.lk._closed or self.lk.rm.closed)
+
+    @property
+    def target(self):
+        """(segment name, lock index + 1): what a wait link names (docs/design.md §9)."""
+        return (self.lk.rm.path[:sizeof(self.lk.rm.path)].split(b"\0", 1)[0]
+                .rpartition(b"/")[2], self.lk._lock1)
+
+    @property
+    def holding(self):
+        """Does the lock's holder record name this agent?"""
+        return self.r != NULL and ld32_acq(&self.lk.b.ctl.holder) == self.r.hid
+
+    @property
+    def owner_died(self):
+        return bool(ld32_acq(&self.lk.b.ctl.flags) & SHM_F_OWNER_DIED)
 
     def take(self):
-        """The uncontended attempt, which takes a FIFO kind's place in line: True (held),
-        or the code wait() goes on from."""
+        """Take the lock's place: True (held now; owner_died as for acquire()) or False (a
+        wait is in progress)."""
+        cdef _Lock lk = self.lk
+        cdef reg_t* r
+        cdef shm_participant* p
         cdef int rc
-        cdef _Lock lk = self._lk()
-        rc = lk._take_fast(self.r, shm_crash_armed)
+        self._mine()
+        lk._check()
+        if self._active:
+            raise RuntimeError("a wait is in progress already")
+        r = self.r
+        rc = lk._take_fast(r, shm_crash_armed)
         if rc == 0:
             return True
         if rc == R_ACQ:
-            return lk._got_flags(self.r, rc)
+            return lk._got_flags(r, rc)
         if rc == R_ACQ_DIED or rc < 0:
-            return lk._acquire_slow(self.r, rc, 0)      # no wait: held, or raises
-        return rc
+            return lk._acquire_slow(r, rc, 0)        # held (owner_died), or raises
+        nb_init(&self.w, &self.ws, -1, rc)           # (the tasks' own deadlines: _aio)
+        self.w.rm = lk.rm
+        p = &lk.rm.part[r.slot]
+        st64_rlx(&p.wait_since, <uint64_t>shm_now_ns())
+        st32_rlx(&p.detects, g_dl_timeout_ns >= 0)
+        shm_op_set(r.op, lk._lock1, SHM_OP_WAITING)  # "the cohort waits for this lock"
+        crashpoint("lock.wait.waiting")
+        self._active = 1
+        return False
 
     def try_(self):
         """A non-blocking acquire: True or False (acquire(blocking=False))."""
+        cdef _Lock lk = self.lk
         cdef int rc
-        cdef _Lock lk = self._lk()
+        self._mine()
+        lk._check()
         shm_op_set(self.r.op, lk._lock1, SHM_OP_TAKING)
         rc = lk._try(self.r.slot)
         if rc == R_ACQ or rc == R_ACQ_DIED:
@@ -959,37 +1057,96 @@ cdef class _Seat:
             _raise_code(lk, rc)
         return False
 
-    def wait(self, int rc, int64_t deadline):
-        """On the proxy thread: wait on from take()'s code rc (0: take first, the pthread
-        kinds, whose owner is this thread) until the deadline or the cancel word."""
-        cdef _Lock lk = self._lk()
-        if rc == 0:
-            rc = lk._take_fast(self.r, shm_crash_armed)
-            if rc == 0:
-                return True
-            if rc == R_ACQ:
-                return lk._got_flags(self.r, rc)
-        return lk._acquire_slow(self.r, rc, deadline, &self.cancel_word)
+    def poll(self):
+        """Re-enter the wait: True (held), False (it would sleep on the watch set)."""
+        cdef _Lock lk = self.lk
+        cdef int rc
+        self._mine()
+        if not self._active:
+            raise RuntimeError("no wait in progress")
+        with nogil:
+            nb_woken(&self.w)
+            rc = lk._wait(self.r.slot, self.w.resume_rc, &self.w)
+        if rc == R_WOULDBLOCK:
+            return False
+        self._active = 0
+        if rc == R_ACQ or rc == R_ACQ_DIED:
+            return lk._got(self.r, rc, shm_crash_armed)
+        shm_op_set(self.r.op, 0, 0)
+        if rc == R_SIGNAL or PyErr_Occurred() != NULL:
+            if PyErr_Occurred() != NULL:
+                return _raise_pending()
+            raise RuntimeError("an asyncio wait ended by a signal with no exception set")
+        if rc == R_TIMEOUT:
+            raise RuntimeError("an asyncio wait without a deadline timed out")
+        _raise_code(lk, rc)
 
-    def cancel(self):
-        """End the wait in progress (any thread): it leaves as at a timeout."""
-        st32_rel(&self.cancel_word, 1)
-        shm_futex_wake(&self.cancel_word, 0x7fffffff)
+    def withdraw(self):
+        """Give the wait up (a re-entry with deadline 0: the kind's timeout path, the
+        place left): True if a grant that came meanwhile was passed on (released at once,
+        owner_died handed on), False if the place was left."""
+        cdef _Lock lk = self.lk
+        cdef int rc
+        self._mine()
+        if not self._active:
+            return False
+        with nogil:
+            nb_woken(&self.w)
+            self.w.deadline = 0
+            rc = lk._wait(self.r.slot, self.w.resume_rc, &self.w)
+        self._active = 0
+        if rc == R_ACQ or rc == R_ACQ_DIED:
+            if rc == R_ACQ_DIED:
+                for32(&lk.b.ctl.flags, SHM_F_OWNER_DIED)
+            lk._got_fast(self.r, R_ACQ, shm_crash_armed)
+            _nb_pass_on(lk, self.r)
+            return True
+        shm_op_set(self.r.op, 0, 0)
+        if rc < 0 and rc != R_SIGNAL:
+            _raise_code(lk, rc)
+        return False
 
-    def reset(self):
-        st32_rel(&self.cancel_word, 0)
+    def arm(self, _Ring ring, uint64_t user_data):
+        """Hand the would-be sleep to the ring: a FUTEX_WAITV on the watch set, whose
+        completion carries user_data (io_uring; the loop's thread reaps it)."""
+        cdef shm_waitv* v
+        cdef int i
+        self._mine()
+        if not self._active or self.ws.n < 1:
+            raise RuntimeError("no sleep to arm")
+        v = <shm_waitv*>calloc(self.ws.n, sizeof(shm_waitv))
+        if v == NULL:
+            raise MemoryError()
+        for i in range(self.ws.n):
+            shm_waitv_fill(&v[i], self.ws.words[i], self.ws.vals[i])
+        ring._submit(v, <unsigned>self.ws.n, user_data)
+
+    def arm_thread(self, _Waiter waiter, uint64_t id):
+        """Hand the would-be sleep to the fallback's waiter thread (AIO_MODE "thread")."""
+        self._mine()
+        if not self._active or self.ws.n < 1:
+            raise RuntimeError("no sleep to arm")
+        waiter._add(&self.ws, id)
+
+    @property
+    def until_ns(self):
+        """CLOCK_MONOTONIC ns at which to poll even if no word changes (-1: never)."""
+        return self.w.nb_until if self._active else -1
+
+    @property
+    def cut(self):
+        """The last poll's recovery was cut short (left pending for the next waiter)."""
+        return bool(self._active and self.w.rec.cut)
 
     def release(self, bint handing_on=False):
-        """Release the seat's hold (handing_on: keep owner_died for the next holder, as
+        """Release the agent's hold (handing_on: keep owner_died for the next holder, as
         __exit__ does when an exception leaves the block before mark_consistent())."""
         cdef reg_t* r = self.r
-        cdef _Lock lk = self.wlk()
+        cdef _Lock lk = self.lk
         cdef int rc
-        if lk is None:
-            raise ValueError("the lock is gone")
-        # (closed or not: shmlocks/_aio.py releases only seats that hold, and a proxy
-        # leaves a closed region only where it holds nothing, so r is still its own; a
-        # hold begun before close() is released through the closed object, as a thread's)
+        self._mine()
+        # (closed or not: the agent keeps the mapping while it holds, and a hold begun
+        # before close() is released through the closed object, as a thread's is)
         if ld32_rlx(&lk.b.ctl.holder) != r.hid:
             raise NotOwnerError(f"release of {lk.kind_name} lock {lk._name!r} by a task "
                                 "that does not hold it")
@@ -1007,19 +1164,108 @@ cdef class _Seat:
             _raise_code(lk, rc)
 
     def pass_on(self):
-        """Release a hold its task never saw (granted as the task was cancelled): nobody
-        saw owner_died, so a hold that has it hands it on to the next holder, as a with
-        block left by an exception does (docs/design.md §6.4), never NOTRECOVERABLE."""
-        cdef _Lock lk = self.wlk()
-        if lk is None:
-            raise ValueError("the lock is gone")
-        self.release(ld32_acq(&lk.b.ctl.flags) & SHM_F_OWNER_DIED != 0)
+        """Release a hold no task saw (granted as its task was cancelled, or with no task
+        left): nobody saw owner_died, so a hold that has it hands it on to the next holder,
+        as a with block left by an exception does (docs/design.md §6.4), never
+        NOTRECOVERABLE."""
+        self.release(ld32_acq(&self.lk.b.ctl.flags) & SHM_F_OWNER_DIED != 0)
 
     def mark_consistent(self):
-        cdef _Lock lk = self._lk()
+        cdef _Lock lk = self.lk
+        self._mine()
         if ld32_acq(&lk.b.ctl.flags) & SHM_F_OWNER_DIED:
             lk._consistent()
             fand32(&lk.b.ctl.flags, ~(<uint32_t>(SHM_F_OWNER_DIED | SHM_F_HANDON)))
+
+    def waited(self, int64_t ns):
+        """Count a task's wait that ended with the lock (statistics: contended)."""
+        stats_waited(self.lk.b.ctl, ns)
+
+    def timed_out(self):
+        """Count a task's wait that gave up (statistics: timeouts)."""
+        stats_timeout(self.lk.b.ctl)
+
+    def record(self, uint64_t task_id, bytes label, uint32_t tasks):
+        """What the record shows (inspect): the task the cohort acts for now (0: none),
+        its name (UTF-8, cut to 40 bytes by the caller), and the tasks waiting behind."""
+        cdef shm_participant* p
+        cdef Py_ssize_t n = min(len(label), <Py_ssize_t>sizeof(p.label))
+        if self.r == NULL or self.pid != getpid():
+            return
+        p = &self.lk.rm.part[self.r.slot]
+        st64_rlx(&p.task_id, task_id)
+        memset(p.label, 0, sizeof(p.label))
+        memcpy(p.label, <char*>label, n)
+        st32_rel(&p.tasks, tasks)
+
+    def count(self, uint32_t tasks):
+        """The tasks waiting behind the cohort (the record's `tasks`)."""
+        if self.r != NULL and self.pid == getpid():
+            st32_rel(&self.lk.rm.part[self.r.slot].tasks, tasks)
+
+    def link(self, bytes segment, uint32_t lock1, int64_t since):
+        """The wait link (docs/design.md §9): the task this agent holds the lock for waits
+        for lock lock1 (index + 1) of `segment` since `since`; lock1 0: it waits for
+        nothing. Written seqlock-style (link_seq odd while written)."""
+        cdef shm_participant* p
+        cdef Py_ssize_t n = min(len(segment), <Py_ssize_t>sizeof(p.link_name) - 1)
+        if self.r == NULL or self.pid != getpid():
+            return
+        p = &self.lk.rm.part[self.r.slot]
+        fadd32(&p.link_seq, 1)                       # odd: being written
+        st32_rlx(&p.link_lock, lock1)
+        if lock1 != 0:
+            st64_rlx(&p.link_since, <uint64_t>since)
+            memset(p.link_name, 0, sizeof(p.link_name))
+            memcpy(p.link_name, <char*>segment, n)
+        fadd32(&p.link_seq, 1)                       # even: stable
+
+    def key(self):
+        """(pidns, pid, tid, tstart) of the agent's thread: with a task id, a task's node
+        of the wait-for graph (shmlocks/waitgraph.py)."""
+        cdef shm_participant* p = &self.lk.rm.part[self.r.slot]
+        self._mine()
+        return (ld64_rlx(&p.pidns), ld32_rlx(&p.pid), ld32_rlx(&p.tid), ld64_rlx(&p.tstart))
+
+    def close(self):
+        """Give the slot back (the agent holds nothing and waits for nothing). A closed
+        agent is inert; from another thread or process than its own, nothing is done (its
+        thread's end, or the process's, gives the slot back)."""
+        if self.r == NULL:
+            return
+        if self.pid != getpid() or PyThread_get_thread_ident() != self.owner:
+            return
+        if self._active or ld32_acq(&self.lk.b.ctl.holder) == self.r.hid:
+            raise RuntimeError("an asyncio agent that holds or waits cannot be closed")
+        reg_release_agent(self.r)
+        self.r = NULL
+
+    def __dealloc__(self):
+        # dropped without close(): the owner thread gives the slot back if it can (its
+        # waits left as a withdrawal leaves them); elsewhere it is the thread's end's
+        cdef int rc
+        if self.r == NULL or self.pid != getpid() or self.lk is None:
+            return
+        if PyThread_get_thread_ident() != self.owner:
+            return
+        if self._active:
+            nb_woken(&self.w)
+            self.w.deadline = 0
+            rc = self.lk._wait(self.r.slot, self.w.resume_rc, &self.w)
+            self._active = 0
+            if rc == R_ACQ or rc == R_ACQ_DIED:
+                if rc == R_ACQ_DIED:
+                    for32(&self.lk.b.ctl.flags, SHM_F_OWNER_DIED)
+                self.lk._got_fast(self.r, R_ACQ, shm_crash_armed)
+                try:
+                    _nb_pass_on(self.lk, self.r)
+                except BaseException:
+                    pass
+            else:
+                shm_op_set(self.r.op, 0, 0)
+        if ld32_acq(&self.lk.b.ctl.holder) != self.r.hid:
+            reg_release_agent(self.r)
+        self.r = NULL
 
 
 cdef class _NbWait:

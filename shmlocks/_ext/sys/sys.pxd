@@ -5,7 +5,7 @@
 
 from libc.stdint cimport uint32_t, uint64_t, int64_t, int32_t
 from libc.string cimport memset, memcpy, strncmp
-from libc.stdlib cimport malloc, free, calloc
+from libc.stdlib cimport malloc, free, calloc, realloc
 from posix.stat cimport struct_stat, stat, fstat, lstat
 from libc.errno cimport errno, EBUSY, EAGAIN, EINTR, ETIMEDOUT, EPERM, EINVAL
 

@@ -250,7 +250,7 @@ cdef int tb_sleep_w(rmap_t* rm, tb_watch_t* t, uint32_t* parked, wait_t* w) noex
     # the tokens past ws's, in the thread's list: still this sleep's (a handler's own
     # sleep, run inside this one, may have taken the list over: then slices)
     cdef bint many = t.more != NULL and shm_many_count(t.more) > 0
-    cdef bint mine = many and shm_many_gen(t.more) == t.more_gen and w.cancel == NULL
+    cdef bint mine = many and shm_many_gen(t.more) == t.more_gen
     if t.rec.sig:                                # a handler raised in a recovery of tb_watch
         return R_SIGNAL
     fadd32(parked, 1)                            # announce (SC), then re-check the word
