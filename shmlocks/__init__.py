@@ -78,7 +78,9 @@ try:
         Condition,
         Event,
         FutexMutex,
+        Held,
         Lock,
+        LockTable,
         MCSLock,
         PIMutex,
         Region,
@@ -88,7 +90,11 @@ try:
         TicketLock,
         _crashpoints,  # noqa: F401 - importable (tests, README), not in __all__
         get_deadlock_timeout,
+        hold_all,
+        hold_all_async,
+        index_of,
         set_deadlock_timeout,
+        stable_hash,
     )
     from shmlocks._core import SHM_DIR as _SHM_DIR
     from shmlocks._core import _user_crashpoint as crashpoint
@@ -165,8 +171,10 @@ __all__ = [
     "CorruptRegionError",
     "DeadlockError",
     "FutexMutex",
+    "Held",
     "LockKindError",
     "LockNotRecoverableError",
+    "LockTable",
     "LockOrderError",
     "LockOrderWarning",
     "MCSLock",
@@ -183,7 +191,11 @@ __all__ = [
     "TicketLock",
     "crashpoint",
     "get_deadlock_timeout",
+    "hold_all",
+    "hold_all_async",
+    "index_of",
     "is_region_file",
     "list_regions",
     "set_deadlock_timeout",
+    "stable_hash",
 ]

@@ -40,6 +40,7 @@ include "_ext/kinds/clh.pxi"
 include "_ext/kinds/futex.pxi"
 include "_ext/kinds/robust.pxi"
 include "_ext/kinds/pi.pxi"
+include "_ext/table/table.pxi"
 include "_ext/toolbox/toolbox.pxi"
 include "_ext/toolbox/event.pxi"
 include "_ext/toolbox/semaphore.pxi"
@@ -74,8 +75,16 @@ LAYOUT = {
     "header_size": sizeof(shm_header),
     "creator_pid_off": <char*>&_lay_h.creator_pid - <char*>&_lay_h,
     "creator_pidns_off": <char*>&_lay_h.creator_pidns - <char*>&_lay_h,
-    "header_fields": <char*>&_lay_h.part_hwm - <char*>&_lay_h + sizeof(uint32_t),
+    "header_fields": <char*>&_lay_h.ext_lines - <char*>&_lay_h + sizeof(uint64_t),
     "part_hwm_off": <char*>&_lay_h.part_hwm - <char*>&_lay_h,
+    "order_key_off": <char*>&_lay_h.order_key - <char*>&_lay_h,
+    "ext_lines_off": <char*>&_lay_h.ext_lines - <char*>&_lay_h,
+    # lock tables (docs/design.md §15): the entry's kind, its header (word A of its body:
+    # shm_table), a compact stripe's lines and where its view aims word B
+    "kind_table": SHM_KIND_TABLE,
+    "table_max": SHM_TABLE_MAX,
+    "stripe_lines": SHM_STRIPE_LINES,
+    "stripe_wb_off": SHM_STRIPE_WB_OFF,
     "participant_size": sizeof(shm_participant),
     # an asyncio cohort's fields and the wait link (docs/design.md §3, §9, §14)
     "agent_off": <char*>&_lay_p.agent - <char*>&_lay_p,
@@ -185,6 +194,9 @@ _CRASHPOINTS = {
     "region.grow.slots": ("region",),       # the new slots provisioned, the bodies not
     "region.grow.bodies": ("region",),      # every body provisioned, part_hwm not published
     "region.grow.published": ("region",),   # part_hwm published, directory mutex still held
+    # a multi-acquire (table/table.pxi: LockTable.hold, hold_all and their async forms),
+    # passed after each lock it takes: "hold", no kind's code (tests/test_sharding.py)
+    "hold.took": ("hold",),                 # a lock taken, the next not yet asked for
 }
 
 

@@ -36,7 +36,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE = os.path.join(ROOT, "shmlocks")
 EXT = os.path.join(CORE, "_ext")
-LAYERS = ["sys", "base", "diag", "lock", "kinds", "toolbox"]
+LAYERS = ["sys", "base", "diag", "lock", "kinds", "table", "toolbox"]
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists(os.path.join(CORE, "_core.pyx")), reason="the core's sources are not here"

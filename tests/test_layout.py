@@ -206,7 +206,7 @@ def test_python_readers_take_the_layout_from_the_core():
     from shmlocks import _core, _segment, _shmread
 
     lay = _core.LAYOUT
-    assert _segment._HEADER.size == lay["header_fields"] == 96
+    assert _segment._HEADER.size == lay["header_fields"] == 112
     assert (lay["creator_pid_off"], lay["creator_pidns_off"]) == (68, 80)
     assert lay["part_hwm_off"] == HWM_OFF
     assert _segment._PART.size == lay["participant_size"] == _segment.PART_SIZE == PART

@@ -32,6 +32,13 @@ cdef struct rmap_t:
     int fork_fd               # between fork's prepare and parent/child: the child's fd
     char path[224]            # "/dev/shm/<name>" (names are at most 200 bytes)
     rmap_t* gnext
+    uint64_t order_key        # validated copies, as P and L: the segment's place in
+    uint64_t ino              # hold_all's global order (header.order_key, ties by the
+                              # file's inode: unique among live segments; docs/design.md §15)
+    uint64_t ext_off          # where the extension area (a table's stripes) begins
+    shm_table tbl             # the region's lock table, validated (table_load): its size
+    uint32_t tbl_entry        # 0 when there is none; its directory entry
+    shm_body tbl_body         # the table entry's own body: its repair mutex and precs
 
 
 cdef struct reg_t:
@@ -180,6 +187,51 @@ cdef inline bint other_pidns(uint64_t ns) noexcept nogil:
 
 
 
+# -- lock numbers (docs/design.md §15) ---------------------------------------------------
+# A lock of a region is named by a number: entry i of the directory is lock i, stripe s of
+# the region's table is lock tbl.first + s (first >= L). op_lock, the wait link and every
+# reader store number + 1 (0: none). lock_at is the one decoder (shmlocks/_segment.py
+# mirrors it), bounds-checked against the validated copies in rmap_t.
+cdef enum:
+    LOCK_NONE = 0
+    LOCK_ENTRY = 1            # a directory entry's body (READY or not: the caller checks
+                              # its state and kind, as every scan of the directory does)
+    LOCK_STRIPE = 2           # a stripe of the region's table
+
+
+cdef inline int lock_at(rmap_t* rm, uint32_t lock1, shm_body* b) noexcept nogil:
+    """The body of the lock that number lock1 - 1 names (as op_lock stores it): LOCK_ENTRY
+    or LOCK_STRIPE with b filled in, or LOCK_NONE (0, or out of range)."""
+    cdef uint32_t n = lock1 - 1
+    if lock1 == 0:
+        return LOCK_NONE
+    if n < rm.L:
+        b[0] = shm_body_at(rm.base, rm.locks_off + <uint64_t>n * rm.stride, rm.P, n)
+        return LOCK_ENTRY
+    if rm.tbl.size != 0 and n - rm.tbl.first < rm.tbl.size:
+        b[0] = shm_stripe_at(rm.base, &rm.tbl, &rm.tbl_body, n - rm.tbl.first)
+        return LOCK_STRIPE
+    return LOCK_NONE
+
+
+cdef inline pthread_mutex_t* body_repair(rmap_t* rm, shm_body* b) noexcept nogil:
+    """The mutex that serialises the recoveries of body b: its own (ctl.repair), or for a
+    stripe of the region's table (a number past the directory's) the table's, in the
+    table entry's body (kept out of the view: shm_body stays one line)."""
+    if b.index >= rm.L and rm.tbl.size != 0:
+        return &rm.tbl_body.ctl.repair.m
+    return &b.ctl.repair.m
+
+
+cdef inline shm_body table_stripe(rmap_t* rm, uint32_t s) noexcept nogil:
+    """Stripe s (< rm.tbl.size) of the region's table."""
+    return shm_stripe_at(rm.base, &rm.tbl, &rm.tbl_body, s)
+
+
+cdef int table_load(rmap_t* rm, name) except -1
+cdef int table_grow(rmap_t* rm, uint32_t lo, uint32_t hi, what) except -1
+
+
 # -- registration and the re-entry windows (docs/design.md §4) ------------------------
 cdef reg_t* reg_register(rmap_t* rm, int64_t deadline=*) except NULL
 # an asyncio cohort's participant (docs/design.md §14): a slot claimed by the calling
@@ -194,6 +246,10 @@ cdef int reg_grow(rmap_t* rm, uint32_t seen) except -1
 cdef int slots_provision(rmap_t* rm, uint32_t lo, uint32_t hi, what,
                          bint fresh=*) except -1
 cdef int body_provision(rmap_t* rm, uint32_t i, uint32_t lo, uint32_t hi, what) except -1
+cdef int body_provision_at(rmap_t* rm, uint64_t base, uint32_t code, uint32_t lo,
+                           uint32_t hi, what) except -1
+cdef int lines_provision(rmap_t* rm, uint64_t off, uint64_t nbytes, what,
+                         bint fresh) except -1
 cdef int reg_unregister(rmap_t* rm) noexcept nogil
 cdef reg_t* reg_find(rmap_t* rm) noexcept nogil
 cdef int reg_leave_closed() noexcept nogil

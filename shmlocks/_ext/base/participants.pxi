@@ -604,12 +604,19 @@ cdef int64_t GROW_LOCK_NS = 5000000000      # as create_lock's wait for the dire
 
 
 cdef int body_provision(rmap_t* rm, uint32_t i, uint32_t lo, uint32_t hi, what) except -1:
-    """The per-participant lines of participants [lo, hi) in body i, nodes and precs, given
+    """The per-participant lines of participants [lo, hi) in body i (body_provision_at)."""
+    return body_provision_at(rm, rm.locks_off + <uint64_t>i * rm.stride,
+                             ld32_rlx(&rm.dir[i].kind), lo, hi, what)
+
+
+cdef int body_provision_at(rmap_t* rm, uint64_t base, uint32_t code, uint32_t lo,
+                           uint32_t hi, what) except -1:
+    """The per-participant lines of participants [lo, hi) in the body at `base` of kind
+    `code` (a directory entry's, or a table's whole-body stripe), nodes and precs, given
     pages (a full /dev/shm: OSError(ENOSPC)) and zeroed; node lines below the ones its kind
     uses by index (kind_ops_t.fixed_nodes: a body of a kind unknown here is taken for the
     one with the most), provisioned with the body and in use, are left alone."""
-    cdef uint64_t base = rm.locks_off + <uint64_t>i * rm.stride
-    cdef kind_ops_t* ops = kind_ops(ld32_rlx(&rm.dir[i].kind))
+    cdef kind_ops_t* ops = kind_ops(code)
     cdef uint32_t nf = shm_fixed_nodes(ops.fixed_nodes if ops != NULL else SHM_TICKET_SLOTS,
                                        rm.P)
     cdef uint32_t nlo = lo if lo > nf else nf
@@ -618,12 +625,88 @@ cdef int body_provision(rmap_t* rm, uint32_t i, uint32_t lo, uint32_t hi, what) 
     if hi > rm.P or lo >= hi:
         return 0
     if nlo < hi:
-        if rm.fd >= 0:
-            _reserve(rm.fd, noff, <uint64_t>(hi - nlo) * SHM_LINE, what)
-        memset(rm.base + noff, 0, <size_t>(hi - nlo) * SHM_LINE)
+        lines_provision(rm, noff, <uint64_t>(hi - nlo) * SHM_LINE, what, 0)
+    lines_provision(rm, poff, <uint64_t>(hi - lo) * SHM_LINE, what, 0)
+    return 0
+
+
+cdef int lines_provision(rmap_t* rm, uint64_t off, uint64_t nbytes, what,
+                         bint fresh) except -1:
+    """Bytes [off, off + nbytes) of the segment given pages (OSError(ENOSPC) on a full
+    /dev/shm) and, unless `fresh` (a region still being built: a new file, zero already),
+    zeroed."""
+    if nbytes == 0:
+        return 0
     if rm.fd >= 0:
-        _reserve(rm.fd, poff, <uint64_t>(hi - lo) * SHM_LINE, what)
-    memset(rm.base + poff, 0, <size_t>(hi - lo) * SHM_LINE)
+        _reserve(rm.fd, off, nbytes, what)
+    if not fresh:
+        memset(rm.base + off, 0, <size_t>nbytes)
+    return 0
+
+
+# -- the region's lock table (docs/design.md §15) -----------------------------------------
+
+cdef int table_load(rmap_t* rm, name) except -1:
+    """Find the region's table entry (a READY directory entry of kind SHM_KIND_TABLE, at
+    most one: LockTable's) and keep a validated copy of its header in rm (rm.tbl; size 0:
+    none), so that nothing read from the segment afterwards steers an index: its kind, size
+    and numbers, and its stripes filling the extension area exactly. CorruptRegionError
+    otherwise. The header is written before the entry is READY and never changes."""
+    cdef uint32_t i
+    cdef int found = -1
+    cdef shm_body tb
+    cdef shm_table t
+    cdef kind_ops_t* ops
+    cdef uint64_t need
+    rm.tbl.size = 0
+    for i in range(rm.L):
+        if (ld32_acq(&rm.dir[i].state) == SHM_DIRENT_READY
+                and ld32_rlx(&rm.dir[i].kind) == SHM_KIND_TABLE):
+            if found >= 0:
+                raise CorruptRegionError(f"segment {name!r} has two lock tables")
+            found = i
+    if found < 0:
+        if rm.size != rm.ext_off:
+            raise CorruptRegionError(f"segment {name!r}: an extension area and no table")
+        return 0
+    tb = shm_body_at(rm.base, rm.locks_off + <uint64_t>found * rm.stride, rm.P, found)
+    memcpy(&t, tb.wa, sizeof(shm_table))
+    ops = kind_ops(t.sub)
+    need = (SHM_STRIPE_LINES * SHM_LINE if t.compact else rm.stride)
+    if (tb.ctl.magic != SHM_BODY_MAGIC or tb.ctl.kind != SHM_KIND_TABLE
+            or t.sub < SHM_KIND_TICKET or t.sub > SHM_KIND_PI or ops == NULL
+            or t.compact != (t.sub == SHM_KIND_FUTEX or t.sub == SHM_KIND_ROBUST
+                             or t.sub == SHM_KIND_PI)
+            or t.size < 1 or t.size > SHM_TABLE_MAX or t.first != rm.L
+            or t.stride != need or t.off != rm.ext_off
+            or t.off + <uint64_t>t.size * t.stride != rm.size):
+        raise CorruptRegionError(f"segment {name!r}: its lock table's header does not match "
+                                 "its geometry")
+    rm.tbl = t
+    rm.tbl_entry = found
+    rm.tbl_body = tb
+    return 0
+
+
+cdef int table_grow(rmap_t* rm, uint32_t lo, uint32_t hi, what) except -1:
+    """Participants [lo, hi) are being provisioned (reg_grow, the directory mutex held):
+    the table entry's line per participant (a compact stripe's precs), and in every
+    whole-body stripe their nodes and precs and what the kind sets up for them."""
+    cdef uint64_t tbase = rm.locks_off + <uint64_t>rm.tbl_entry * rm.stride
+    cdef kind_ops_t* ops = kind_ops(rm.tbl.sub)
+    cdef uint32_t s
+    cdef shm_body sb
+    if rm.tbl.size == 0 or lo >= hi or hi > rm.P:
+        return 0
+    lines_provision(rm, tbase + (SHM_BODY_NODES + <uint64_t>rm.P + 1 + lo) * SHM_LINE,
+                    <uint64_t>(hi - lo) * SHM_LINE, what, 0)
+    for s in range(rm.tbl.size):
+        if not rm.tbl.compact:
+            body_provision_at(rm, rm.tbl.off + <uint64_t>s * rm.tbl.stride, rm.tbl.sub, lo,
+                              hi, what)
+        if ops.grow != NULL:
+            sb = table_stripe(rm, s)
+            ops.grow(&sb, lo, hi)
     return 0
 
 
@@ -699,6 +782,10 @@ cdef int reg_grow(rmap_t* rm, uint32_t seen) except -1:
         crashpoint("region.grow.slots")
         for i in range(rm.L):
             if ld32_acq(&rm.dir[i].state) != SHM_DIRENT_READY:
+                continue
+            if ld32_rlx(&rm.dir[i].kind) == SHM_KIND_TABLE:
+                if rm.tbl.size != 0 and i == rm.tbl_entry:
+                    table_grow(rm, h, new, what)      # its own lines and its stripes'
                 continue
             body_provision(rm, i, h, new, what)
             ops = kind_ops(ld32_rlx(&rm.dir[i].kind))
@@ -777,13 +864,13 @@ cdef int repair_lock(rmap_t* rm, shm_body* b, recov_t* rec) noexcept nogil:
     while True:
         end = shm_now_ns() + RECOVER_CHECK_NS
         ts = shm_ts_of_ns(end if end < until else until)
-        rc = pm_clocklock(&b.ctl.repair.m, 0, &ts)
+        rc = pm_clocklock(body_repair(rm, b), 0, &ts)
         if rc != ETIMEDOUT:
             break
         if recover_wait_check(rm, rec, until, &nsig):
             return ETIMEDOUT
     if rc == EOWNERDEAD:
-        pm_consistent(&b.ctl.repair.m, 0)             # a recoverer died: redo is idempotent
+        pm_consistent(body_repair(rm, b), 0)   # a recoverer died: redo is idempotent
         rc = 0
     return rc
 
@@ -818,19 +905,38 @@ cdef int participant_recover(rmap_t* rm, uint32_t slot, recov_t* rec) noexcept n
 
 cdef int _participant_recover(rmap_t* rm, uint32_t slot, recov_t* rec) noexcept nogil:
     cdef shm_participant* p = &rm.part[slot]
-    cdef uint32_t i
+    cdef uint32_t i, code, s, n
     cdef int rc
+    cdef bint tbl
     cdef shm_body b
     cdef kind_ops_t* ops
     for i in range(rm.L):
         if ld32_acq(&rm.dir[i].state) != SHM_DIRENT_READY:
             continue
-        ops = kind_ops(ld32_rlx(&rm.dir[i].kind))
+        code = ld32_rlx(&rm.dir[i].kind)
+        n = 1
+        tbl = 0
+        if code == SHM_KIND_TABLE:
+            # A lock table: its stripes, under the table's one repair mutex (recoveries of
+            # one table are serialised). Every stripe's kind recover runs, each a few loads
+            # when q has nothing to do with it: the cost of a death in a region with a
+            # table is a scan of its stripes' words (docs/design.md §15).
+            if rm.tbl.size == 0 or i != rm.tbl_entry:
+                continue                         # not the table validated at open: skip
+            code = rm.tbl.sub
+            n = rm.tbl.size
+            tbl = 1
+            b = rm.tbl_body                      # (its repair mutex: the stripes')
+        else:
+            b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
+        ops = kind_ops(code)
         if ops == NULL:
             continue                             # not a kind of ours: nothing to complete
-        b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
         if not ops.repair:
-            ops.recover(rm, &b, slot, rec)       # the kernel recovers it (robust, pi)
+            for s in range(n):                   # the kernel recovers it (robust, pi)
+                if tbl:
+                    b = table_stripe(rm, s)
+                ops.recover(rm, &b, slot, rec)
             continue
         rc = repair_lock(rm, &b, rec)
         if rc == ETIMEDOUT:                      # a live recoverer is slow, or our time
@@ -841,8 +947,13 @@ cdef int _participant_recover(rmap_t* rm, uint32_t slot, recov_t* rec) noexcept 
             pm_unlock(&p.token.m, 0)             # without consistent(): unusable for good
             return 0
         crashpoint("recover.locked")
-        ops.recover(rm, &b, slot, rec)
-        pm_unlock(&b.ctl.repair.m, 0)
+        for s in range(n):
+            if tbl:
+                b = table_stripe(rm, s)
+            ops.recover(rm, &b, slot, rec)
+            if rec.cut:
+                break
+        pm_unlock(body_repair(rm, &b), 0)
         if rec.cut:                      # a settle wait ran out before a decision
             participant_leave_pending(rm, slot)
             return -1

@@ -89,13 +89,18 @@ cdef _check_count(value, what, uint32_t hi):
 
 cdef int _provision_body(rmap_t* rm, uint32_t i, uint32_t code, what,
                          bint fresh) except -1:
-    """Lock body i, of kind `code`, being made (the directory mutex held, so part_hwm is
-    stable): its fixed lines (ctl, words A and B, the node lines its kind uses by index:
-    kind_ops_t.fixed_nodes) with the nodes of the participants provisioned, then the lock's
-    own node P with their precs (two runs of lines, each one reservation), given pages (a
-    full /dev/shm: OSError(ENOSPC)) and zeroed unless `fresh` (a region still being built:
-    a new file, zero already); the rest of the body stays a hole."""
-    cdef uint64_t off = rm.locks_off + <uint64_t>i * rm.stride
+    """Lock body i, of kind `code`, being made (_provision_body_at)."""
+    return _provision_body_at(rm, rm.locks_off + <uint64_t>i * rm.stride, code, what, fresh)
+
+
+cdef int _provision_body_at(rmap_t* rm, uint64_t off, uint32_t code, what,
+                            bint fresh) except -1:
+    """The lock body at `off`, of kind `code`, being made (the directory mutex held, so
+    part_hwm is stable): its fixed lines (ctl, words A and B, the node lines its kind uses
+    by index: kind_ops_t.fixed_nodes) with the nodes of the participants provisioned, then
+    the lock's own node P with their precs (two runs of lines, each one reservation), given
+    pages (a full /dev/shm: OSError(ENOSPC)) and zeroed unless `fresh` (a region still
+    being built: a new file, zero already); the rest of the body stays a hole."""
     cdef uint32_t h = rmap_hwm(rm)
     cdef kind_ops_t* ops = kind_ops(code)
     cdef uint32_t nf = shm_fixed_nodes(ops.fixed_nodes if ops != NULL else SHM_TICKET_SLOTS,
@@ -106,13 +111,61 @@ cdef int _provision_body(rmap_t* rm, uint32_t i, uint32_t code, what,
     if a_end >= b_start:                         # a small cap: one run
         a_end = b_end
         b_start = b_end
-    if rm.fd >= 0:
-        _reserve(rm.fd, off, a_end, what)
-        if b_start < b_end:
-            _reserve(rm.fd, off + b_start, b_end - b_start, what)
-    if not fresh:
-        memset(rm.base + off, 0, a_end)
-        memset(rm.base + off + b_start, 0, b_end - b_start)
+    lines_provision(rm, off, a_end, what, fresh)
+    lines_provision(rm, off + b_start, b_end - b_start, what, fresh)
+    return 0
+
+
+cdef uint64_t _table_lines(uint32_t sub, uint32_t size, uint32_t P) noexcept nogil:
+    """The lines of a table's stripes (the extension area): SHM_STRIPE_LINES each for the
+    kinds that need no line per participant per lock (futex, robust, pi), a whole lock body
+    each for the others (docs/design.md §15)."""
+    if sub == SHM_KIND_FUTEX or sub == SHM_KIND_ROBUST or sub == SHM_KIND_PI:
+        return <uint64_t>size * SHM_STRIPE_LINES
+    return <uint64_t>size * shm_body_lines(P)
+
+
+cdef int _table_build(rmap_t* rm, uint32_t i, uint32_t sub, uint32_t size, what,
+                      bint fresh) except -1:
+    """Entry i becomes a lock table of `size` stripes of kind `sub` (the directory mutex
+    held, the region being built: docs/design.md §15). Its own body: the ctl line (kind,
+    the table's repair mutex), the header in word A, and the precs of the participants
+    provisioned (a compact stripe's line per participant, table-wide); then the stripes,
+    in the extension area, each initialised as a lock of its kind (without a repair mutex
+    of its own: the table's serves them all)."""
+    cdef uint64_t off = rm.locks_off + <uint64_t>i * rm.stride
+    cdef uint32_t h = rmap_hwm(rm)
+    cdef kind_ops_t* ops = kind_ops(sub)
+    cdef shm_body tb, sb
+    cdef shm_table* t
+    cdef uint32_t s
+    cdef bint compact = sub == SHM_KIND_FUTEX or sub == SHM_KIND_ROBUST or sub == SHM_KIND_PI
+    if ops == NULL or sub > SHM_KIND_PI:
+        raise ValueError(f"a lock table's kind must be a lock kind, not code {sub}")
+    lines_provision(rm, off, SHM_BODY_NODES * SHM_LINE, what, fresh)
+    lines_provision(rm, off + (SHM_BODY_NODES + <uint64_t>rm.P + 1) * SHM_LINE,
+                    <uint64_t>h * SHM_LINE, what, fresh)
+    tb = shm_body_at(rm.base, off, rm.P, i)
+    tb.ctl.kind = SHM_KIND_TABLE
+    _robust_mutex_init(&tb.ctl.repair.m, 0)
+    t = <shm_table*>tb.wa
+    t.sub = sub
+    t.size = size
+    t.first = rm.L
+    t.compact = compact
+    t.off = rm.ext_off
+    t.stride = SHM_STRIPE_LINES * SHM_LINE if compact else rm.stride
+    if compact:
+        lines_provision(rm, t.off, <uint64_t>size * t.stride, what, fresh)
+    for s in range(size):
+        if not compact:
+            _provision_body_at(rm, t.off + <uint64_t>s * t.stride, sub, what, fresh)
+        sb = shm_stripe_at(rm.base, t, &tb, s)
+        sb.ctl.kind = sub
+        if ops.init != NULL:
+            ops.init(&sb)
+        sb.ctl.magic = SHM_BODY_MAGIC
+    tb.ctl.magic = SHM_BODY_MAGIC
     return 0
 
 
@@ -399,10 +452,12 @@ cdef class Region:
 
     @staticmethod
     def _create(name, max_locks, max_participants, mode, persist, uint32_t first_kind,
-                setup=None):
+                setup=None, table=None):
         """create(); with first_kind, the region of a lock class: its one lock ("lock") is
         made before the name exists, so nobody can open the region without it. A toolbox
-        object's setup(region, index) fills its body in before then (toolbox.pxi)."""
+        object's setup(region, index) fills its body in before then (toolbox.pxi). With
+        `table` (kind code, size), the region of a LockTable: its one entry ("table", of
+        kind SHM_KIND_TABLE) and its stripes, in the extension area (docs/design.md §15)."""
         n = _gen_name() if name is None else _check_name(name)
         max_participants = _check_create_args(max_locks, max_participants, mode)
         _hook_exit()
@@ -411,12 +466,13 @@ cdef class Region:
         lc_enter()
         try:
             return Region._build(n, max_locks, max_participants, mode, persist, first_kind,
-                                 setup)
+                                 setup, table)
         finally:
             lc_exit()
 
     @staticmethod
-    def _build(n, uint32_t L, uint32_t P, mode, persist, uint32_t first_kind, setup=None):
+    def _build(n, uint32_t L, uint32_t P, mode, persist, uint32_t first_kind, setup=None,
+               table=None):
         """The file is sized for the cap P (sparse: tmpfs gives pages only to what is
         written or reserved) and mapped whole; the header, the directory and the first
         participants (SHM_HWM_FIRST, at most P) are provisioned now, more as they are
@@ -427,7 +483,12 @@ cdef class Region:
         cdef char* base = <char*>MAP_FAILED
         cdef shm_header* h
         cdef int fd
+        cdef uint64_t ext_lines = 0
         total = _geometry(L, P, &dir_off, &part_off, &locks_off, &stride)
+        if table is not None:
+            ext_lines = _table_lines(table[0], table[1], P)
+            total += ext_lines * SHM_LINE
+        order_key = int.from_bytes(_os.urandom(8), "little") or 1
         fd, named = _new_file(n, mode)            # FileExistsError, PermissionError
         try:
             _os.ftruncate(fd, total)
@@ -453,6 +514,8 @@ cdef class Region:
             h.creator_pidns = my_pidns()
             h.flags = SHM_HDR_PERSIST if persist else 0
             h.part_hwm = hwm
+            h.order_key = order_key
+            h.ext_lines = ext_lines
             _init_pshared_mutex(&h.dir_mutex.m, False)
         except BaseException:
             if base != <char*>MAP_FAILED:
@@ -464,7 +527,10 @@ cdef class Region:
         self._attach(n, base, total, fd)           # the view owns fd and the mapping now
         try:
             slots_provision(self.rm, 0, hwm, None, True)
-            if first_kind:
+            if table is not None:
+                self._create_entry("table", SHM_KIND_TABLE, None, True, table)
+                table_load(self.rm, n)
+            elif first_kind:
                 self._create_entry("lock", first_kind, setup, True)
             st32_rel(&h.state, SHM_STATE_READY)    # publish: everything above is visible
             if not named:
@@ -522,6 +588,11 @@ cdef class Region:
             raise
         self._attach(n, base, size, fd)
         self.rm.named = 1
+        try:
+            table_load(self.rm, n)
+        except BaseException:
+            self.close()
+            raise
         return self
 
     cdef _attach(self, str n, char* base, size_t size, int fd):
@@ -542,6 +613,13 @@ cdef class Region:
         rm.part = <shm_participant*>(base + h.part_off)
         rm.locks_off = h.locks_off
         rm.stride = h.lock_stride
+        rm.ext_off = h.locks_off + <uint64_t>h.max_locks * h.lock_stride
+        rm.order_key = h.order_key
+        try:
+            rm.ino = _os.fstat(fd).st_ino
+        except OSError:
+            rm.ino = 0
+        rm.tbl.size = 0
         rm.pyalive = 1
         rm.fd = fd
         rm.fork_fd = -1
@@ -599,10 +677,21 @@ cdef class Region:
                 break
             if ld32_acq(&self.rm.dir[i].state) != SHM_DIRENT_READY:
                 continue
+            if ld32_rlx(&self.rm.dir[i].kind) == SHM_KIND_TABLE:
+                continue
             b = shm_body_at(self.rm.base, self.rm.locks_off + i * self.rm.stride, self.rm.P, i)
             if ld32_acq(&b.ctl.holder) == r.hid:
                 try:
                     self._lock_at(i).release()
+                except Exception:
+                    pass
+        for i in range(self.rm.tbl.size):              # a table's stripes
+            if r.held <= 0:
+                break
+            b = table_stripe(self.rm, i)
+            if ld32_acq(&b.ctl.holder) == r.hid:
+                try:
+                    self._lock_at(self.rm.tbl.first + i).release()
                 except Exception:
                     pass
 
@@ -702,17 +791,18 @@ cdef class Region:
         i = self._create_entry(name, kind_code_of(kind))
         return self._lock_at(i, name)
 
-    def _create_entry(self, name, uint32_t code, setup=None, bint fresh=False):
+    def _create_entry(self, name, uint32_t code, setup=None, bint fresh=False, table=None):
         """The entry named `name` of kind `code`; `fresh`: the region is being built (a
-        new file: its pages are zero)."""
+        new file: its pages are zero); `table`: (kind code, size) of a table entry."""
         self._check_open()
         rmap_pin(self.rm)                     # the wait below releases the GIL: a close()
         try:                                  # by another thread meanwhile must not unmap
-            return self._create_entry_pinned(name, code, setup, fresh)
+            return self._create_entry_pinned(name, code, setup, fresh, table)
         finally:
             rmap_unpin(self.rm)
 
-    def _create_entry_pinned(self, name, uint32_t code, setup=None, bint fresh=False):
+    def _create_entry_pinned(self, name, uint32_t code, setup=None, bint fresh=False,
+                             table=None):
         cdef uint32_t i
         cdef int rc, slot = -1
         cdef shm_dirent* d
@@ -738,10 +828,14 @@ cdef class Region:
             if slot < 0:
                 raise CapacityError(f"region {self.name!r} is full (max_locks={self.rm.L})")
             d = &self.rm.dir[slot]
-            _provision_body(self.rm, slot, code, f"lock {name!r}", fresh)
-            b = shm_body_at(self.rm.base, self.rm.locks_off + slot * self.rm.stride,
-                            self.rm.P, slot)
-            _init_body(&b, code)
+            if table is not None:
+                _table_build(self.rm, slot, table[0], table[1], f"lock table {self.name!r}",
+                             fresh)
+            else:
+                _provision_body(self.rm, slot, code, f"lock {name!r}", fresh)
+                b = shm_body_at(self.rm.base, self.rm.locks_off + slot * self.rm.stride,
+                                self.rm.P, slot)
+                _init_body(&b, code)
             if setup is not None:
                 setup(self, slot)                  # a toolbox object's arguments (toolbox.pxi)
             memset(d.name, 0, SHM_NAME_MAX)
@@ -760,6 +854,9 @@ cdef class Region:
         i = self._find(bname)
         if i < 0:
             raise FileNotFoundError(f"no lock named {name!r} in region {self.name!r}")
+        if ld32_acq(&self.rm.dir[i].kind) == SHM_KIND_TABLE:
+            raise LockKindError(f"{name!r} in region {self.name!r} is a lock table, not a "
+                                f"lock: open it with shmlocks.LockTable.open({self.name!r})")
         obj = _OBJ_BY_CODE.get(ld32_acq(&self.rm.dir[i].kind))
         if obj is not None:
             raise LockKindError(f"{name!r} in region {self.name!r} is a {obj.__name__}, "
@@ -842,9 +939,21 @@ cdef class Region:
         return o
 
     cdef _lock_at(self, uint32_t i, name=None):
-        """The lock object of entry i, made through the kind registry (base/kind.pxd)."""
-        cdef shm_dirent* d = &self.rm.dir[i]
-        cdef uint32_t code = ld32_acq(&d.kind)
+        """The object of lock number i (docs/design.md §15): entry i's (a lock, a toolbox
+        object, a lock table), made through the kind registry (base/kind.pxd), or stripe
+        i - first of the region's table (a lock of its kind)."""
+        cdef shm_dirent* d
+        cdef uint32_t code
+        if i >= self.rm.L:
+            if self.rm.tbl.size == 0 or i - self.rm.tbl.first >= self.rm.tbl.size:
+                raise IndexError(f"region {self.name!r} has no lock number {i}")
+            if name is None:
+                name = f"{self.name}[{i - self.rm.tbl.first}]"
+            return kind_new_lock(self.rm.tbl.sub, self, i, name)
+        d = &self.rm.dir[i]
+        code = ld32_acq(&d.kind)
+        if code == SHM_KIND_TABLE and self.rm.tbl.size != 0 and i == self.rm.tbl_entry:
+            return g_tb_api["table"](self)       # the LockTable (_ext/table/table.pxi)
         obj = kind_new_object(code, self, i, name)
         if obj is not None:
             return obj                       # a toolbox object (docs/design.md §12)
@@ -881,14 +990,18 @@ cdef class Region:
                 "participants": parts, "locks": locks}
 
     def stats(self):
-        """{lock name: lock.stats()} for every lock of the region (see _Lock.stats)."""
+        """{lock name: lock.stats()} for every lock of the region (see _Lock.stats; a lock
+        table's entry: LockTable.stats(), its stripes summed)."""
         cdef uint32_t i
+        cdef shm_dirent* d
         self._check_open()
         out = {}
         for i in range(self.rm.L):
-            if ld32_acq(&self.rm.dir[i].state) == SHM_DIRENT_READY:
+            d = &self.rm.dir[i]
+            if ld32_acq(&d.state) == SHM_DIRENT_READY:
                 lk = self._lock_at(i)
-                out[lk.name] = lk.stats()
+                out[d.name[:strnlen(d.name, SHM_NAME_MAX - 1)].decode("utf-8", "replace")
+                    if ld32_acq(&d.kind) == SHM_KIND_TABLE else lk.name] = lk.stats()
         return out
 
     def reset_stats(self):
@@ -1029,6 +1142,9 @@ cdef int _validate(char* base, size_t size, n) except -1:
     if not (1 <= h.max_locks <= SHM_MAX_LOCKS and 1 <= h.max_participants <= SHM_MAX_PARTICIPANTS):
         raise CorruptRegionError(f"segment {n!r}: bad geometry {h.max_locks}x{h.max_participants}")
     total = _geometry(h.max_locks, h.max_participants, &dir_off, &part_off, &locks_off, &stride)
+    if h.ext_lines > <uint64_t>SHM_TABLE_MAX * shm_body_lines(SHM_MAX_PARTICIPANTS):
+        raise CorruptRegionError(f"segment {n!r}: bad extension area ({h.ext_lines} lines)")
+    total += h.ext_lines * SHM_LINE
     if (h.dir_off != dir_off or h.part_off != part_off or h.locks_off != locks_off
             or h.lock_stride != stride):
         raise CorruptRegionError(f"segment {n!r}: offsets do not match its geometry")

@@ -19,8 +19,10 @@ cdef inline uint32_t* pi_aseq(shm_body* b) noexcept nogil:
     return &b.wb.u32[SHM_LINE // 4 - 1]
 
 
-# prec[p].mine (a CLH field, unused by pi): 1 while participant p waits without sleeping
-# in FUTEX_LOCK_PI (an asynchronous waiter, counted in asyncw)
+# prec[p].mine (a CLH field, unused by pi): the lock's number + 1 (b.index + 1) while
+# participant p waits on it without sleeping in FUTEX_LOCK_PI (an asynchronous waiter,
+# counted in asyncw); a number, not 1, because a table's compact stripes share the prec
+# line (docs/design.md §15)
 cdef inline uint32_t* pi_awaiting(shm_body* b, uint32_t p) noexcept nogil:
     return &b.precs[p].mine
 

@@ -23,7 +23,9 @@
 #   word B   u32 aseq     (its last word: the dead holder's record, robust.pxd, is its first
 #                         16 bytes) bumped, then woken (all), by a release that sees asyncw set
 #                         (pi_aseq)
-#   prec[p]  awaiting     1 while p waits that way (pi_awaiting)
+#   prec[p]  awaiting     the lock's number + 1 while p waits that way (pi_awaiting): a
+#                         table's compact stripes share one prec line per participant
+#                         (docs/design.md §15), and p waits for one lock at a time
 #
 # The waiter: awaiting := 1, then asyncw := 1 (both SC); then at each look v := aseq,
 # trylock, and if it is held, a sleep on aseq == v and the holder's token. The release:
@@ -51,7 +53,7 @@ cdef bint _pi_async_any(shm_body* b) noexcept nogil:
     """Does some participant wait on this lock asynchronously (its awaiting mark up)?"""
     cdef uint32_t x
     for x in range(body_hwm(b)):
-        if ld32_seq(pi_awaiting(b, x)) != 0:
+        if ld32_seq(pi_awaiting(b, x)) == b.index + 1:
             return 1
     return 0
 
@@ -66,7 +68,7 @@ cdef void _pi_async_leave(shm_body* b, uint32_t q, bint recovering) noexcept nog
     """Participant q's asynchronous wait is over (or q died and we recover it: then the
     last one's part is redone even with its mark down already): its mark down, and asyncw
     cleared if it was the last (see the top of this file). Idempotent."""
-    if not cas32(pi_awaiting(b, q), 1, 0) and not recovering:
+    if not cas32(pi_awaiting(b, q), b.index + 1, 0) and not recovering:
         return
     if not recovering:
         crashpoint("pi.async.unmarked")
@@ -82,7 +84,7 @@ cdef void _pi_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcep
     """Dead participant q: as robust's (_pmutex_recover: the kernel reports its hold),
     and an asynchronous wait of its taken off asyncw."""
     _pmutex_recover(rm, b, q, rec)
-    if ld32_acq(pi_asyncw(b)) or ld32_acq(pi_awaiting(b, q)):
+    if ld32_acq(pi_asyncw(b)) or ld32_acq(pi_awaiting(b, q)) == b.index + 1:
         _pi_async_leave(b, q, 1)
 
 
@@ -126,7 +128,7 @@ cdef class PIMutex(_PthreadMutexLock):
         cdef uint32_t v, h
         cdef int r, d, changed = 0
         if rc != R_PENDING:                          # the first entry: announce
-            st32_seq(pi_awaiting(b, me), 1)
+            st32_seq(pi_awaiting(b, me), b.index + 1)
             crashpoint("pi.async.marked")
             st32_seq(pi_asyncw(b), 1)
         r = nb_enter(w)
@@ -169,7 +171,8 @@ def _pi_async_state(PIMutex lock):
     cdef uint32_t x
     lock._check()
     return {"asyncw": ld32_acq(pi_asyncw(b)), "aseq": ld32_acq(pi_aseq(b)),
-            "awaiting": [x for x in range(body_hwm(b)) if ld32_acq(pi_awaiting(b, x))]}
+            "awaiting": [x for x in range(body_hwm(b))
+                         if ld32_acq(pi_awaiting(b, x)) == b.index + 1]}
 
 
 _register_kind(PIMutex, _pi_init, _pi_recover, 0)

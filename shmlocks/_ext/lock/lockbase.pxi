@@ -136,10 +136,14 @@ cdef class _Lock:
                     raise
 
     cdef _bind(self, object region, uint32_t i, name):
+        # i: the lock's number (an entry of the directory, or a stripe of the region's
+        # table: participants.pxd lock_at, docs/design.md §15)
         cdef Region reg = region
         cdef rmap_t* rm = reg.rm
-        cdef shm_body b = shm_body_at(rm.base, rm.locks_off + i * rm.stride, rm.P, i)
+        cdef shm_body b
         cdef uint32_t code = kind_code_of(type(self))
+        if lock_at(rm, i + 1, &b) == LOCK_NONE:
+            raise CorruptRegionError(f"region {reg.name!r} has no lock number {i}")
         if b.ctl.magic != SHM_BODY_MAGIC or b.ctl.kind != code:
             raise CorruptRegionError(f"region {reg.name!r}: lock {name!r} body does not "
                                      "match its directory entry")
@@ -317,7 +321,10 @@ cdef class _Lock:
     cdef str _lockdep_class(self):
         """The lock's class for lockdep: `region/lock`, a standalone lock's region name."""
         if self._ldcls is None:
-            if self._standalone or self._name == "lock":
+            if self._lock1 > self.rm.L:
+                # a stripe of a lock table: one class for the table (docs/design.md §15)
+                self._ldcls = self._region.name
+            elif self._standalone or self._name == "lock":
                 self._ldcls = self._region.name
             else:
                 self._ldcls = f"{self._region.name}/{self._name}"
@@ -833,6 +840,8 @@ cdef class _Lock:
         self._check()
         if self._standalone:
             return (_open_standalone, (type(self), self._region.name))
+        if self._lock1 > self.rm.L:                  # a stripe of a lock table
+            return (_open_stripe, (self._region.name, self._lock1 - 1 - self.rm.tbl.first))
         return (_open_in_region, (self._region.name, self._name))
 
     def __repr__(self):
@@ -910,6 +919,8 @@ cdef class _Lock:
         self._check()
         nodes, precs, parts = [], [], []
         for i in range(self.b.P + 1):
+            if self.b.qnodes == NULL:
+                break                        # a compact stripe: no nodes
             if i >= h and i >= nf and i != self.b.P:
                 continue                     # not provisioned
             n = &self.b.qnodes[i]            # raw words, read through the queue view
@@ -1481,3 +1492,8 @@ def _open_standalone(cls, name):
 def _open_in_region(region_name, lock_name):
     lk = Region.open(region_name).open_lock(lock_name)
     return lk
+
+
+def _open_stripe(region_name, stripe):
+    """A stripe of lock table `region_name`, unpickled: through a LockTable of its own."""
+    return g_tb_api["table"](Region.open(region_name))[stripe]

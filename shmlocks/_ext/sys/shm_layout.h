@@ -83,7 +83,11 @@ typedef struct shm_header {
     uint32_t part_hwm;         /* participants provisioned: 0 < part_hwm <= max_participants;
                                   only grows, published with an SC store under the
                                   directory mutex (docs/design.md §2) */
-    char     _pad0[SHM_LINE - 96];
+    uint64_t order_key;        /* random, fixed at creation, never 0: the segment's place in
+                                  hold_all's global order (docs/design.md §15) */
+    uint64_t ext_lines;        /* lines past the lock bodies: a table's stripes (0: none);
+                                  part of the geometry (total_size) */
+    char     _pad0[SHM_LINE - 112];
     /* line 1: serialises directory changes (create_lock) across processes; robust */
     union { pthread_mutex_t m; char _pad[SHM_LINE]; } dir_mutex;
 } SHM_LINE_ALIGNED shm_header;
@@ -147,9 +151,11 @@ typedef struct shm_participant {
 
 /* kinds: the value stored in the directory and in each body's ctl.kind; 7..10 are the
  * synchronization toolbox's objects (shm_toolbox.h), 11 the reader-writer lock
- * (shm_rwlock.h), which are not locks of KINDS */
+ * (shm_rwlock.h), which are not locks of KINDS; 12 a lock table (shm_table, below): its
+ * stripes are locks of the kind its header names */
 enum { SHM_KIND_TICKET = 1, SHM_KIND_MCS = 2, SHM_KIND_CLH = 3,
-       SHM_KIND_FUTEX = 4, SHM_KIND_ROBUST = 5, SHM_KIND_PI = 6, SHM_KIND_MAX = 11 };
+       SHM_KIND_FUTEX = 4, SHM_KIND_ROBUST = 5, SHM_KIND_PI = 6, SHM_KIND_TABLE = 12,
+       SHM_KIND_MAX = 12 };
 
 /* ctl.flags */
 #define SHM_F_OWNER_DIED      1u   /* the current hold follows an owner death */
@@ -281,7 +287,8 @@ _Static_assert(offsetof(shm_qnode, parked) == 12 && offsetof(shm_tslot, parked) 
                && offsetof(shm_qnode, left_gen) == 16 && offsetof(shm_tslot, abandoned) == 16,
                "the views agree where _raw() reads a node as a queue node");
 _Static_assert(sizeof(shm_prec) == SHM_LINE, "prec is one line");
-_Static_assert(offsetof(shm_header, _pad0) == 96, "header fields fill 96 bytes");
+_Static_assert(offsetof(shm_header, order_key) == 96 && offsetof(shm_header, ext_lines) == 104
+               && offsetof(shm_header, _pad0) == 112, "header fields fill 112 bytes");
 _Static_assert(offsetof(shm_participant, wait_since) == SHM_LINE + 48
                && offsetof(shm_participant, tstart) == SHM_LINE + 56,
                "the wait record: line 1, bytes 48..63 (shmlocks/waitgraph.py reads them)");
@@ -331,6 +338,71 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
     if (b.hwm_seen > P) b.hwm_seen = P;
     b.index = index;
     return b;
+}
+
+/*
+ * Lock tables (docs/design.md §15).  A table is one directory entry of kind SHM_KIND_TABLE.
+ * Its own body (a lock body's place) holds the table's repair mutex (ctl.repair: it
+ * serialises the recoveries of every stripe), its header (word A: shm_table) and, in its
+ * precs, the table-wide line of each participant for compact stripes (the adaptive spin
+ * budget, pi's asynchronous-wait mark).  The stripes live past the lock bodies, in the
+ * segment's extension area (header.ext_lines), `stride` bytes each:
+ *   compact (futex, robust, pi): SHM_STRIPE_LINES lines.  Line 0 is a shm_lockctl (kind,
+ *     flags, holder, the statistics: what a hold writes; its repair slot is unused); line 1
+ *     the lock word (the futex word, or the glibc mutex, pi's asyncw in its last u32).  Word
+ *     B's fields (robust/pi's dead-holder record in its first 16 bytes, pi's aseq in its last
+ *     u32) land in what those two lines leave free: the view aims wb at SHM_STRIPE_WB_OFF,
+ *     so its first 16 bytes are the ctl's unused repair slot and its last u32 lies in line
+ *     1 between the mutex and asyncw (the asserts below).  Nodes: none.
+ *   full (ticket, mcs, clh: a line per participant per lock): a whole lock body each, of
+ *     the region's geometry (shm_body_lines(P) lines), provisioned as a lock's.
+ * Lock numbers: entry i of the directory is lock i; the table's stripe s is lock
+ * first + s, first >= max_locks.  op_lock, the wait link and every reader name a lock by
+ * number + 1; participants.pxd lock_at is the one decoder (shmlocks/_segment.py mirrors it).
+ */
+#define SHM_TABLE_MAX      (1u << 20)     /* stripes of one table */
+#define SHM_STRIPE_LINES   2u             /* a compact stripe */
+#define SHM_STRIPE_WB_OFF  64u            /* where a compact stripe's view aims word B */
+
+typedef struct shm_table {
+    uint32_t sub;              /* the stripes' kind (SHM_KIND_TICKET .. SHM_KIND_PI) */
+    uint32_t size;             /* stripes, 1 .. SHM_TABLE_MAX */
+    uint32_t first;            /* the lock number of stripe 0 */
+    uint32_t compact;          /* 1: SHM_STRIPE_LINES-line stripes; 0: whole lock bodies */
+    uint64_t off;              /* byte offset of stripe 0 in the segment */
+    uint64_t stride;           /* bytes from one stripe to the next */
+    char     _pad[SHM_LINE - 32];
+} SHM_LINE_ALIGNED shm_table;
+
+_Static_assert(sizeof(shm_table) == SHM_LINE, "a table's header is one line (its word A)");
+_Static_assert(SHM_STRIPE_WB_OFF == offsetof(shm_lockctl, repair)
+               && SHM_STRIPE_WB_OFF + 16 <= offsetof(shm_lockctl, owner_deaths),
+               "a compact stripe's dead-holder record lies in its ctl's unused repair slot");
+_Static_assert(SHM_STRIPE_WB_OFF + SHM_LINE - 4 >= SHM_LINE + sizeof(pthread_mutex_t)
+               && SHM_STRIPE_WB_OFF + SHM_LINE <= 2 * SHM_LINE - 4,
+               "a compact stripe's aseq lies between its mutex and its asyncw");
+
+/* the view of stripe s of table t (its geometry validated: participants.pxi table_load);
+ * `tbody` the table entry's own body */
+static inline shm_body shm_stripe_at(char *base, const shm_table *t, const shm_body *tbody,
+                                     uint32_t s) {
+    shm_body b;
+    char *p = base + t->off + (uint64_t)s * t->stride;
+    if (t->compact) {
+        b.ctl = (shm_lockctl *)p;
+        b.wa = (shm_word *)(p + SHM_LINE);
+        b.wb = (shm_word *)(p + SHM_STRIPE_WB_OFF);
+        b.qnodes = NULL;
+        b.precs = tbody->precs;            /* one line per participant for the table */
+        b.hwm = tbody->hwm;
+        b.P = tbody->P;
+        b.hwm_seen = __atomic_load_n(b.hwm, __ATOMIC_SEQ_CST);
+        if (b.hwm_seen > b.P) b.hwm_seen = b.P;
+        b.index = t->first + s;
+    } else {
+        b = shm_body_at(base, t->off + (uint64_t)s * t->stride, tbody->P, t->first + s);
+    }
+    return b;   /* its recoveries' mutex: the table's (participants.pxd body_repair) */
 }
 
 #endif

@@ -125,6 +125,7 @@ cdef extern from "shm_layout.h" nogil:
     enum: SHM_KIND_FUTEX
     enum: SHM_KIND_ROBUST
     enum: SHM_KIND_PI
+    enum: SHM_KIND_TABLE
     enum: SHM_KIND_MAX
     enum: SHM_F_OWNER_DIED
     enum: SHM_F_NOTRECOVERABLE
@@ -160,6 +161,8 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t creator_pidns
         uint32_t flags
         uint32_t part_hwm
+        uint64_t order_key
+        uint64_t ext_lines
         shm_mutex_line dir_mutex
 
     ctypedef struct shm_dirent:
@@ -253,6 +256,24 @@ cdef extern from "shm_layout.h" nogil:
     uint64_t shm_body_lines(uint32_t P)
     uint32_t shm_fixed_nodes(uint32_t fixed, uint32_t P)
     shm_body shm_body_at(char* base, uint64_t off, uint32_t P, uint32_t index)
+
+    enum: SHM_TABLE_MAX
+    enum: SHM_STRIPE_LINES
+    enum: SHM_STRIPE_WB_OFF
+    ctypedef struct shm_table:
+        uint32_t sub
+        uint32_t size
+        uint32_t first
+        uint32_t compact
+        uint64_t off
+        uint64_t stride
+    shm_body shm_stripe_at(char* base, const shm_table* t, const shm_body* tbody, uint32_t s)
+
+cdef extern from "shm_hash.h" nogil:
+    uint64_t SHM_HASH_TUPLE_SEED
+    uint64_t shm_xxh64(const void* data, size_t n, uint64_t seed)
+    uint32_t shm_hash_index(uint64_t h, uint32_t size)
+    int shm_int_bytes(int64_t v, unsigned char* out)
 
 cdef extern from "shm_sys.h" nogil:
     uint32_t ld32_acq(uint32_t*)
@@ -382,6 +403,18 @@ cdef extern from "Python.h":
     void PyEval_RestoreThread(PyThreadState*) nogil
 
 from cpython.exc cimport PyErr_Occurred, PyErr_SetObject
+
+# the key encodings of a lock table's stable hash (_ext/table/table.pxi)
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
+    long long PyLong_AsLongLongAndOverflow(object v, int* overflow) except? -1
+    bint PyUnicode_Check(object o)
+    bint PyBytes_Check(object o)
+    bint PyLong_Check(object o)
+    bint PyTuple_Check(object o)
+    char* PyBytes_AS_STRING(object o)
+    Py_ssize_t PyBytes_GET_SIZE(object o)
+    Py_ssize_t PyTuple_GET_SIZE(object o)
 from cpython.float cimport PyFloat_AsDouble
 
 # the synchronization toolbox's views of an object body (docs/design.md §12)
