@@ -31,7 +31,7 @@ from shmlocks.errors import CorruptRegionError
 _L = _core.LAYOUT
 LINE = _L["line"]
 HEADER_SIZE = _L["header_size"]
-_HEADER = struct.Struct("<QIIQIIQQQQIIIIQII")  # magic .. part_hwm (bytes 0..95)
+_HEADER = struct.Struct("<QIIQIIQQQQIIIIQIIQQ")  # magic .. ext_lines (bytes 0..111)
 PART_SIZE = _L["participant_size"]
 # a participant: its token's futex word (line 0), then line 1: pid .. tstart, then what an
 # asyncio cohort says of its task (poke, agent, tasks, task_id, label), then lines 2-3: the
@@ -69,6 +69,11 @@ _RW_TAG = _L["rw_tag_mask"]
 _RW_W_DRAINING = _L["rw_w_draining"]
 _TB_BARRIER_STATES = ("filling", "draining", "resetting", "broken")
 _CLH = _core.CLHLock.kind_code
+KIND_TABLE = _L["kind_table"]
+TABLE_MAX = _L["table_max"]
+STRIPE_LINES = _L["stripe_lines"]
+STRIPE_WB_OFF = _L["stripe_wb_off"]
+_TABLE = struct.Struct("<IIIIQQ")  # shm_table: sub, size, first, compact, off, stride
 _BODY_READ = _L["body_lines_read"] * LINE  # ctl, word A, word B
 
 
@@ -185,6 +190,8 @@ class Lock(NamedTuple):
 
     @property
     def kind(self) -> str | None:
+        if self.kind_code == KIND_TABLE:
+            return "table"
         return KIND_NAMES.get(self.kind_code) or OBJECT_NAMES.get(self.kind_code)
 
     @property
@@ -193,6 +200,20 @@ class Lock(NamedTuple):
         return (
             self.kind is not None and self.magic == BODY_MAGIC and self.ctl_kind == self.kind_code
         )
+
+
+class Table(NamedTuple):
+    """A segment's lock table (docs/design.md §15)."""
+
+    idx: int  # its directory entry
+    sub: int  # the stripes' kind code
+    size: int
+    first: int  # the number of stripe 0
+    stripes: list[Lock]  # each a lock of its own, named by its number
+
+    @property
+    def kind(self) -> str:
+        return KIND_NAMES.get(self.sub, "?")
 
 
 @dataclass
@@ -206,6 +227,15 @@ class Segment:
     records: list[tuple[Any, ...]]  # every participant slot provisioned, as _PART unpacks it
     locks: list[Lock]  # the READY directory entries, in index order
     resident: int = 0  # bytes tmpfs gave the file (st_blocks): the file is sparse
+    table: Table | None = None  # its lock table, if it is one (LockTable)
+
+    def all_locks(self) -> list[Lock]:
+        """Every lock that can be held or waited for: the directory's entries (but a
+        table's), and the table's stripes."""
+        out = [lk for lk in self.locks if lk.kind_code != KIND_TABLE]
+        if self.table is not None:
+            out += self.table.stripes
+        return out
 
     @property
     def provisioned(self) -> int:
@@ -275,6 +305,8 @@ def _read(fd: int, size: int, name: str) -> Segment:
         cns,
         _flags,
         H,
+        _okey,
+        ext_lines,
     ) = _HEADER.unpack_from(head, 0)
     if magic == _core.MAGIC and state != STATE_READY:
         if cpid and _core._pid_alive(cpid):
@@ -289,12 +321,17 @@ def _read(fd: int, size: int, name: str) -> Segment:
     start = part_off - dir_off
     records = list(_PART.iter_unpack(table[start : start + H * PART_SIZE]))
     locks = []
+    tbl: Table | None = None
     for i in range(L):
         d_state, d_kind, raw = _DIRENT.unpack_from(table, i * LINE)
         if d_state != DIRENT_READY:
             continue
         body_off = locks_off + i * stride
         body = pread_exact(fd, body_off, _BODY_READ)
+        if d_kind == KIND_TABLE:
+            if tbl is not None:
+                raise CorruptRegionError(f"segment {name!r} has two lock tables")
+            tbl = _read_table(fd, name, i, body, L, P, H, locks_off + L * stride, stride, size)
         kind, flags, holder, bmagic, *rest = _CTL.unpack_from(body, 0)
         word_a, word_b, word_b1 = (
             struct.unpack_from("<Q", body, LINE)[0],
@@ -349,7 +386,96 @@ def _read(fd: int, size: int, name: str) -> Segment:
                 word_b1,
             )
         )
-    return Segment(name, size, L, P, cpid, cns, records, locks)
+    if tbl is None and ext_lines:
+        raise CorruptRegionError(f"segment {name!r}: an extension area and no table")
+    return Segment(name, size, L, P, cpid, cns, records, locks, table=tbl)
+
+
+def _read_table(
+    fd: int,
+    name: str,
+    idx: int,
+    body: bytes,
+    L: int,
+    P: int,
+    H: int,
+    ext_off: int,
+    stride: int,
+    size: int,
+) -> Table:
+    """A lock table's header (word A of its entry's body), validated as participants.pxi
+    ``table_load`` validates it, and its stripes: each a ``Lock`` (idx: its number)."""
+    sub, n, first, compact, off, sstride = _TABLE.unpack_from(body, LINE)
+    kind, _flags, _holder, bmagic = struct.unpack_from("<IIII", body, 0)
+    need = STRIPE_LINES * LINE if compact else stride
+    if (
+        kind != KIND_TABLE
+        or bmagic != BODY_MAGIC
+        or sub not in KIND_NAMES
+        or compact != (KIND_NAMES[sub] in ("futex", "robust", "pi"))
+        or not 1 <= n <= TABLE_MAX
+        or first != L
+        or sstride != need
+        or off != ext_off
+        or off + n * sstride != size
+    ):
+        raise CorruptRegionError(f"segment {name!r}: its lock table's header does not match")
+    stripes = []
+    data = pread_exact(fd, off, n * sstride) if compact else b""
+    for s in range(n):
+        if compact:
+            base = s * sstride
+            sb = data[base : base + 2 * LINE]
+            word_a = struct.unpack_from("<Q", sb, LINE)[0]
+            word_b, word_b1 = struct.unpack_from("<QQ", sb, STRIPE_WB_OFF)
+        else:
+            sb = pread_exact(fd, off + s * sstride, _BODY_READ)
+            word_a = struct.unpack_from("<Q", sb, LINE)[0]
+            word_b, word_b1 = struct.unpack_from("<QQ", sb, 2 * LINE)
+        ckind, flags, holder, smagic, *rest = _CTL.unpack_from(sb, 0)
+        node_state = None
+        if sub == _CLH:
+            t = word_a & 0xFFFFFFFF
+            if 1 <= t <= H or t == P + 1:
+                (node_state,) = struct.unpack(
+                    "<I", pread_exact(fd, off + s * sstride + (3 + t - 1) * LINE, 4)
+                )
+        stripes.append(
+            Lock(
+                first + s,
+                f"{name}[{s}]",
+                sub,
+                ckind,
+                flags,
+                holder,
+                smagic,
+                tuple(rest[:5]),
+                _CTL_RARE.unpack_from(sb, 112),
+                word_a,
+                word_b,
+                node_state,
+                dead_pidns=word_b1,
+            )
+        )
+    return Table(idx, sub, n, first, stripes)
+
+
+def lock_at(seg: Segment, lock1: int) -> Lock | None:
+    """The lock that number ``lock1 - 1`` names (op_lock, a wait link): a READY directory
+    entry's, or a stripe of the segment's table; None if none (participants.pxd
+    ``lock_at``, the one decoder, mirrored)."""
+    n = lock1 - 1
+    if n < 0:
+        return None
+    if n < seg.max_locks:
+        for lk in seg.locks:
+            if lk.idx == n:
+                return lk
+        return None
+    t = seg.table
+    if t is not None and 0 <= n - t.first < t.size:
+        return t.stripes[n - t.first]
+    return None
 
 
 # ------------------------------------------------------------------------- describe
@@ -579,36 +705,11 @@ def describe(seg: Segment) -> dict[str, Any]:
                 ]
             locks.append(obj)
             continue
-        hs = seg.holder_slot(lk)
-        waiters = sum(
-            (p.agent_tasks(lk.idx + 1, hs) if p.agent == 1 else 1)
-            for p in in_use
-            if p.state == 1
-            and (p.agent == 1 or (p.op_lock == lk.idx + 1 and p.op_step == OP_WAITING))
-        )
-        locked, holder, stale = _weigh(seg, lk, in_use)
-        hd = _participant(seg, holder) if locked else None
-        dead = lk.dead_holder() if locked and hd is None else None
-        if dead is not None:  # its slot was reused: the record (no slot of its own now)
-            hd = {
-                "slot": None,
-                "pid": dead[0],
-                "tid": dead[1],
-                "alive": False,
-                "other_namespace": other_pidns(dead[2]),
-            }
-        locks.append(
-            {
-                "name": lk.name,
-                "kind": lk.kind,
-                "locked": locked,
-                "holder": hd,
-                "waiters": waiters,
-                "owner_died": bool(lk.flags & 1),
-                "not_recoverable": bool(lk.flags & 2),
-                "stale_step": stale,
-            }
-        )
+        if lk.kind == "table":
+            if seg.table is not None and seg.table.idx == lk.idx:
+                locks.append(table_describe(seg, seg.table, in_use))
+            continue
+        locks.append(lock_describe(seg, lk, in_use))
     return {
         "name": seg.name,
         "size": seg.size,
@@ -622,6 +723,96 @@ def describe(seg: Segment) -> dict[str, Any]:
         "participants": parts,
         "locks": locks,
     }
+
+
+def lock_describe(seg: Segment, lk: Lock, in_use: list[Participant]) -> dict[str, Any]:
+    """One lock (an entry, or a table's stripe) as its ``_describe()`` gives it."""
+    hs = seg.holder_slot(lk)
+    waiters = sum(
+        (p.agent_tasks(lk.idx + 1, hs) if p.agent == 1 else 1)
+        for p in in_use
+        if p.state == 1 and (p.agent == 1 or (p.op_lock == lk.idx + 1 and p.op_step == OP_WAITING))
+    )
+    locked, holder, stale = _weigh(seg, lk, in_use)
+    hd = _participant(seg, holder) if locked else None
+    dead = lk.dead_holder() if locked and hd is None else None
+    if dead is not None:  # its slot was reused: the record (no slot of its own now)
+        hd = {
+            "slot": None,
+            "pid": dead[0],
+            "tid": dead[1],
+            "alive": False,
+            "other_namespace": other_pidns(dead[2]),
+        }
+    return {
+        "name": lk.name,
+        "kind": lk.kind,
+        "locked": locked,
+        "holder": hd,
+        "waiters": waiters,
+        "owner_died": bool(lk.flags & 1),
+        "not_recoverable": bool(lk.flags & 2),
+        "stale_step": stale,
+    }
+
+
+def hottest(stripes: list[Lock], n: int) -> list[tuple[int, int]]:
+    """The ``n`` busiest stripes as (index, acquisitions), busiest first (never taken: left
+    out), as ``LockTable.stats()`` gives them."""
+    first = stripes[0].idx if stripes else 0
+    acq = sorted(
+        ((lk.counters[0], lk.idx - first) for lk in stripes if lk.counters[0]),
+        key=lambda x: (-x[0], x[1]),
+    )
+    return [(s, a) for a, s in acq[:n]]
+
+
+def table_describe(
+    seg: Segment, t: Table, in_use: list[Participant], n_hot: int = 5
+) -> dict[str, Any]:
+    """A lock table as ``LockTable._describe()`` gives it: one entry, with its stripes that
+    are held, waited for or flagged (each as a lock, with its index) and the hottest."""
+    stripes = []
+    for s, lk in enumerate(t.stripes):
+        d = lock_describe(seg, lk, in_use)
+        if d["locked"] or d["waiters"] or d["owner_died"] or d["not_recoverable"]:
+            d["index"] = s
+            stripes.append(d)
+    return {
+        "name": "table",
+        "kind": "table",
+        "stripe_kind": t.kind,
+        "size": t.size,
+        "locked": any(d["locked"] for d in stripes),
+        "holder": None,
+        "waiters": sum(d["waiters"] for d in stripes),
+        "owner_died": any(d["owner_died"] for d in stripes),
+        "not_recoverable": any(d["not_recoverable"] for d in stripes),
+        "stale_step": False,
+        "held": sum(1 for d in stripes if d["locked"]),
+        "stripes": stripes,
+        "hottest": hottest(t.stripes, n_hot),
+    }
+
+
+def table_stats(t: Table, n_hot: int = 10) -> dict[str, Any]:
+    """A table's stripes' counters summed, as ``LockTable.stats()`` gives them."""
+    tot: dict[str, Any] = {
+        "acquisitions": 0,
+        "contended": 0,
+        "wait_total_s": 0.0,
+        "wait_max_s": 0.0,
+        "timeouts": 0,
+        "owner_deaths": 0,
+        "handoffs": 0,
+    }
+    for lk in t.stripes:
+        st = lock_stats(lk)
+        for k in tot:
+            tot[k] = max(tot[k], st[k]) if k == "wait_max_s" else tot[k] + st[k]
+    tot["hottest"] = hottest(t.stripes, n_hot)
+    tot["size"] = t.size
+    return tot
 
 
 def lock_stats(lk: Lock) -> dict[str, Any]:
@@ -640,5 +831,13 @@ def lock_stats(lk: Lock) -> dict[str, Any]:
 
 
 def stats(seg: Segment) -> dict[str, dict[str, Any]]:
-    """{lock name: its counters}, as ``Region.stats()`` gives them."""
-    return {lk.name: lock_stats(lk) for lk in seg.locks}
+    """{lock name: its counters}, as ``Region.stats()`` gives them (a table's entry: its
+    stripes summed, table_stats)."""
+    out = {}
+    for lk in seg.locks:
+        if lk.kind == "table":
+            if seg.table is not None and seg.table.idx == lk.idx:
+                out[lk.name] = table_stats(seg.table)
+            continue
+        out[lk.name] = lock_stats(lk)
+    return out

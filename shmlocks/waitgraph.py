@@ -45,8 +45,12 @@ class LockRef:
     @property
     def label(self) -> str:
         """``region/lock``; a standalone lock (a region of one lock named "lock") is just
-        its region's name."""
-        return self.segment if self.name == "lock" else f"{self.segment}/{self.name}"
+        its region's name; a stripe of a lock table is ``table[i]``, its own name."""
+        if self.name == "lock":
+            return self.segment
+        if self.name.startswith(self.segment + "["):
+            return self.name
+        return f"{self.segment}/{self.name}"
 
 
 @dataclass
@@ -240,7 +244,7 @@ def _scan_segment(g: Graph, seg: _segment.Segment) -> None:
         link = p.link()
         if link is not None and key[4]:
             g.links.append((key, link, bool(p.detects)))
-        if p.op_step == _segment.OP_WAITING and 1 <= p.op_lock <= seg.max_locks:
+        if p.op_step == _segment.OP_WAITING and _segment.lock_at(seg, p.op_lock) is not None:
             if t.waits is None or p.wait_since > t.since_ns:
                 waiting.append((p.slot, p.op_lock - 1))
                 t.since_ns = p.wait_since
@@ -260,7 +264,7 @@ def _scan_segment(g: Graph, seg: _segment.Segment) -> None:
             if mode is not None:
                 t.modes[ref] = mode
 
-    for lk in seg.locks:
+    for lk in seg.all_locks():  # the directory's locks and a table's stripes, by number
         if not lk.valid:
             continue
         ref = refs[lk.idx] = LockRef(name, lk.idx, lk.name, lk.kind or "?")
