@@ -5,6 +5,7 @@
     python bench/run.py --smoke    a few seconds: every code path, for CI
     python -m shmlocks bench [--full] [--out DIR] [--json]
     python bench/run.py --oversubscribed [...]   bench/oversubscribed.py (P = 1, 2, 3, 4, 8)
+    python bench/run.py --sharding [...]         bench/sharding.py (one lock vs lock tables)
 
 Measures, in one run, for the six shmlocks kinds and the anchors threading.Lock (the
 in-process floor, measured with threads), multiprocessing.Lock, posix_ipc.Semaphore and
@@ -381,6 +382,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         rest = [a for a in argv if a not in ("--oversubscribed", "--", "--full")]
         return oversubscribed.main(
+            [
+                a
+                for i, a in enumerate(rest)
+                if a != "--json" or i + 1 < len(rest) and not rest[i + 1].startswith("-")
+            ]
+        )
+    if "--sharding" in argv:
+        # sharding.py's own run (one lock against lock tables, issue 39): its options follow
+        import sharding
+
+        rest = [a for a in argv if a not in ("--sharding", "--", "--full")]
+        return sharding.main(
             [
                 a
                 for i, a in enumerate(rest)
