@@ -771,13 +771,26 @@ def table_describe(
     seg: Segment, t: Table, in_use: list[Participant], n_hot: int = 5
 ) -> dict[str, Any]:
     """A lock table as ``LockTable._describe()`` gives it: one entry, with its stripes that
-    are held, waited for or flagged (each as a lock, with its index) and the hottest."""
+    are held, waited for or flagged (each as a lock, with its index: ``stripes``), the
+    hottest as (index, acquisitions) (``hottest``) and those stripes each with its
+    acquisitions, holder and waiters (``hottest_stripes``)."""
     stripes = []
     for s, lk in enumerate(t.stripes):
         d = lock_describe(seg, lk, in_use)
-        if d["locked"] or d["waiters"] or d["owner_died"] or d["not_recoverable"]:
+        if (
+            d["locked"]
+            or d["waiters"]
+            or d["owner_died"]
+            or d["not_recoverable"]
+            or d["stale_step"]
+        ):
             d["index"] = s
             stripes.append(d)
+    hot = hottest(t.stripes, n_hot)
+    hot_stripes = []
+    for s, acq in hot:
+        d = lock_describe(seg, t.stripes[s], in_use)
+        hot_stripes.append(dict(d, index=s, acquisitions=acq))
     return {
         "name": "table",
         "kind": "table",
@@ -788,10 +801,11 @@ def table_describe(
         "waiters": sum(d["waiters"] for d in stripes),
         "owner_died": any(d["owner_died"] for d in stripes),
         "not_recoverable": any(d["not_recoverable"] for d in stripes),
-        "stale_step": False,
+        "stale_step": any(d["stale_step"] for d in stripes),
         "held": sum(1 for d in stripes if d["locked"]),
         "stripes": stripes,
-        "hottest": hottest(t.stripes, n_hot),
+        "hottest": hot,
+        "hottest_stripes": hot_stripes,
     }
 
 

@@ -63,8 +63,16 @@ def annotate(d: dict[str, Any]) -> dict[str, Any]:
             here.setdefault(h["slot"], []).append(lk["name"])
         for r in lk.get("readers", ()):  # an RWLock's readers hold it too (shared)
             here.setdefault(r["slot"], []).append(f"{lk['name']} (read)")
+        for st in lk.get("stripes", ()):  # a lock table's stripes held
+            sh = st.get("holder")
+            if st["locked"] and sh and sh.get("slot") is not None:
+                here.setdefault(sh["slot"], []).append(st["name"])
         for u in lk.get("holders", ()):  # a semaphore's units taken with `with`
             here.setdefault(u["slot"], []).append(f"{lk['name']} ({units(u['units'])})")
+
+    for slot, hs in here.items():  # a hold of many stripes of a table: the first few
+        if len(hs) > 8:
+            here[slot] = hs[:6] + [f"... {len(hs) - 6} more"]
 
     def short(ref: waitgraph.LockRef) -> str:
         return ref.name if ref.segment == name else ref.label

@@ -48,6 +48,14 @@ def segment_stats(name: str) -> dict[str, Any]:
             "waiters": lk["waiters"],
             **{k: c[k] for k in STAT_KEYS},
         }
+        if lk["kind"] == "table" and seg.table is not None:
+            # a lock table (docs/design.md §15): one entry, its stripes' counters summed,
+            # the stripes held or waited for and the hottest, each with holder and waiters
+            c = _segment.table_stats(seg.table)
+            rec.update({k: c[k] for k in STAT_KEYS})
+            rec["holder"] = None
+            for k in ("size", "stripe_kind", "held", "stripes", "hottest", "hottest_stripes"):
+                rec[k] = lk[k]
         if lk["kind"] == "rwlock":
             reads = rw_reads(seg, body, lk["readers"])
             rec["waiters"] = reads.pop("writers_waiting")
@@ -114,6 +122,8 @@ def holder_text(lk: dict[str, Any]) -> str:
     """The HOLDER column of a lock's row, or of an RWLock's write row (its writer only:
     readers are on the read row, :func:`readers_text`)."""
     h = lk.get("holder")
+    if "stripes" in lk:  # a lock table: its stripes held
+        return stripes_text(lk["stripes"])
     if "reads" in lk:  # an RWLock: a writer, or nobody writing
         return _who(h) if h else "-"
     if not lk.get("locked"):
@@ -121,6 +131,41 @@ def holder_text(lk: dict[str, Any]) -> str:
     if not h:
         return "held"
     return _who(h)
+
+
+def stripes_text(stripes: list[dict[str, Any]]) -> str:
+    """The HOLDER column of a lock table's row: ``-``, the one stripe held as
+    ``[i] pid ..``, or ``3 stripes held (2 pids)``, the dead holders called out."""
+    held = [s for s in stripes if s["locked"]]
+    if not held:
+        return "-"
+    if len(held) == 1:
+        h = held[0].get("holder")
+        return f"[{held[0]['index']}] " + (_who(h) if h else "held")
+    hs = [s["holder"] for s in held if s.get("holder")]
+    pids = len({h["pid"] for h in hs})
+    dead = sum(1 for h in hs if not h["alive"])
+    text = f"{len(held)} stripes held ({pids} pid{'s' if pids != 1 else ''})"
+    return text + (f", {dead} DEAD" if dead else "")
+
+
+def table_kind(lk: dict[str, Any]) -> str:
+    """The KIND cell of a lock table: ``table (4096 futex)``."""
+    return f"table ({lk['size']} {lk['stripe_kind']})"
+
+
+def hottest_text(lk: dict[str, Any], n: int = 3) -> str:
+    """A table's hottest stripes in a line: ``[12] 3,402 (pid 7 alive), [5] 998``."""
+    out = []
+    for s in lk.get("hottest_stripes", [])[:n]:
+        h = s.get("holder") if s.get("locked") else None
+        extra = [_who(h)] if h else []
+        if s.get("waiters"):
+            extra.append(f"{s['waiters']} waiting")
+        out.append(
+            f"[{s['index']}] {s['acquisitions']:,}" + (f" ({', '.join(extra)})" if extra else "")
+        )
+    return ", ".join(out) or "-"
 
 
 def readers_text(reads: dict[str, Any]) -> str:

@@ -30,7 +30,14 @@ from typing import Any, TextIO
 
 import shmlocks
 from shmlocks._table import table
-from shmlocks.stats import duration, holder_text, readers_text, segment_stats
+from shmlocks.stats import (
+    duration,
+    holder_text,
+    hottest_text,
+    readers_text,
+    segment_stats,
+    table_kind,
+)
 
 NO_SEGMENTS = "no shmlocks segments"
 
@@ -134,7 +141,11 @@ def _lines(r: dict[str, Any]) -> list[list[Any]]:
         [
             r["segment"],
             r["name"],
-            f"{r['kind']} (write)" if rd is not None else r["kind"],
+            f"{r['kind']} (write)"
+            if rd is not None
+            else table_kind(r)
+            if "stripes" in r
+            else r["kind"],
             _rate(r["acquires_s"]),
             _rate(r["handoffs_s"]),
             _pct(r["contended_pct"]),
@@ -190,7 +201,12 @@ def render(rows: list[dict[str, Any]], notes: list[str], interval: float) -> lis
         "HOLDER",
         "WAITERS",
     ]
-    return [head, "", *table(headers, body).splitlines()] + [f"note: {n}" for n in notes]
+    hot = [  # a lock table is one row: its hottest stripes, their holders and waiters
+        f"{r['segment']}/{r['name']}: hottest stripes {hottest_text(r, 5)}"
+        for r in rows
+        if "stripes" in r
+    ]
+    return [head, "", *table(headers, body).splitlines()] + hot + [f"note: {n}" for n in notes]
 
 
 def snapshot_once(names: list[str] | None, interval: float, as_json: bool, out: TextIO) -> int:

@@ -16,6 +16,10 @@ from shmlocks.cli._common import (
     who,
 )
 from shmlocks.deadlocks import annotate
+from shmlocks.stats import hottest_text, stripes_text, table_kind
+
+#: the stripes of a table listed one by one (held, waited for or flagged); then a count
+STRIPES_SHOWN = 10
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -30,6 +34,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def _holder(lk: dict[str, Any]) -> str:
     """The HOLDER cell: the holder, an RWLock's readers (each with its holds), or a
     semaphore's `with` holders (each with its units)."""
+    if "stripes" in lk:  # a lock table: its stripes held
+        return stripes_text(lk["stripes"])
     holders = lk.get("holders")
     if holders:
         return "with: " + ", ".join(f"{who(h)} x{h['units']}" for h in holders)
@@ -39,6 +45,41 @@ def _holder(lk: dict[str, Any]) -> str:
     if readers and not lk.get("holder"):
         return "readers: " + ", ".join(f"{who(r)} x{r['holds']}" for r in readers)
     return who(lk.get("holder"))
+
+
+def _state(lk: dict[str, Any]) -> str:
+    if "stripes" in lk:  # a lock table
+        return f"{lk['held']} of {lk['size']} held" if lk["held"] else "free"
+    return "held" if lk["locked"] else "free"
+
+
+def _stripes(lk: dict[str, Any]) -> list[str]:
+    """A lock table's stripes that are held, waited for or flagged (the first
+    STRIPES_SHOWN), and its hottest stripes."""
+    out = []
+    ss = lk["stripes"]
+    if ss:
+        rows = [
+            [
+                f"[{s['index']}]",
+                "held" if s["locked"] else "free",
+                who(s.get("holder")) if s["locked"] else "-",
+                s["waiters"],
+                flags(s),
+            ]
+            for s in ss[:STRIPES_SHOWN]
+        ]
+        out.append(f"  {lk['name']}: stripes held, waited for or flagged")
+        out += [
+            "  " + line
+            for line in table(
+                ["STRIPE", "STATE", "HOLDER", "WAITERS", "FLAGS"], rows, "  "
+            ).splitlines()
+        ]
+        if len(ss) > STRIPES_SHOWN:
+            out.append(f"    ... and {len(ss) - STRIPES_SHOWN} more (--json lists them all)")
+    out.append(f"  {lk['name']}: hottest stripes {hottest_text(lk, 5)}")
+    return out
 
 
 def _render_inspect(d: dict[str, Any]) -> str:
@@ -53,8 +94,8 @@ def _render_inspect(d: dict[str, Any]) -> str:
         rows = [
             [
                 lk["name"],
-                lk["kind"],
-                lk.get("state") or ("held" if lk["locked"] else "free"),
+                table_kind(lk) if "stripes" in lk else lk["kind"],
+                lk.get("state") or _state(lk),
                 _holder(lk),
                 lk["waiters"],
                 flags(lk),
@@ -62,6 +103,9 @@ def _render_inspect(d: dict[str, Any]) -> str:
             for lk in locks
         ]
         out.append(table(["NAME", "KIND", "STATE", "HOLDER", "WAITERS", "FLAGS"], rows, "  "))
+        for lk in locks:
+            if "stripes" in lk:
+                out += _stripes(lk)
     parts = d.get("participants", [])
     alive = sum(1 for p in parts if p["alive"])
     out.append(

@@ -9,7 +9,15 @@ from typing import Any
 
 from shmlocks._table import emit, table
 from shmlocks.cli._common import require_region, segment_name
-from shmlocks.stats import duration, holder_text, percent, readers_text, segment_stats
+from shmlocks.stats import (
+    duration,
+    holder_text,
+    hottest_text,
+    percent,
+    readers_text,
+    segment_stats,
+    table_kind,
+)
 
 
 def _counts(c: dict[str, Any]) -> list[Any]:
@@ -28,6 +36,8 @@ def _rows(lk: dict[str, Any]) -> list[list[Any]]:
     its holders, the readers waiting as its waiters; no owner deaths or hand-offs)."""
     rd = lk.get("reads")
     kind = f"{lk['kind']} (write)" if rd is not None else lk["kind"]
+    if "stripes" in lk:  # a lock table: one row, its stripes summed
+        kind = table_kind(lk)
     rows = [
         [
             lk["name"],
@@ -78,6 +88,9 @@ def _render_stat(d: dict[str, Any]) -> str:
                 "  ",
             )
         )
+    for lk in locks:
+        if "stripes" in lk:
+            out.append(f"  {lk['name']}: hottest stripes {hottest_text(lk, 5)}")
     return "\n".join(out)
 
 
@@ -94,7 +107,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "process that used it: acquisitions, contended ones (% of all) with their mean "
         "and max wait, timeouts, owner deaths, hand-offs between processes; and the "
         "current holder and waiters. An RWLock has two rows: its writes (the writer "
-        "holds it) and its reads (the readers hold it). Read-only."
+        "holds it) and its reads (the readers hold it). A lock table is one row, its "
+        "stripes' counters summed, with its hottest stripes below. Read-only."
     )
     p.add_argument("name", metavar="NAME", help="segment name (a leading / is optional)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
