@@ -12,6 +12,7 @@ random key sets never deadlock and count exactly; lockdep records no inversion f
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing as mp
 import os
 import pickle
@@ -604,4 +605,71 @@ def test_a_waiter_names_its_stripe_by_number(procs):
         assert s["index"] == 6 and s["locked"] and s["holder"]["alive"]
         desc = t.region._describe()
         assert desc["locks"][0]["kind"] == "table" and desc["locks"][0]["size"] == 8
+        kill(holder)
+
+
+# ------------------------------------------------------------------ seeing them (the CLI)
+
+
+def _stripe_waiter(name, stripe, ready):
+    t = shmlocks.LockTable.open(name)
+    ready.set()
+    t[stripe].acquire(timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_stat_inspect_top_show_a_table_as_one_entry(procs):
+    """4,096 stripes: stat, inspect and top show one entry, its stripes held (with their
+    holders), the waiters, and the hottest stripes; --json for each."""
+    from test_cli import cli
+
+    name = uniq("tbl-cli")
+    with shmlocks.LockTable(4096, "futex", name=name) as t:
+        for _ in range(5):
+            with t[4000]:
+                pass
+        with t[7]:
+            pass
+        ctx = mp.get_context("fork")
+        ev, ev2 = ctx.Event(), ctx.Event()
+        holder = procs.start(_stripe_holder, name, 9, ev)
+        assert ev.wait(20)
+        waiter = procs.start(_stripe_waiter, name, 9, ev2)
+        assert ev2.wait(20)
+        deadline = time.monotonic() + 20
+        while t._describe()["waiters"] != 1:
+            assert time.monotonic() < deadline, "the waiter never showed"
+            time.sleep(0.05)
+
+        st = json.loads(cli("stat", name, "--json").stdout)
+        (lk,) = st["locks"]
+        assert (lk["kind"], lk["size"], lk["stripe_kind"], lk["held"]) == (
+            "table",
+            4096,
+            "futex",
+            1,
+        )
+        assert lk["acquisitions"] >= 7 and lk["waiters"] == 1
+        assert lk["hottest"][:2] == [[4000, 5], [7, 1]]
+        (s9,) = lk["stripes"]
+        assert s9["index"] == 9 and s9["holder"]["pid"] == holder.pid and s9["waiters"] == 1
+        text = cli("stat", name).stdout
+        assert "table (4096 futex)" in text and "hottest stripes [4000] 5" in text
+        assert f"[9] pid {holder.pid} alive" in text
+
+        ins = json.loads(cli("inspect", name, "--json").stdout)
+        (lk,) = ins["locks"]
+        assert lk["size"] == 4096 and [s["index"] for s in lk["stripes"]] == [9]
+        assert lk["hottest_stripes"][0]["index"] == 4000
+        holds = {p["pid"]: p["holds"] for p in ins["participants"]}
+        assert holds[holder.pid] == [f"{name}[9]"]
+        text = cli("inspect", name).stdout
+        assert "1 of 4096 held" in text and "[9]" in text and "hottest stripes" in text
+
+        top = json.loads(cli("top", name, "--json", "--interval", "0.1").stdout)
+        (row,) = top["locks"]
+        assert row["kind"] == "table" and row["held"] == 1 and row["waiters"] == 1
+        text = cli("top", name, "--interval", "0.1").stdout
+        assert "table (4096 futex)" in text and f"{name}/table: hottest stripes" in text
+        kill(waiter)
         kill(holder)
