@@ -155,6 +155,27 @@ def test_the_attach_by_name_snippet_runs():
     assert not shm_exists(name), "a normal end leaves nothing in /dev/shm"
 
 
+def test_the_sharding_pool_example_runs_and_loses_no_update():
+    """The Sharding section's Pool example, as a script: its printed total, and nothing
+    left in /dev/shm by its table."""
+    (snippet,) = [b for b in blocks("python") if "LockTable(64" in b and "mp.Pool" in b]
+    script = snippet.replace(
+        '    table = shmlocks.LockTable(64, "futex")',
+        '    table = shmlocks.LockTable(64, "futex", name=sys.argv[1])',
+    )
+    assert script != snippet
+    name = uniq("readme-table")
+    r = subprocess.run(
+        [sys.executable, "-c", "import sys\n" + script, name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["160000"]
+    assert not shm_exists(name)
+
+
 def test_the_owner_died_snippet_runs_after_a_holder_is_killed():
     (snippet,) = [b for b in blocks("python") if "repair(shared_data)" in b]
     script = (
