@@ -459,12 +459,13 @@ def _stress(name, seconds, seed, counts_name, n_keys, results):
     results[seed] = done
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.slow
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("kind", ["futex", "mcs"])
 def test_ordered_hold_stress_eight_processes(procs, kind):
-    """8 processes take random sets of 1-5 keys over 32 stripes for a few seconds (30 s in
-    bench/sharding.py --stress): no deadlock (every process finishes in time) and the
-    counters equal the increments made."""
+    """8 processes take random sets of 1-5 keys over 32 stripes for a few seconds
+    (SHMLOCKS_STRESS_S, 3 by default; the issue's run is SHMLOCKS_STRESS_S=30): no deadlock
+    (every process finishes in time) and the counters equal the increments made."""
     import multiprocessing.shared_memory as sm
 
     seconds = float(os.environ.get("SHMLOCKS_STRESS_S", "3"))
