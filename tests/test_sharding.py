@@ -674,3 +674,38 @@ def test_stat_inspect_top_show_a_table_as_one_entry(procs):
         assert "table (4096 futex)" in text and f"{name}/table: hottest stripes" in text
         kill(waiter)
         kill(holder)
+
+
+# ------------------------------------------------------------------ a scribbled table
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "field,value",
+    [("sub", 12), ("size", 4097), ("size", 0), ("first", 7), ("off", 0), ("stride", 64)],
+)
+def test_a_scribbled_table_header_is_refused_not_trusted(field, value):
+    """Nothing read from the segment steers an index: a table header that does not match
+    the segment's geometry makes open() and the readers (inspect) raise
+    CorruptRegionError, never index past the file."""
+    from shmlocks import _segment
+
+    name = uniq("tbl-scribble")
+    t = shmlocks.LockTable(4096, "futex", name=name, persist=True)
+    try:
+        with open(os.path.join(SHM_DIR, name), "r+b") as f:
+            head = f.read(64)
+            locks_off, _stride = struct.unpack_from("<QQ", head, 48)
+            at = locks_off + shmlocks._core.LAYOUT["line"]  # word A of the table's entry
+            fields = {"sub": (0, "<I"), "size": (4, "<I"), "first": (8, "<I")}
+            fields |= {"off": (16, "<Q"), "stride": (24, "<Q")}
+            off, fmt = fields[field]
+            f.seek(at + off)
+            f.write(struct.pack(fmt, value))
+        with pytest.raises(shmlocks.CorruptRegionError):
+            shmlocks.LockTable.open(name)
+        with pytest.raises(shmlocks.CorruptRegionError):
+            _segment.read(name)
+    finally:
+        t.close()
+        t.unlink()
