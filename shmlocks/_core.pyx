@@ -86,12 +86,21 @@ LAYOUT = {
     "stripe_lines": SHM_STRIPE_LINES,
     "stripe_wb_off": SHM_STRIPE_WB_OFF,
     "participant_size": sizeof(shm_participant),
-    # an asyncio cohort's fields and the wait link (docs/design.md §3, §9, §14)
+    # an asyncio cohort's fields, the chain walk's poke word and the wait link
+    # (docs/design.md §3, §9, §14)
     "agent_off": <char*>&_lay_p.agent - <char*>&_lay_p,
+    "poke_off": <char*>&_lay_p.poke - <char*>&_lay_p,
     "task_id_off": <char*>&_lay_p.task_id - <char*>&_lay_p,
     "label_off": <char*>&_lay_p.label - <char*>&_lay_p,
     "link_seq_off": <char*>&_lay_p.link_seq - <char*>&_lay_p,
+    "link_lock_off": <char*>&_lay_p.link_lock - <char*>&_lay_p,
+    "link_since_off": <char*>&_lay_p.link_since - <char*>&_lay_p,
     "link_name_off": <char*>&_lay_p.link_name - <char*>&_lay_p,
+    "link_slot_off": <char*>&_lay_p.link_slot - <char*>&_lay_p,
+    "link_gen_off": <char*>&_lay_p.link_gen - <char*>&_lay_p,
+    "link_flags_off": <char*>&_lay_p.link_flags - <char*>&_lay_p,
+    "link_detects": SHM_LINK_DETECTS,
+    "walk_dir": SHM_WALK_DIR.decode(),      # where the chain walk opens segments by name
     "max_participants": SHM_MAX_PARTICIPANTS,  # the cap of max_participants=None
     "hwm_first": SHM_HWM_FIRST,               # participants a new region provisions
     "ticket_slots": SHM_TICKET_SLOTS,         # the ticket kind's slot lines: min(P, this)

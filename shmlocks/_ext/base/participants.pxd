@@ -49,6 +49,8 @@ cdef struct reg_t:
     uint32_t pid              # = part[slot].pid, kept here so a hold's count reads no shm
     uint32_t* op              # &part[slot].op_lock: where this thread publishes its steps
     int held                  # locks this thread holds in this region
+    int linked                # its participant carries a wait link of this thread's wait
+                              # (diag/deadlock.pxi dl_links): cleared when the wait ends
 
 
 # How many regions a thread may take part in at once. Each keeps one liveness token locked
@@ -77,9 +79,8 @@ cdef enum:
     FUTEX_WAITERS_ = 0x80000000
 
 # Re-entry windows (docs/design.md §4). Python code runs inside a blocked acquire only where
-# the wait checks signals or looks for a deadlock (wait_signals, wait_look_due: handlers,
-# and the look's own code, which may run finalizers) and in the same check inside a
-# recovery (recover_wait_check). The thread's
+# the wait checks signals (wait_signals: handlers, which may run finalizers; the deadlock
+# walk is C and runs none) and in the same check inside a recovery (recover_wait_check). The thread's
 # participant in that region is mid-step there (WAITING, or recovering someone): a lock call
 # from that code would publish its own step over it. For the length of the window the
 # participant is hidden: its reg_t is unlinked from the thread's list, so any lock call on

@@ -19,9 +19,22 @@ cdef struct wait_t:
     int switched            # 1 once a yield of this wait let another task run here
     uint32_t backoff        # barging kinds: pauses between polls, doubling to BACKOFF_MAX
                             # (0: FIFO kinds, one pause per poll)
-    int64_t dl_next         # when to look for a deadlock next (deadlock.pxi); -1: never
+    # -- the deadlock chain walk (deadlock.pxi, docs/design.md §9): dl_arm sets these on
+    #    the slow path; nothing of it runs before the wait's first sleep
+    int dl_state            # 0: no walk (not armed); 1: armed, its first sleep walks;
+                            # 2: walked (again when dl_next comes, or when poked)
+    int64_t dl_next         # its next walk without a poke (its deadlock timeout, then every
+                            # DL_RECHECK_NS); -1: none
+    int64_t dl_from         # from when it may give up as a cycle's victim (its deadlock
+                            # timeout passed); -1: never (its process does not detect)
+    int64_t dl_last         # when it last walked
     uint32_t dl_slot        # the waiting participant's slot (in region rm)
+    uint32_t dl_poke        # its poke word as its last walk began
     int dl_hit              # 1: a deadlock's victim, withdrawing as on a timeout
+    int dl_members          # the victim's cycle: its length, and its description
+    char* dl_text           # (malloc'd by the walk; dl_found takes it)
+    int dl_linked           # 1: it published wait links in other regions (dl_links)
+    void* dl_outer          # the wait it runs inside (a signal handler's), whose links come back
     rmap_t* rm              # the waiter's region: hidden while Python code runs (its
                             # re-entry window, participants.pxi); NULL: none
     recov_t rec             # the recoveries this wait runs keep its deadline (park passes
@@ -53,14 +66,16 @@ cdef int64_t PARK_SLICE_NS                # a sleep that cannot watch whom it de
 cdef int g_wait_waitv                   # 1: sleeps are futex_waitv (wait_mode_init)
 cdef unsigned long g_main_ident         # the thread that runs Python's signal handlers
 
-# The look for a deadlock a long wait makes (deadlock.pxi sets it to its dl_look at import,
-# so this layer names nothing above it): 1 this waiter must give up, 0 go on, -1 a signal.
-ctypedef int (*look_fn)(wait_t* w, int64_t now) noexcept nogil
+# The deadlock chain walk a sleeping wait makes (deadlock.pxi sets it to its dl_look at
+# import, so this layer names nothing above it), with the value its poke word had before:
+# 1 this waiter is a cycle's victim and gives up now (w.dl_hit), 0 go on.
+ctypedef int (*look_fn)(wait_t* w, int64_t now, uint32_t poke) noexcept nogil
 cdef look_fn wait_look
+cdef int64_t DL_POKE_GAP_NS             # a waiter poked walks again at most this often
 
 cdef str wait_mode_init(str forced)
 cdef bint wait_signals(wait_t* w) noexcept nogil
-cdef int wait_look_due(wait_t* w, int64_t now) noexcept nogil
+cdef int wait_walk(wait_t* w, uint32_t** pw, uint32_t* pv) noexcept nogil
 cdef int64_t wait_until(wait_t* w, bint sliced) noexcept nogil
 cdef int wait_due(wait_t* w) noexcept nogil
 cdef int wait_sleep(wait_t* w, watch_t* ws, bint sliced) noexcept nogil
@@ -94,9 +109,17 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
     w.far = 0
     w.switched = 0
     w.backoff = 0
+    w.dl_state = 0
     w.dl_next = -1
+    w.dl_from = -1
+    w.dl_last = 0
     w.dl_slot = 0
+    w.dl_poke = 0
     w.dl_hit = 0
+    w.dl_members = 0
+    w.dl_text = NULL
+    w.dl_linked = 0
+    w.dl_outer = NULL
     w.rm = NULL
     recov_init(&w.rec, deadline)
     w.nb = 0

@@ -88,6 +88,7 @@ def _wait_policy(spin_ns=None, yield_rounds=None, backoff_max=None):
 
 
 cdef look_fn wait_look = NULL
+cdef int64_t DL_POKE_GAP_NS = 5000000      # 5 ms: two waiters that disagree cannot ping-pong
 
 
 cdef bint wait_signals(wait_t* w) noexcept nogil:
@@ -107,17 +108,33 @@ cdef bint wait_signals(wait_t* w) noexcept nogil:
     return r
 
 
-cdef int wait_look_due(wait_t* w, int64_t now) noexcept nogil:
-    """The deadlock look, once its time has come (w.dl_next): R_CONT to go on, R_TIMEOUT
-    (this waiter is the victim) or R_SIGNAL."""
-    cdef int r
-    cdef int entered
-    if not (0 <= w.dl_next <= now) or wait_look == NULL:
+cdef int wait_walk(wait_t* w, uint32_t** pw, uint32_t* pv) noexcept nogil:
+    """Before a sleep of a wait armed for the deadlock chain walk (w.dl_state, deadlock.pxi):
+    its poke word and the value it holds (*pw, *pv: the sleep watches it, read before the
+    walk so that a poke after it wakes the sleep; *pw NULL if not armed), and the walk, if
+    due: at the wait's first sleep, once w.dl_next has come, or when poked (its deadlock
+    timeout passed; at most every DL_POKE_GAP_NS, else at the end of that gap). C, no GIL,
+    no Python code. R_CONT, or R_TIMEOUT: this waiter is a cycle's victim (w.dl_hit), and
+    withdraws as on a timeout."""
+    cdef uint32_t v
+    cdef int64_t now
+    cdef bint due
+    pw[0] = NULL
+    if w.dl_state == 0 or w.rm == NULL or wait_look == NULL or w.dl_slot >= rmap_hwm(w.rm):
         return R_CONT
-    entered = window_enter(w.rm)
-    r = wait_look(w, now)               # (the look's own 1 / 0 / -1, mapped here)
-    window_exit(entered)
-    return R_CONT if r == 0 else (R_TIMEOUT if r > 0 else R_SIGNAL)
+    pw[0] = &w.rm.part[w.dl_slot].poke
+    v = ld32_seq(pw[0])
+    pv[0] = v
+    now = shm_now_ns()
+    due = w.dl_state == 1 or 0 <= w.dl_next <= now
+    if not due and v != w.dl_poke and 0 <= w.dl_from <= now:
+        if now - w.dl_last >= DL_POKE_GAP_NS:
+            due = 1
+        elif w.dl_next < 0 or w.dl_last + DL_POKE_GAP_NS < w.dl_next:
+            w.dl_next = w.dl_last + DL_POKE_GAP_NS
+    if due and wait_look(w, now, v) > 0:
+        return R_TIMEOUT
+    return R_CONT
 
 
 cdef int64_t wait_until(wait_t* w, bint sliced) noexcept nogil:
@@ -135,13 +152,15 @@ cdef int64_t wait_until(wait_t* w, bint sliced) noexcept nogil:
 
 
 cdef int wait_due(wait_t* w) noexcept nogil:
-    """After a sleep that did not end the wait: R_TIMEOUT once the deadline has passed,
-    else the deadlock look if it is due (R_TIMEOUT for its victim, R_SIGNAL), else R_CONT
-    (look at the lock again)."""
+    """After a sleep that did not end the wait: R_TIMEOUT once the deadline has passed or
+    a walk found it a deadlock's victim (w.dl_hit: a resumable wait's walk,
+    nb_would_block), else R_CONT (look at the lock again)."""
     cdef int64_t now = shm_now_ns()
     if w.deadline >= 0 and now >= w.deadline:
         return R_TIMEOUT
-    return wait_look_due(w, now)
+    if w.dl_hit:
+        return R_TIMEOUT
+    return R_CONT
 
 
 cdef int wait_sleep(wait_t* w, watch_t* ws, bint sliced) noexcept nogil:
@@ -150,8 +169,14 @@ cdef int wait_sleep(wait_t* w, watch_t* ws, bint sliced) noexcept nogil:
     (sliced) one slice, a watched death passed on (park_woken), the signal that woke it.
     R_CONT: look at the lock again; R_SIGNAL: a handler raised."""
     cdef int r
+    cdef uint32_t* pw
+    cdef uint32_t pv
     if wait_signals(w):
         return R_SIGNAL
+    if wait_walk(w, &pw, &pv) != R_CONT:
+        return R_TIMEOUT                    # a deadlock's victim (deadlock.pxi)
+    if pw != NULL and not watch_word(ws, pw, pv):
+        sliced = 1                          # (a poke is then seen at the slice's end)
     r = park_sleep(ws, wait_until(w, sliced))
     park_woken(ws)
     if r == -EINTR and wait_signals(w):
@@ -166,8 +191,14 @@ cdef int wait_sleep_many(wait_t* w, watch_t* ws, shm_many* more) noexcept nogil:
     (shm_many_sleep); in slices on ws alone if the thread cannot."""
     cdef int r
     cdef void* head = NULL
+    cdef uint32_t* pw
+    cdef uint32_t pv
     if wait_signals(w):
         return R_SIGNAL
+    if wait_walk(w, &pw, &pv) != R_CONT:
+        return R_TIMEOUT                    # a deadlock's victim (deadlock.pxi)
+    if pw != NULL and not watch_word(ws, pw, pv):
+        return wait_sleep(w, ws, 1)         # (no room: slices, which watch the poke word)
     if ws.token >= 0:
         head = shm_robust_pending_set(ws.words[ws.token])   # (see park_sleep)
     r = shm_many_sleep(more, ws.words, ws.vals, ws.n, wait_until(w, 0))
@@ -450,8 +481,12 @@ cdef int nb_enter(wait_t* w) noexcept nogil:
 cdef int nb_would_block(wait_t* w, watch_t* ws, uint32_t* parked, bint sliced) noexcept nogil:
     """Where a non-blocking wait would sleep on ws: hand the sleep to the driver (the watch
     set copied into w.nb_ws, the announcement on `parked` left in place, the latest time to
-    look again). R_WOULDBLOCK."""
+    look again). R_WOULDBLOCK. Where the wait is armed for the deadlock walk, the walk is
+    made here as before a blocking sleep (wait_walk), and the poke word joins the set; a
+    victim sets w.dl_hit and has the driver re-enter at once (wait_due: R_TIMEOUT then)."""
     cdef int i
+    cdef uint32_t* pw
+    cdef uint32_t pv
     if ws != w.nb_ws:
         for i in range(ws.n):
             w.nb_ws.words[i] = ws.words[i]
@@ -461,8 +496,13 @@ cdef int nb_would_block(wait_t* w, watch_t* ws, uint32_t* parked, bint sliced) n
         w.nb_ws.slot = ws.slot
     w.nb_ws.rec = &w.rec
     w.nb_parked = parked
-    w.nb_until = wait_until(w, sliced)
     w.nb_slept = 1
+    if wait_walk(w, &pw, &pv) != R_CONT:
+        w.nb_until = shm_now_ns()           # a deadlock's victim: re-enter at once
+        return R_WOULDBLOCK
+    if pw != NULL and not watch_word(w.nb_ws, pw, pv):
+        sliced = 1
+    w.nb_until = wait_until(w, sliced)
     return R_WOULDBLOCK
 
 

@@ -18,6 +18,11 @@
 
 cdef int64_t PI_MAIN_SLICE_NS = 50000000    # 50 ms: Ctrl-C within 100 ms (see _sleep_pi)
 cdef int64_t PI_FOREVER_NS = 86400 * <int64_t>1000000000
+# FUTEX_LOCK_PI watches no poke word (the deadlock walk's, docs/design.md §9): a pi
+# waiter's first sleep after its first walk ends after this long, and it walks again
+# then, so that a cycle closed just after its first walk by a member that could not poke
+# it awake is refused in time; from there on it walks at its looks (every 0.5 s)
+cdef int64_t PI_WALK_SLICE_NS = 50000000    # 50 ms
 
 
 cdef void _robust_init(shm_body* b) noexcept nogil:
@@ -166,17 +171,31 @@ cdef class _PthreadMutexLock(_Lock):
                 return r
 
     cdef int _sleep_pi(self, wait_t* w) noexcept nogil:
-        """FUTEX_LOCK_PI (through glibc) to the deadline or the next deadlock look: the
+        """FUTEX_LOCK_PI (through glibc) to the deadline or the next deadlock walk: the
         kernel queues us by priority and boosts the holder. FUTEX_LOCK_PI is restarted
         after a signal handler, never interrupted, so the main thread sleeps in slices of
-        PI_MAIN_SLICE_NS, to run Python's handlers (Ctrl-C) in time; other threads never
-        wake before their time."""
+        PI_MAIN_SLICE_NS, to run Python's handlers (Ctrl-C) in time; other threads wake
+        before their time only once, PI_WALK_SLICE_NS after their first walk (it cannot
+        watch its poke word)."""
         cdef timespec ts
         cdef int rc, r
         cdef int64_t until, t
         cdef bint main = PyThread_get_thread_ident() == g_main_ident
+        cdef uint32_t* pw
+        cdef uint32_t pv
+        cdef bint first = w.dl_state == 1
         while True:
+            # the deadlock walk, when due (wait.pxi wait_walk); a poke cannot wake
+            # FUTEX_LOCK_PI, so the first sleep after the first walk is short when this
+            # waiter may be a victim by then (a poke is seen at its end)
+            if wait_walk(w, &pw, &pv) != R_CONT:
+                return R_TIMEOUT                     # a deadlock's victim
             until = wait_until(w, not g_wait_waitv)
+            if first:
+                first = 0
+                t = shm_now_ns() + PI_WALK_SLICE_NS
+                if 0 <= w.dl_from <= t and (until < 0 or t < until):
+                    until = t
             if main:
                 t = shm_now_ns() + PI_MAIN_SLICE_NS
                 if until < 0 or t < until:

@@ -500,10 +500,13 @@ cdef class _Lock:
             # need our GIL: spin with it, release it only to yield or park (wait.pxi)
             w.gil = 1
             rc = self._wait(me, rc, &w)
+            dl_end(&w)                               # its wait links cleared
             wait_regil(&w)
         else:
             with nogil:
                 rc = self._wait(me, rc, &w)
+                dl_end(&w)
+        found = dl_found(&w)                         # a deadlock victim's cycle, or None
         if rc == R_ACQ or rc == R_ACQ_DIED:
             wait_adapt(&w, &self.b.precs[me].spin_ns)
             if PyErr_Occurred() != NULL:
@@ -519,7 +522,7 @@ cdef class _Lock:
             return _raise_pending()                  # never a return value with it set
         if rc == R_TIMEOUT:
             if w.dl_hit:
-                dl_raise(f"{self.kind_name} lock {self._name!r}")   # a deadlock's victim
+                dl_raise(f"{self.kind_name} lock {self._name!r}", found)   # a deadlock's victim
             stats_timeout(self.b.ctl)
             return False
         if rc == R_SIGNAL:
@@ -1229,6 +1232,11 @@ cdef class _Agent:
             st64_rlx(&p.link_since, <uint64_t>since)
             memset(p.link_name, 0, sizeof(p.link_name))
             memcpy(p.link_name, <char*>segment, n)
+            # a task's link names no waiter's record (link_slot 0: the chain walk,
+            # sys/shm_walk.h, takes its since and whether it detects from here)
+            st32_rlx(&p.link_slot, 0)
+            st64_rlx(&p.link_gen, 0)
+            st32_rlx(&p.link_flags, SHM_LINK_DETECTS if g_dl_timeout_ns >= 0 else 0)
         fadd32(&p.link_seq, 1)                       # even: stable
 
     def key(self):

@@ -10,7 +10,7 @@
  *   | shm_dirent[L]       |  one line each: name, kind, state
  *   +---------------------+  part_off
  *   | shm_participant[P]  |  four lines each: liveness token, identity + protocol state,
- *   |                     |  the wait link (reserved)
+ *   |                     |  the wait link
  *   +---------------------+  locks_off
  *   | lock body [L]       |  lock_stride bytes each (see below)
  *   +---------------------+  total_size
@@ -130,24 +130,38 @@ typedef struct shm_participant {
     uint64_t tstart;           /* its thread's start time (/proc .../stat field 22, clock
                                   ticks since boot): (pidns, pid, tid, tstart) names one
                                   thread across every segment, immune to tid reuse */
-    /* line 1, bytes 64..127: reserved for issue 37B (asyncio cohorts) and issue 38 (the
-       chain walk); zeroed at each claim, used by nothing yet */
-    uint32_t poke;             /* a futex word this participant's sleeps will watch: another
-                                  process bumps it and wakes it to make it look again */
+    /* line 1, bytes 64..127: the chain walk's poke word (docs/design.md §9), and what an
+       asyncio cohort (issue 37 part B) says of the task it acts for; zeroed at each claim */
+    uint32_t poke;             /* a futex word every sleep of this participant's waits
+                                  watches: a walker that finds a cycle whose victim waits
+                                  here bumps it and wakes it, to make it walk again */
     uint32_t agent;            /* 0: a thread; 1: an asyncio cohort acting for tasks of its
                                   thread's event loop */
     uint32_t tasks;            /* tasks waiting behind this cohort */
     uint32_t _res1;
     uint64_t task_id;          /* the task this participant acts for now (0: a thread) */
     char     label[40];        /* that task's name, UTF-8, NUL-padded, truncated */
-    /* lines 2-3: the wait link (issue 38), reserved: written seqlock-style (link_seq even
-       when stable), zeroed at each claim, used by nothing yet */
+    /* lines 2-3: the wait link (docs/design.md §9): while this participant's thread (or
+       the task it acts for) holds here and waits for a lock of another segment (or through
+       another slot), where that wait is, so that a chain walk that reaches this holder
+       can go on.  Written by the owner seqlock-style (link_seq odd while written, even when
+       stable) before the wait's first sleep, cleared (link_lock = 0) when it ends; zeroed
+       at each claim.  Nothing read here is trusted: a walker validates the waiter's
+       record it names (slot, generation, op_lock) before it follows the link. */
     uint32_t link_seq;
     uint32_t link_lock;        /* lock index + 1 waited for in the linked segment, 0 none */
-    uint64_t link_since;       /* CLOCK_MONOTONIC ns */
+    uint64_t link_since;       /* CLOCK_MONOTONIC ns: when that wait began */
     char     link_name[201];   /* the linked segment's name, NUL-terminated (<= 200 bytes) */
-    char     _pad2[2 * SHM_LINE - 16 - 201];
+    char     _pad2a[3];
+    uint32_t link_slot;        /* the waiter's slot + 1 in the linked segment (its wait
+                                  record: op_lock, wait_since, detects, poke), 0 none: a
+                                  task that waits behind another task of its own loop */
+    uint64_t link_gen;         /* that slot's generation when the link was written */
+    uint32_t link_flags;       /* SHM_LINK_DETECTS: the waiter's process looks for
+                                  deadlocks (read when link_slot is 0) */
+    char     _pad2[2 * SHM_LINE - 236];
 } SHM_LINE_ALIGNED shm_participant;
+#define SHM_LINK_DETECTS 1u
 
 /* kinds: the value stored in the directory and in each body's ctl.kind; 7..10 are the
  * synchronization toolbox's objects (shm_toolbox.h), 11 the reader-writer lock
@@ -264,8 +278,11 @@ _Static_assert(offsetof(shm_participant, poke) == SHM_LINE + 64
                "line 1's reserved fields: bytes 64..127");
 _Static_assert(offsetof(shm_participant, link_seq) == 2 * SHM_LINE
                && offsetof(shm_participant, link_since) == 2 * SHM_LINE + 8
-               && offsetof(shm_participant, link_name) == 2 * SHM_LINE + 16,
-               "the wait link: lines 2-3");
+               && offsetof(shm_participant, link_name) == 2 * SHM_LINE + 16
+               && offsetof(shm_participant, link_slot) == 2 * SHM_LINE + 220
+               && offsetof(shm_participant, link_gen) == 2 * SHM_LINE + 224
+               && offsetof(shm_participant, link_flags) == 2 * SHM_LINE + 232,
+               "the wait link: lines 2-3 (shmlocks/_segment.py _PART reads it)");
 _Static_assert(offsetof(shm_header, part_hwm) == 92, "part_hwm follows flags");
 _Static_assert(offsetof(shm_tslot, overflow) == 4, "tslot fields");
 _Static_assert(offsetof(shm_prec, omark) == 40, "prec fields");

@@ -4,7 +4,7 @@
 # the CPython calls. The bottom layer: it uses nothing of the core (docs/design.md §1).
 
 from libc.stdint cimport uint32_t, uint64_t, int64_t, int32_t
-from libc.string cimport memset, memcpy, strncmp
+from libc.string cimport memset, memcpy, strncmp, strlen
 from libc.stdlib cimport malloc, free, calloc, realloc
 from posix.stat cimport struct_stat, stat, fstat, lstat
 from libc.errno cimport errno, EBUSY, EAGAIN, EINTR, ETIMEDOUT, EPERM, EINVAL
@@ -130,6 +130,7 @@ cdef extern from "shm_layout.h" nogil:
     enum: SHM_F_OWNER_DIED
     enum: SHM_F_NOTRECOVERABLE
     enum: SHM_F_HANDON
+    enum: SHM_LINK_DETECTS
     enum: SHM_BODY_MAGIC
     enum: SHM_BODY_NODES
     uint64_t SHM_MAGIC
@@ -192,6 +193,9 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t link_lock
         uint64_t link_since
         char link_name[201]
+        uint32_t link_slot
+        uint64_t link_gen
+        uint32_t link_flags
 
     ctypedef struct shm_lockctl:
         uint32_t kind
@@ -345,6 +349,37 @@ cdef extern from "shm_sys.h" nogil:
     int pm_unlock "shm_pm_unlock"(pthread_mutex_t* m, bint pi)
     int pm_consistent "shm_pm_consistent"(pthread_mutex_t* m, bint pi)
     bint pm_kind_ok "shm_pm_kind_ok"(pthread_mutex_t* m, bint pi)
+
+# the deadlock chain walk (docs/design.md §9): C, no GIL, bounded; it reads the walker's
+# own region through its mapping and any other segment with pread (shm_walk.h)
+cdef extern from "shm_walk.h" nogil:
+    const char* SHM_WALK_DIR
+    enum: DLW_NONE
+    enum: DLW_VICTIM
+    enum: DLW_OTHER
+    enum: DLW_DEPTH
+    enum: DLW_NODES
+    enum: DLW_SEGS
+    ctypedef struct dlw_src:
+        const char* base
+        const uint32_t* hwmp
+        int fd
+        int state
+        uint64_t size
+        uint64_t dir_off
+        uint64_t part_off
+        uint64_t locks_off
+        uint64_t stride
+        uint32_t L
+        uint32_t P
+        uint32_t hwm
+        char name[201]
+    void shm_walk_trust(const uint32_t* uids, int n)
+    int shm_walk(const dlw_src* mine, uint32_t slot, uint32_t lock, uint64_t task,
+                 int64_t now, char** text, int* members)
+    void shm_fence_seq()
+    void* shm_tls_dlwait_get()
+    void shm_tls_dlwait_set(void*)
 
 # futex waits through io_uring (Linux 6.7+): a thread that must not block arms a wait on a
 # watch set and is told by a completion (docs/design.md §5 "Resumable waits")

@@ -34,6 +34,8 @@
 # told from a kill: it is a death unless the process closed the object first
 # (docs/design.md §12 says why this is the rule).
 
+import threading as _threading
+
 cdef bint _bar_member(rmap_t* rm, shm_body* b, uint32_t x) noexcept nogil:
     """Is x a member now (a live or dead occupant of its slot that waited here)?"""
     cdef uint32_t m = ld32_acq(&shm_tb_rec(b, x).member)

@@ -125,6 +125,7 @@ cdef void _rw_arm(rmap_t* rm, shm_body* b, uint32_t me, wait_t* wt) noexcept nog
 
 cdef inline void _rw_unarm(rmap_t* rm, uint32_t me, wait_t* wt) noexcept nogil:
     if wt.t0 != 0:
+        dl_end(wt)                               # its wait links cleared
         shm_op_set(&rm.part[me].op_lock, 0, 0)
 
 
@@ -485,13 +486,15 @@ cdef class RWLock(_TbObject):
                 wt.deadline = deadline           # the rest only if it sleeps (_rw_arm)
                 wt.t0 = 0
                 wt.dl_hit = 0
+                wt.dl_text = NULL
                 t0 = shm_now_ns()                # the waiting path only: never a fast read
                 with nogil:
                     rc = _rw_read_wait(self.rm, &self.b, r.slot, w, &wt)
                     _rw_unarm(self.rm, r.slot, &wt)
+                found = dl_found(&wt)            # a deadlock victim's cycle, or None
                 if rc != R_ACQ:
                     if rc == R_TIMEOUT and wt.dl_hit:
-                        dl_raise(f"a read of RWLock {self._name!r}")
+                        dl_raise(f"a read of RWLock {self._name!r}", found)
                     return self._read_failed(rc, deadline)
                 _rw_read_waited(rec, shm_now_ns() - t0)
         if ld32_acq(&self.b.ctl.flags) & SHM_F_NOTRECOVERABLE:
@@ -628,9 +631,11 @@ cdef class RWLock(_TbObject):
         wt.deadline = deadline                   # the rest only if it sleeps (_rw_arm)
         wt.t0 = 0
         wt.dl_hit = 0
+        wt.dl_text = NULL
         with nogil:
             rc = _rw_write_acquire(self.rm, &self.b, slot, hid, &wt, &waited)
             _rw_unarm(self.rm, slot, &wt)
+        found = dl_found(&wt)                    # a deadlock victim's cycle, or None
         if rc != R_ACQ:
             if rc == R_SIGNAL:
                 return _raise_pending()
@@ -642,7 +647,7 @@ cdef class RWLock(_TbObject):
                 raise CorruptRegionError(f"RWLock {self._name!r}: its writer word names "
                                          "no participant")
             if wt.dl_hit:
-                dl_raise(f"the write of RWLock {self._name!r}")
+                dl_raise(f"the write of RWLock {self._name!r}", found)
             if deadline != 0:
                 stats_timeout(self.b.ctl)
             return False

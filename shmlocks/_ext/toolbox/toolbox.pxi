@@ -241,10 +241,12 @@ cdef int tb_sleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline)
 cdef int tb_sleep_w(rmap_t* rm, tb_watch_t* t, uint32_t* parked, wait_t* w) noexcept nogil:
     """tb_sleep for a wait that lasts over many sleeps: the caller's `w` gives the
     deadline (w.deadline), the region whose participant is hidden while Python code runs
-    (w.rm) and, once dl_arm scheduled it, the deadlock look (w.dl_next, deadlock.pxi),
-    due when a sleep ends at its time: R_TIMEOUT with w.dl_hit set for a cycle's victim."""
+    (w.rm) and, once dl_arm armed it, the deadlock chain walk (deadlock.pxi), made before
+    the sleep when due (wait.pxi wait_walk: the sleep watches the poke word too):
+    R_TIMEOUT with w.dl_hit set for a cycle's victim."""
     cdef watch_t* ws = &t.ws
     cdef int r, i
+    cdef int n0 = t.ws.n                         # the words whose slots t knows
     cdef int64_t now
     cdef uint32_t s
     # the tokens past ws's, in the thread's list: still this sleep's (a handler's own
@@ -262,9 +264,10 @@ cdef int tb_sleep_w(rmap_t* rm, tb_watch_t* t, uint32_t* parked, wait_t* w) noex
     else:
         r = wait_sleep(w, ws, t.full or not g_wait_waitv or many)
     fsub32(parked, 1)
-    if r == R_SIGNAL:
-        return R_SIGNAL
-    for i in range(1, ws.n):
+    if r == R_SIGNAL or r == R_TIMEOUT:          # (R_TIMEOUT: a deadlock's victim)
+        ws.n = n0
+        return r
+    for i in range(1, n0):
         if t.slots[i] < rmap_hwm(rm) and ld32_seq(ws.words[i]) & FUTEX_OWNER_DIED_:
             participant_try_recover(rm, t.slots[i], &t.rec)
             if t.rec.sig:
@@ -277,10 +280,11 @@ cdef int tb_sleep_w(rmap_t* rm, tb_watch_t* t, uint32_t* parked, wait_t* w) noex
             if t.rec.sig:
                 return R_SIGNAL
         i += 1
+    ws.n = n0                                    # (the poke word wait_sleep added)
     now = shm_now_ns()
     if w.deadline >= 0 and now >= w.deadline:
         return R_TIMEOUT
-    return wait_look_due(w, now)
+    return R_CONT
 
 
 cdef int tb_asleep(rmap_t* rm, tb_watch_t* t, uint32_t* parked, int64_t deadline,
