@@ -133,6 +133,29 @@ def test_four_cycle_across_processes_and_segments(new_lock, new_region):
     assert f"{region.name}/x (mcs)" in res[3][2] and f"{region.name}/y (clh)" in res[3][2]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kinds", [("futex", "mcs"), ("pi", "pi")], ids=lambda k: "-".join(k))
+def test_a_cycle_through_lock_table_stripes(kinds):
+    """Locks of lock tables (their stripes, numbered past the directory: docs/design.md
+    §15) are on the chain as any lock: AB/BA over two tables' stripes, and a 2-cycle over
+    two stripes of one table, refused at once, exactly one victim, each named table[i]."""
+    t1 = shmlocks.LockTable(size=8, kind=kinds[0], name=uniq("walk-table"))
+    t2 = shmlocks.LockTable(size=8, kind=kinds[1], name=uniq("walk-table"))
+    try:
+        res = _cycle([t1[3], t2[5]], [0.0, 0.2])
+        assert _one_victim(res) == 1, res
+        assert res[1][1] < REFUSED_S, res
+        assert f"{t1.name}[3] ({kinds[0]})" in res[1][2], res[1][2]
+        assert f"{t2.name}[5] ({kinds[1]})" in res[1][2], res[1][2]
+        res = _cycle([t1[0], t1[7]], [0.0, 0.2])
+        assert _one_victim(res) == 1, res
+        assert res[1][1] < REFUSED_S, res
+    finally:
+        for t in (t1, t2):
+            t.close()  # (the last close of a table made so removes its name)
+            shm_remove(t.name)
+
+
 def _racer(first, second, bar, start, out, i):
     first.acquire()
     bar.wait(30)

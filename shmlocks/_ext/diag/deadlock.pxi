@@ -162,6 +162,9 @@ cdef void _dl_src(rmap_t* rm, dlw_src* s) noexcept nogil:
     s.hwm = rmap_hwm(rm)
     memset(s.name, 0, sizeof(s.name))
     memcpy(s.name, name, strnlen(name, 200))
+    s.ext_off = rm.ext_off
+    s.tbl = rm.tbl                       # (its table, validated: participants.pxi table_load)
+    s.tbl_state = 1
 
 
 cdef int dl_chain_walk(rmap_t* rm, uint32_t slot, uint32_t lock, uint64_t task,

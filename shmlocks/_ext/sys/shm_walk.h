@@ -8,7 +8,9 @@
  * participant: (pidns, pid, tid, tstart, task_id), task_id 0 for a thread.  From me, the
  * lock I wait for -> its holder(s) -> each holder's record: its key (mine: a cycle), and
  * its wait: a WAITING step on a lock of the same segment, or its wait link (lines 2-3 of
- * shm_participant) to a lock of another segment, validated against the waiter's record it
+ * shm_participant) to a lock of another segment (a lock is named by its number, as
+ * participants.pxd lock_at decodes it: a directory entry, or a stripe of the segment's
+ * lock table, whose header is validated as participants.pxi table_load validates it), validated against the waiter's record it
  * names -> that lock's holder(s) -> ... breadth first, until every branch ends (a live
  * holder that waits for nothing), comes back to me, or a bound is hit (DLW_DEPTH deep,
  * DLW_NODES nodes, DLW_SEGS segments, DLW_WORK_MAX records read: then no cycle is
@@ -60,6 +62,7 @@
 #define DLW_RWCHUNK   16                /* an RWLock's reader lines read per pread */
 #define DLW_TEXT_MAX  16384
 #define DLW_WORK_MAX  32768             /* records and reader lines a walk reads, at most */
+#define DLW_DIRCHUNK  64                /* directory entries read per pread (dlw_table) */
 
 enum { DLW_NONE = 0,    /* no cycle through me (or a bound was hit) */
        DLW_VICTIM = 1,  /* a cycle, and I am the one to give up: *text describes it */
@@ -109,6 +112,9 @@ typedef struct dlw_src {
     uint64_t dir_off, part_off, locks_off, stride;
     uint32_t L, P, hwm;
     char name[DLW_NAME];
+    uint64_t ext_off;          /* where a lock table's stripes begin (docs/design.md §15) */
+    shm_table tbl;             /* its table's header, validated (size 0: none) ... */
+    int tbl_state;             /* ... once loaded: 1; 0 not yet (dlw_table); -1 refused */
 } dlw_src;
 
 typedef struct dlw_key {
@@ -208,6 +214,10 @@ static inline int dlw_validate(dlw_src *s) {
     locks_off = part_off + (uint64_t)h.max_participants * sizeof(shm_participant);
     stride = shm_body_lines(h.max_participants) * SHM_LINE;
     total = locks_off + (uint64_t)h.max_locks * stride;
+    if (h.ext_lines > (uint64_t)SHM_TABLE_MAX * shm_body_lines(SHM_MAX_PARTICIPANTS))
+        return -1;
+    s->ext_off = total;                /* a lock table's stripes (region.pxi _validate) */
+    total += h.ext_lines * SHM_LINE;
     if (h.dir_off != dir_off || h.part_off != part_off || h.locks_off != locks_off
             || h.lock_stride != stride || h.total_size != total || s->size != total)
         return -1;
@@ -220,6 +230,7 @@ static inline int dlw_validate(dlw_src *s) {
     s->part_off = part_off;
     s->locks_off = locks_off;
     s->stride = stride;
+    s->tbl_state = 0;
     return 0;
 }
 
@@ -238,7 +249,7 @@ static inline int dlw_seg(dlw_ctx *c, const char *name) {
         return -1;
     }
     s = &c->seg[c->nseg++];
-    memset(s, 0, offsetof(dlw_src, name));
+    memset(s, 0, sizeof *s);
     strcpy(s->name, name);             /* (checked by dlw_name_ok: < DLW_NAME bytes) */
     s->fd = -1;
     s->state = -1;
@@ -321,24 +332,103 @@ static inline int dlw_key_cmp(const dlw_key *a, const dlw_key *b) {
     return 0;
 }
 
-/* A directory entry's kind if it is READY, else 0; its name into `name` (56 bytes) if given. */
-static inline uint32_t dlw_dirent(dlw_ctx *c, int si, uint32_t li, char *name) {
-    const dlw_src *s = &c->seg[si];
+/* The segment's lock table, loaded once per walk as participants.pxi table_load validates
+ * it (its one READY entry of kind SHM_KIND_TABLE, its header matching the geometry): 1 if
+ * s->tbl holds it (size 0: none), else 0 (unreadable, two tables, a mismatch). */
+static inline int dlw_table(dlw_ctx *c, int si) {
+    dlw_src *s = &c->seg[si];
+    shm_dirent d[DLW_DIRCHUNK];
+    shm_lockctl ctl;
+    shm_table t;
+    uint32_t i, k, x, found = UINT32_MAX;
+    uint64_t need, boff;
+    if (s->tbl_state != 0)
+        return s->tbl_state == 1;
+    s->tbl_state = -1;
+    memset(&s->tbl, 0, sizeof s->tbl);
+    for (x = 0; x < s->L; x += DLW_DIRCHUNK) {
+        k = s->L - x < DLW_DIRCHUNK ? s->L - x : DLW_DIRCHUNK;
+        c->work += (int)k;
+        if (c->work > DLW_WORK_MAX) {
+            c->bounded = 1;
+            return 0;
+        }
+        if (dlw_read(s, s->dir_off + (uint64_t)x * sizeof(shm_dirent), d,
+                     (size_t)k * sizeof(shm_dirent)) != 0)
+            return 0;
+        for (i = 0; i < k; i++)
+            if (d[i].state == SHM_DIRENT_READY && d[i].kind == SHM_KIND_TABLE) {
+                if (found != UINT32_MAX)
+                    return 0;                          /* two tables */
+                found = x + i;
+            }
+    }
+    if (found == UINT32_MAX) {
+        if (s->size != s->ext_off)
+            return 0;                                  /* an extension area and no table */
+        s->tbl_state = 1;
+        return 1;
+    }
+    boff = s->locks_off + (uint64_t)found * s->stride;
+    if (dlw_read(s, boff, &ctl, 16) != 0 || dlw_read(s, boff + SHM_LINE, &t, sizeof t) != 0)
+        return 0;
+    need = (t.compact ? (uint64_t)SHM_STRIPE_LINES * SHM_LINE : s->stride);
+    if (ctl.magic != SHM_BODY_MAGIC || ctl.kind != SHM_KIND_TABLE
+            || t.sub < SHM_KIND_TICKET || t.sub > SHM_KIND_PI
+            || t.compact != (t.sub == SHM_KIND_FUTEX || t.sub == SHM_KIND_ROBUST
+                             || t.sub == SHM_KIND_PI)
+            || t.size < 1 || t.size > SHM_TABLE_MAX || t.first != s->L
+            || t.stride != need || t.off != s->ext_off
+            || t.off + (uint64_t)t.size * t.stride != s->size)
+        return 0;
+    s->tbl = t;
+    s->tbl_state = 1;
+    return 1;
+}
+
+/* The lock that number li names in segment si (participants.pxd lock_at: a directory
+ * entry, or a stripe of the segment's table): its kind if it is READY and its body says
+ * so, else 0; its body's offset into *boff; its name into `name` (SHM_NAME_MAX bytes; a
+ * stripe's is "[s]", to follow the segment's name) if given. */
+static inline uint32_t dlw_lock(dlw_ctx *c, int si, uint32_t li, char *name, uint64_t *boff) {
+    dlw_src *s = &c->seg[si];
     shm_dirent d;
     shm_lockctl ctl;
-    if (s->state != 1 || li >= s->L)
+    uint32_t kind, st;
+    if (s->state != 1)
         return 0;
-    if (dlw_read(s, s->dir_off + (uint64_t)li * sizeof(shm_dirent), &d, sizeof d) != 0
-            || d.state != SHM_DIRENT_READY)
-        return 0;
-    if (dlw_read(s, s->locks_off + (uint64_t)li * s->stride, &ctl, 16) != 0
-            || ctl.magic != SHM_BODY_MAGIC || ctl.kind != d.kind)
-        return 0;
-    if (name != NULL) {
-        memcpy(name, d.name, SHM_NAME_MAX);
-        name[SHM_NAME_MAX - 1] = 0;
+    if (li < s->L) {
+        if (dlw_read(s, s->dir_off + (uint64_t)li * sizeof(shm_dirent), &d, sizeof d) != 0
+                || d.state != SHM_DIRENT_READY)
+            return 0;
+        kind = d.kind;
+        *boff = s->locks_off + (uint64_t)li * s->stride;
+        if (name != NULL) {
+            memcpy(name, d.name, SHM_NAME_MAX);
+            name[SHM_NAME_MAX - 1] = 0;
+        }
+    } else {
+        if (!dlw_table(c, si) || s->tbl.size == 0 || li - s->tbl.first >= s->tbl.size)
+            return 0;
+        st = li - s->tbl.first;
+        kind = s->tbl.sub;
+        *boff = s->tbl.off + (uint64_t)st * s->tbl.stride;
+        if (name != NULL)
+            snprintf(name, SHM_NAME_MAX, "[%u]", st);
     }
-    return d.kind;
+    if (dlw_read(s, *boff, &ctl, 16) != 0 || ctl.magic != SHM_BODY_MAGIC || ctl.kind != kind)
+        return 0;
+    return kind;
+}
+
+/* A lock number in range for segment si (an entry, or a stripe of its table)? */
+static inline int dlw_lock_ok(dlw_ctx *c, int si, uint32_t li) {
+    dlw_src *s = &c->seg[si];
+    if (s->state != 1)
+        return 0;
+    if (li < s->L)
+        return 1;
+    return dlw_table(c, si) && s->tbl.size != 0 && li - s->tbl.first < s->tbl.size;
 }
 
 /* One RWLock record (prec line) of participant x: its ind, and its wstate if wanted. */
@@ -360,16 +450,15 @@ static inline int dlw_rw_counts(uint32_t ind, uint32_t tag) {   /* rwlock.pxi _r
 static inline int dlw_holders(dlw_ctx *c, int si, uint32_t li, uint32_t ws, uint32_t *slots,
                               uint32_t *hids, uint8_t *hmodes, int cap, uint8_t *wmode) {
     const dlw_src *s = &c->seg[si];
-    uint32_t kind = dlw_dirent(c, si, li, NULL);
+    uint64_t body = 0;
+    uint32_t kind = dlw_lock(c, si, li, NULL, &body);
     uint32_t hwm = dlw_hwm(s), h, s1, w, ws1, phase, tag, x, i, k;
-    uint64_t body;
     shm_lockctl ctl;
     shm_rwrec mine, recs[DLW_RWCHUNK];
     int n = 0;
     *wmode = 0;
     if (kind == 0)
         return 0;
-    body = s->locks_off + (uint64_t)li * s->stride;
     if (kind >= SHM_KIND_TICKET && kind <= SHM_KIND_PI) {
         if (dlw_read(s, body, &ctl, 16) != 0)
             return 0;
@@ -382,7 +471,7 @@ static inline int dlw_holders(dlw_ctx *c, int si, uint32_t li, uint32_t ws, uint
         hmodes[0] = 0;
         return 1;
     }
-    if (kind != SHM_KIND_RWLOCK || ws >= hwm)
+    if (kind != SHM_KIND_RWLOCK || ws >= hwm || li >= s->L)
         return 0;                                      /* a toolbox object: no edge (§9) */
     if (dlw_read32(s, body + SHM_BODY_WA * SHM_LINE, &w) != 0 || dlw_rwrec(c, si, li, ws, &mine) != 0)
         return 0;
@@ -445,7 +534,7 @@ static inline int dlw_resolve(dlw_ctx *c, int si, uint32_t h, shm_participant *p
     dlw_key kp, kq;
     uint32_t ol = p->op_lock;
     int ti;
-    if (p->op_step == SHM_OP_WAITING && ol >= 1 && ol <= s->L) {
+    if (p->op_step == SHM_OP_WAITING && ol >= 1 && dlw_lock_ok(c, si, ol - 1)) {
         nd->seg = nd->pseg = (uint16_t)si;
         nd->slot = nd->pslot = h;
         nd->lock = ol - 1;
@@ -460,7 +549,7 @@ static inline int dlw_resolve(dlw_ctx *c, int si, uint32_t h, shm_participant *p
     if (!dlw_name_ok(p->link_name, DLW_NAME))
         return 0;
     ti = dlw_seg(c, p->link_name);
-    if (ti < 0 || c->seg[ti].state != 1 || p->link_lock > c->seg[ti].L)
+    if (ti < 0 || c->seg[ti].state != 1 || !dlw_lock_ok(c, ti, p->link_lock - 1))
         return 0;
     nd->seg = (uint16_t)ti;
     nd->lock = p->link_lock - 1;
@@ -605,7 +694,7 @@ static inline void dlw_bfs(dlw_ctx *c) {
 static inline int dlw_start(dlw_ctx *c, uint32_t slot, uint32_t lock, uint64_t task) {
     shm_participant p;
     dlw_node *me = &c->node[0];
-    if (dlw_part(c, 0, slot, &p) != 0 || !dlw_alive(&p) || lock >= c->seg[0].L)
+    if (dlw_part(c, 0, slot, &p) != 0 || !dlw_alive(&p) || !dlw_lock_ok(c, 0, lock))
         return -1;
     memset(me, 0, sizeof *me);
     me->key = dlw_key_of(&p);
@@ -680,18 +769,23 @@ static const char *const dlw_kinds[] = {
 static const char *const dlw_wmodes[] = {"", "read", "write"};
 static const char *const dlw_hmodes[] = {"", "read", "write", "write, draining"};
 
-/* "seg/lock (kind[, mode])", a standalone lock's just "seg (kind)" (waitgraph.py LockRef). */
+/* "seg/lock (kind[, mode])", a standalone lock's just "seg (kind)", a table's stripe
+ * "seg[i] (kind)" (waitgraph.py LockRef). */
 static inline int dlw_lockref(dlw_ctx *c, int si, uint32_t li, const char *mode, char *out,
                               size_t cap) {
     char name[SHM_NAME_MAX];
-    uint32_t k = dlw_dirent(c, si, li, name);
+    uint64_t boff;
+    uint32_t k = dlw_lock(c, si, li, name, &boff);
     const char *kn = k <= SHM_KIND_RWLOCK ? dlw_kinds[k] : "?";
     const char *seg = c->seg[si].name;
+    const char *sep = *mode ? ", " : "";
     if (k == 0)
         snprintf(name, sizeof name, "#%u", li);
     if (strcmp(name, "lock") == 0)
-        return snprintf(out, cap, "%s (%s%s%s)", seg, kn, *mode ? ", " : "", mode);
-    return snprintf(out, cap, "%s/%s (%s%s%s)", seg, name, kn, *mode ? ", " : "", mode);
+        return snprintf(out, cap, "%s (%s%s%s)", seg, kn, sep, mode);
+    if (k != 0 && li >= c->seg[si].L)
+        return snprintf(out, cap, "%s%s (%s%s%s)", seg, name, kn, sep, mode);
+    return snprintf(out, cap, "%s/%s (%s%s%s)", seg, name, kn, sep, mode);
 }
 
 /* A malloc'd text: one line per member of the cycle, me first (NULL if out of memory). */

@@ -374,6 +374,9 @@ cdef extern from "shm_walk.h" nogil:
         uint32_t P
         uint32_t hwm
         char name[201]
+        uint64_t ext_off
+        shm_table tbl
+        int tbl_state
     void shm_walk_trust(const uint32_t* uids, int n)
     int shm_walk(const dlw_src* mine, uint32_t slot, uint32_t lock, uint64_t task,
                  int64_t now, char** text, int* members)
