@@ -2,8 +2,8 @@
 
 1. With detection off, both block. `shmlocks deadlocks` (run here as a subprocess, as you
    would from another shell) names the cycle: who holds what, waits for what, for how long.
-2. With detection on (the default: shmlocks.get_deadlock_timeout() is 1.0 s), the process
-   that began to wait last gets DeadlockError out of its acquire after ~1 s, keeps what it
+2. With detection on (the default: shmlocks.get_deadlock_timeout() is 0), the process
+   that began to wait last gets DeadlockError out of its acquire at once, keeps what it
    holds, and the other one gets its lock once the victim releases.
 3. With SHMLOCKS_LOCKDEP=1, a process that takes A then B and exits records that order;
    a later process taking B then A gets LockOrderError before it ever blocks, though no
@@ -107,8 +107,8 @@ def main() -> int:
         print(f"A = {a.name}, B = {b.name}")
         print("1. detection off: both block until their 3 s timeouts")
         ab_ba(a, b, None, show=True)
-        print("2. detection on (1 s): exactly one gives up")
-        ab_ba(a, b, 1.0, show=False)
+        print("2. detection on (the default, 0 s): exactly one gives up, at once")
+        ab_ba(a, b, 0.0, show=False)
         print("3. lockdep: process 1 takes A then B and exits; process 2 takes B then A")
         lockdep(a, b)
     finally:
