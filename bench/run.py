@@ -6,6 +6,7 @@
     python -m shmlocks bench [--full] [--out DIR] [--json]
     python bench/run.py --oversubscribed [...]   bench/oversubscribed.py (P = 1, 2, 3, 4, 8)
     python bench/run.py --sharding [...]         bench/sharding.py (one lock vs lock tables)
+    python bench/run.py --deadlock-scale [...]   bench/deadlock_scale.py (detection at scale)
 
 Measures, in one run, for the six shmlocks kinds and the anchors threading.Lock (the
 in-process floor, measured with threads), multiprocessing.Lock, posix_ipc.Semaphore and
@@ -400,6 +401,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if a != "--json" or i + 1 < len(rest) and not rest[i + 1].startswith("-")
             ]
         )
+    if "--deadlock-scale" in argv:
+        # deadlock_scale.py's own run (issue 38: waiting and detecting with many segments)
+        import deadlock_scale
+
+        return deadlock_scale.main([a for a in argv if a not in ("--deadlock-scale", "--")])
     args = parse_args(argv)
     mode = MODES["full" if args.full else "smoke" if args.smoke else "quick"]
     if args.repeats is not None:
