@@ -191,8 +191,9 @@ cdef inline bint other_pidns(uint64_t ns) noexcept nogil:
 # -- lock numbers (docs/design.md §15) ---------------------------------------------------
 # A lock of a region is named by a number: entry i of the directory is lock i, stripe s of
 # the region's table is lock tbl.first + s (first >= L). op_lock, the wait link and every
-# reader store number + 1 (0: none). lock_at is the one decoder (shmlocks/_segment.py
-# mirrors it), bounds-checked against the validated copies in rmap_t.
+# reader store number + 1 (0: none). lock_at is the decoder of a mapped region
+# (shmlocks/_segment.py mirrors it for the readers, sys/shm_walk.h dlw_lock for the chain
+# walk's pread copies), bounds-checked against the validated copies in rmap_t.
 cdef enum:
     LOCK_NONE = 0
     LOCK_ENTRY = 1            # a directory entry's body (READY or not: the caller checks

@@ -375,7 +375,8 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
  *     the region's geometry (shm_body_lines(P) lines), provisioned as a lock's.
  * Lock numbers: entry i of the directory is lock i; the table's stripe s is lock
  * first + s, first >= max_locks.  op_lock, the wait link and every reader name a lock by
- * number + 1; participants.pxd lock_at is the one decoder (shmlocks/_segment.py mirrors it).
+ * number + 1; participants.pxd lock_at is the decoder of a mapped region (shmlocks/_segment.py
+ * mirrors it for the readers, sys/shm_walk.h dlw_lock for the chain walk's pread copies).
  */
 #define SHM_TABLE_MAX      (1u << 20)     /* stripes of one table */
 #define SHM_STRIPE_LINES   2u             /* a compact stripe */
