@@ -17,6 +17,7 @@ import multiprocessing as mp
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -681,6 +682,15 @@ def test_task_holds_and_waits_are_seen(kind, new_lock, loop_factory):
             (sd,) = seg["locks"]
             assert sd["waiters"] == 3 and sd["holder"]["task"] == "the-holder"
             assert sd["holder"] == lock._describe()["holder"]
+            r = subprocess.run(
+                [sys.executable, "-m", "shmlocks", "inspect", lock.region.name],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert r.returncode == 0, r.stderr
+            holder = f"pid {os.getpid()} tid {threading.get_native_id()} (task 'the-holder')"
+            assert holder in r.stdout, r.stdout
         await asyncio.wait_for(asyncio.gather(*ws), 10)
         assert lock._describe()["waiters"] == 0
 

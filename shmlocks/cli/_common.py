@@ -78,7 +78,8 @@ def who(p: dict[str, Any] | None) -> str:
     if not p:
         return "-"
     where = " (other namespace)" if p.get("other_namespace") else ""
-    return f"pid {p['pid']} tid {p['tid']}{where} {'alive' if p['alive'] else 'DEAD'}"
+    task = f" (task {p['task']!r})" if p.get("task") is not None else ""
+    return f"pid {p['pid']} tid {p['tid']}{task}{where} {'alive' if p['alive'] else 'DEAD'}"
 
 
 def creator(d: dict[str, Any]) -> tuple[str, bool | None]:

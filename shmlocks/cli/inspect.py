@@ -118,7 +118,7 @@ def _render_inspect(d: dict[str, Any]) -> str:
             [
                 p["slot"],
                 p["pid"],
-                p["tid"],
+                p["tid"] if p.get("task") is None else f"{p['tid']} (task {p['task']!r})",
                 ("alive" if p["alive"] else "DEAD")
                 + (", other namespace" if p.get("other_namespace") else ""),
                 ",".join(p["holds"]) or "-",
