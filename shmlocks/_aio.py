@@ -747,8 +747,9 @@ async def acquire(lock: Any, deadline: int) -> bool:
                 # granted as it was cancelled: nobody saw the grant (nor its owner_died)
                 c.release(handing_on=c.agent.owner_died)
                 _count_passed_on()
-        else:
+        elif not e.done:
             c._drop(e)
+            c.agent.timed_out()  # (a wait given up: statistics count it as a timeout)
         raise
     finally:
         if not e.done:

@@ -257,7 +257,8 @@ def test_random_cancellations_leak_nothing(kind, new_lock, loop_factory):
 
 def test_cancel_while_waiting_behind_another_process(kind, new_lock, procs, loop_factory):
     """A task cancelled while it waits behind a holder in another process leaves the queue:
-    the next waiter (a task) is served at the release, not stuck behind a ghost."""
+    the next waiter (a task) is served at the release, not stuck behind a ghost; the
+    statistics count the cancelled wait as a timeout (as a thread's given-up wait)."""
     lock = new_lock(kind)
     holder = Holder(procs, lock)
 
@@ -277,11 +278,13 @@ def test_cancel_while_waiting_behind_another_process(kind, new_lock, procs, loop
         with pytest.raises(asyncio.CancelledError):
             await first
         await _until_waiters(lock, 1)
+        assert lock.stats()["timeouts"] == 1  # (a cancelled wait counts as a timeout)
         await asyncio.to_thread(holder.release)
         assert await second is True
 
     run(loop_factory, main())
     settle()
+    assert lock.stats()["timeouts"] == 1 and lock.stats()["contended"] >= 1
     assert_free(lock)
 
 
