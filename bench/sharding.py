@@ -21,7 +21,8 @@ after the run: tmpfs's st_blocks, so what was given pages; a multiprocessing.Loc
 32-byte sem_t in multiprocessing's heap arena). Beside it, in one process: the ns of
 ``table.index_of`` for a 32-byte str, and ``with table.lock_for(key):`` against a plain
 ``with lock:`` (issue 39's bars: index_of <= 100 ns, lock_for + with within 1.3x, 64
-stripes >= 1.5x one lock at P=4). ``--plot F`` writes ops/s against the number of stripes
+stripes >= 1.5x one lock at P=4). ``--work-us U`` spins U µs inside every section (a
+longer critical section, where a lock's serialization shows). ``--plot F`` writes ops/s against the number of stripes
 (needs matplotlib); ``--json F`` the raw figures; ``--out DIR`` all three.
 
 Cells are interleaved (every configuration at one P, then the next P; each round starting
@@ -52,6 +53,8 @@ SIZES = (4, 16, 64, 256, 4096)
 KINDS = ("futex", "mcs")
 SEM_T = 32  # sizeof(sem_t) on Linux: what one multiprocessing.Lock takes in the heap arena
 STOP = KEYS  # word index of the stop flag, then one count per worker
+#: ns of work inside each section (--work-us; forked workers inherit it)
+WORK_NS = 0
 
 
 def log(msg: str) -> None:
@@ -72,6 +75,8 @@ def _worker(cfg: tuple, obj: Any, shm_name: str, idx: int, seed: int, start: Any
     mask = (1 << 14) - 1
     what = cfg[0]
     n = 0
+    work = WORK_NS
+    clock = time.perf_counter_ns
     if what == "table":
         t = shmlocks.LockTable.open(obj.name)  # attached as a user's worker would
         lock_for = t.lock_for
@@ -80,6 +85,10 @@ def _worker(cfg: tuple, obj: Any, shm_name: str, idx: int, seed: int, start: Any
             k = keys[n & mask]
             with lock_for(k):
                 w[k] = w[k] + 1
+                if work:
+                    end = clock() + work
+                    while clock() < end:
+                        pass
             n += 1
     elif what == "mp":
         locks, size = obj, cfg[1]
@@ -89,6 +98,10 @@ def _worker(cfg: tuple, obj: Any, shm_name: str, idx: int, seed: int, start: Any
             k = keys[n & mask]
             with locks[index_of(k, size)]:
                 w[k] = w[k] + 1
+                if work:
+                    end = clock() + work
+                    while clock() < end:
+                        pass
             n += 1
     else:
         lk = shmlocks.FutexMutex.open(obj.name)
@@ -97,6 +110,10 @@ def _worker(cfg: tuple, obj: Any, shm_name: str, idx: int, seed: int, start: Any
             k = keys[n & mask]
             with lk:
                 w[k] = w[k] + 1
+                if work:
+                    end = clock() + work
+                    while clock() < end:
+                        pass
             n += 1
     w[STOP + 1 + idx] = n
     del w
@@ -360,6 +377,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plot", metavar="FILE", help="write ops/s against N (a PNG)")
     p.add_argument("--json", metavar="FILE", help="write the raw figures")
     p.add_argument("--out", metavar="DIR", help="sharding.md, .json and .png there")
+    p.add_argument(
+        "--work-us",
+        type=float,
+        default=0.0,
+        help="µs of work (a spin) inside each section (default 0: the increment only)",
+    )
     p.add_argument("--smoke", action="store_true", help="P = 2, N = 4, 64, 0.05 s: every path")
     return p.parse_args([a for a in (sys.argv[1:] if argv is None else argv) if a != "--"])
 
@@ -370,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(x) for x in a.sizes.split(",") if x.strip()]
     kinds = [x.strip() for x in a.kinds.split(",") if x.strip()]
     seconds, reps = a.seconds, a.repeats
+    global WORK_NS
+    WORK_NS = int(a.work_us * 1000)
     if a.smoke:
         procs, sizes, seconds, reps = [2], [4, 64], 0.05, 1
     raw, problems = run(configs(sizes, kinds), procs, seconds, reps)
@@ -380,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     s = summarize(raw)
     head = (
         f"## Sharding: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
-        f"{seconds} s a cell, {reps} repeat(s), {KEYS:,} keys"
+        f"{seconds} s a cell, {reps} repeat(s), {KEYS:,} keys, "
+        f"{a.work_us:g} µs of work in a section"
     )
     md = markdown(s, procs, mic, head)
     if problems:
