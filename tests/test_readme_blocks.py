@@ -176,6 +176,32 @@ def test_the_sharding_pool_example_runs_and_loses_no_update():
     assert not shm_exists(name)
 
 
+def test_the_sharding_hold_snippet_runs():
+    """The hold() and hold_all() lines of the Sharding section run as written (the async
+    line inside a coroutine), with the names they use defined."""
+    (snippet,) = [b for b in blocks("python") if 'table.hold("alice", "bob"' in b]
+    sync = [ln for ln in snippet.splitlines() if not ln.startswith("async with")]
+    (aline,) = [ln for ln in snippet.splitlines() if ln.startswith("async with")]
+    script = (
+        "import asyncio, shmlocks\n"
+        "table = shmlocks.LockTable(16)\n"
+        "other_table = shmlocks.LockTable(4, 'mcs')\n"
+        "jobs_lock = shmlocks.FutexMutex()\n"
+        "accounts = {'alice': 100, 'bob': 0}\n"
+        "def repair(a):\n    raise AssertionError('no owner died')\n"
+        + "\n".join(sync)
+        + "\nasync def main():\n    "
+        + aline
+        + "\nasyncio.run(main())\n"
+        "assert accounts == {'alice': 90, 'bob': 10}, accounts\n"
+        "assert not any(lk.locked() for lk in table)\n"
+        "print('ok')\n"
+    )
+    r = _run(script)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok"]
+
+
 def test_the_owner_died_snippet_runs_after_a_holder_is_killed():
     (snippet,) = [b for b in blocks("python") if "repair(shared_data)" in b]
     script = (
