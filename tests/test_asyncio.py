@@ -453,6 +453,70 @@ def test_ten_thousand_tasks_wait_on_one_lock(kind, mode):
     assert r["bytes_per_task"] <= 2 * _stdlib_bytes[0], (r, _stdlib_bytes)
 
 
+def _tasks_main(lock, hold_first, n, ready):
+    """A child whose loop has n tasks on the lock (the first holding it if hold_first),
+    until it is killed."""
+
+    async def main():
+        async def one(i):
+            async with lock:
+                await asyncio.sleep(3600)
+
+        first = None
+        if hold_first:
+            first = asyncio.create_task(one(0))
+            while not lock.locked() and not first.done():
+                await asyncio.sleep(0.001)
+        ts = [asyncio.create_task(one(i)) for i in range(1, n)]
+        await asyncio.sleep(0.05)
+        ready.set()
+        await asyncio.gather(*ts, *([first] if first else []))
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("holds", [False, True], ids=["waiting", "holding"])
+def test_a_killed_process_of_tasks_strands_nobody(kind, holds, new_lock, procs):
+    """A process whose tasks wait for the lock (their cohort queued in it), or hold it with
+    more tasks waiting behind, is SIGKILLed: a thread queued behind its cohort gets the
+    lock (its place is recovered like a dead thread's), with owner_died exactly when a
+    task of the dead process held it; nothing is left waiting."""
+    lock = new_lock(kind)
+    n = 50
+    if not holds:
+        lock.acquire()
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    child = procs.start(_tasks_main, lock, holds, n, ready, ctx=ctx)
+    assert ready.wait(30), "the child's tasks did not start"
+    until(lambda: lock._describe()["waiters"] >= n - 1, 30, "the child's tasks wait")
+    if holds:
+        assert lock.locked() and lock.owner[0] == child.pid
+    got = []
+
+    def queued():
+        ok = lock.acquire(timeout=30)
+        got.append((ok, lock.owner_died))
+        if ok:
+            if lock.owner_died:
+                lock.mark_consistent()
+            lock.release()
+
+    t = threading.Thread(target=queued)
+    t.start()
+    until(lambda: lock._describe()["waiters"] >= n, 30, "the thread waits behind the cohort")
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(10)
+    if not holds:
+        time.sleep(0.05)
+        lock.release()
+    t.join(40)
+    assert got == [(True, holds)], got
+    assert lock._describe()["waiters"] == 0
+    assert_free(lock)
+
+
 # --------------------------------------------------------------------------- FIFO
 
 
