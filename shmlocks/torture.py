@@ -225,6 +225,55 @@ def _worker(lock: shmlocks.Lock, a: memoryview, w: int, nw: int, seed: int, pare
     lock.close()
 
 
+ASYNC_TASKS = 4  # --asyncio: tasks of each asyncio worker's loop
+
+
+def _worker_async(
+    lock: shmlocks.Lock, a: memoryview, w: int, nw: int, seed: int, parent: int
+) -> None:
+    """--asyncio: a worker whose event loop runs ASYNC_TASKS tasks, each doing what
+    _worker does with acquire_async (its cohort, docs/design.md §14), a share of the
+    waits given up by a timeout or a cancellation (asyncio.wait_for)."""
+    import asyncio
+
+    rng = random.Random(seed)
+
+    async def waited(t: float) -> bool:
+        try:
+            return await asyncio.wait_for(lock.acquire_async(), t)
+        except TimeoutError:
+            return False
+
+    async def task() -> None:
+        while not a[STOP] and os.getppid() == parent:
+            r = rng.random()
+            if r < 0.1:
+                got = await lock.acquire_async(False)
+            elif r < 0.25:
+                got = await lock.acquire_async(True, rng.uniform(0.0001, 0.003))
+            elif r < 0.4:
+                got = await waited(rng.uniform(0.0001, 0.003))  # cancelled, often
+            else:
+                got = await lock.acquire_async(True, 5.0)  # "blocking", but bounded
+                if not got:
+                    a[STALLS + w] += 1
+            if got:
+                _section(lock, a, w, nw, rng)
+            if rng.random() < 0.3:
+                await asyncio.sleep(rng.uniform(0, 0.001))
+
+    async def main() -> None:
+        await asyncio.gather(*(task() for _ in range(ASYNC_TASKS)))
+
+    try:
+        asyncio.run(main())
+    except Exception as e:  # noqa: BLE001 - counted and shown; the worker stops
+        a[ERRORS + w] += 1
+        print(f"torture worker {w} (pid {os.getpid()}): {type(e).__name__}: {e}", file=sys.stderr)
+        return
+    lock.close()
+
+
 #: under load, worker w runs at LOAD_NICE[w % 4] (SCHED_BATCH for the odd ones), beside a
 #: CPU hog pinned to each CPU: a preempted waiter or holder is then the rule, not the exception
 LOAD_NICE = (0, 2, 4, 6)
@@ -281,7 +330,13 @@ def stop_hogs(pids: list[int]) -> None:
 
 
 def _start_worker(
-    lock: shmlocks.Lock, a: memoryview, w: int, nw: int, seed: int, load: bool = False
+    lock: shmlocks.Lock,
+    a: memoryview,
+    w: int,
+    nw: int,
+    seed: int,
+    load: bool = False,
+    aio: bool = False,
 ) -> int:
     """Fork one worker; its PID. Ctrl-C is the controller's: SIGINT is blocked across the
     fork (a Ctrl-C then is delivered to the parent once it unblocks, never lost), and
@@ -305,7 +360,10 @@ def _start_worker(
         if load:
             _loaded(w)
         if os.getppid() == parent:
-            _worker(lock, a, w, nw, seed, parent)
+            if aio:
+                _worker_async(lock, a, w, nw, seed, parent)
+            else:
+                _worker(lock, a, w, nw, seed, parent)
         code = 0
     except BaseException:  # noqa: BLE001 - a forked child never returns into the caller
         with contextlib.suppress(Exception):
@@ -387,9 +445,12 @@ class Result:
 class _Run:
     """One kind's torture: the lock, the shared words and the workers' PIDs."""
 
-    def __init__(self, kind: str, workers: int, seed: int, load: bool = False) -> None:
+    def __init__(
+        self, kind: str, workers: int, seed: int, load: bool = False, aio: bool = False
+    ) -> None:
         self.kind = kind
         self.load = load
+        self.aio = aio and kind != "rwlock"  # (an RWLock has no acquire_async)
         self.nw = workers
         self.rng = random.Random(seed)
         self.mm = mmap.mmap(-1, 8 * WORDS)  # anonymous and shared: inherited by fork
@@ -410,7 +471,13 @@ class _Run:
 
     def spawn(self, w: int) -> None:
         self.pids[w] = _start_worker(
-            self.lock, self.a, w, self.nw, self.rng.randrange(1 << 30), self.load
+            self.lock,
+            self.a,
+            w,
+            self.nw,
+            self.rng.randrange(1 << 30),
+            self.load,
+            self.aio and w % 2 == 1,  # --asyncio: every other worker is an event loop
         )
 
     def kill(self, w: int) -> None:
@@ -635,14 +702,20 @@ class _Run:
 
 
 def torture_kind(
-    kind: str, seconds: float, workers: int, seed: int | None = None, load: bool = False
+    kind: str,
+    seconds: float,
+    workers: int,
+    seed: int | None = None,
+    load: bool = False,
+    aio: bool = False,
 ) -> Result:
     """Run one kind's torture. ``load``: the
     workers run at mixed nice levels and policies beside a CPU hog per CPU (the caller
-    starts the hogs: start_hogs())."""
+    starts the hogs: start_hogs()). ``aio``: every other worker is an event loop whose
+    tasks use acquire_async (_worker_async)."""
     if not 1 <= workers <= MAX_WORKERS:
         raise ValueError(f"workers must be between 1 and {MAX_WORKERS}")
-    run = _Run(kind, workers, random.randrange(1 << 30) if seed is None else seed, load)
+    run = _Run(kind, workers, random.randrange(1 << 30) if seed is None else seed, load, aio)
     try:
         return run.run(seconds)
     finally:
@@ -656,6 +729,7 @@ def main(
     seed: int | None = None,
     out=None,
     load: bool = False,
+    aio: bool = False,
 ) -> list[Result]:
     """Torture each kind in turn, printing one line per kind; returns the results.
     ``load``: a CPU hog pinned to each CPU for the whole run, and workers at nice levels
@@ -678,7 +752,7 @@ def main(
     try:
         results = []
         for kind in kinds:
-            res = torture_kind(kind, seconds, workers, seed, load)
+            res = torture_kind(kind, seconds, workers, seed, load, aio)
             results.append(res)
             print(res.line(), file=out, flush=True)
             for note in res.notes:

@@ -517,6 +517,33 @@ def test_a_killed_process_of_tasks_strands_nobody(kind, holds, new_lock, procs):
     assert_free(lock)
 
 
+@pytest.mark.timeout(150)
+def test_kill_torture_with_asyncio_workers(kind):
+    """The kill torture with every other worker an event loop of 4 tasks (acquire_async,
+    waits given up by timeouts and cancellations; `torture --asyncio`), loaded: SIGKILLs of
+    holding and waiting cohorts leave no violation, wedge or leaked slot, and deaths are
+    recovered (in the AIO mode this run has: CI runs the file under both)."""
+    import re
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "shmlocks", "torture", "--kind", kind, "--seconds", "3"]
+        + ["--workers", "4", "--asyncio", "--load"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(kind)), None)
+    assert line is not None and " ok " in line, out
+    kills = int(re.search(r"kills (\d+)", line).group(1))
+    recoveries = int(re.search(r"recoveries (\d+)", line).group(1))
+    assert kills >= 10 and 0 < recoveries <= kills, line
+    for word in ("violations", "wedges", "leaked slots"):
+        assert re.search(rf"{word} 0\b", line), line
+
+
 # --------------------------------------------------------------------------- FIFO
 
 

@@ -31,7 +31,13 @@ def cmd_torture(args: argparse.Namespace) -> int:
     try:
         out = sys.stderr if args.json else sys.stdout
         results = torture.main(
-            kinds, args.seconds, args.workers, seed=args.seed, out=out, load=args.load
+            kinds,
+            args.seconds,
+            args.workers,
+            seed=args.seed,
+            out=out,
+            load=args.load,
+            aio=args.asyncio,
         )
     finally:
         signal.signal(signal.SIGTERM, old_term)
@@ -74,6 +80,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="load the machine on purpose: a CPU hog pinned to each CPU, workers at mixed "
         "nice levels and policies, so preemption lands inside protocol steps",
+    )
+    p.add_argument(
+        "--asyncio",
+        action="store_true",
+        help="every other worker is an event loop whose tasks use acquire_async (their "
+        "waits given up by timeouts and cancellations too)",
     )
     p.add_argument(
         "--json", action="store_true", help="print the results as JSON (the lines go to stderr)"
