@@ -30,7 +30,10 @@ resumable wait, docs/design.md §5), and it has that place only while a task wai
 - A cycle of tasks of one loop is refused when the task that closes it enqueues; a cycle
   through other threads or processes is found by the look (shmlocks/waitgraph.py: the
   cohorts' records name the task they act for, and the wait links of a task's holds say
-  what it waits for) and the member that began to wait last gets DeadlockError.
+  what it waits for) and the member that began to wait last gets DeadlockError. The look
+  reads every segment, so it comes no sooner than 1 s into a wait (_DL_SCAN_MIN_S), even
+  with the deadlock timeout below that (its default is 0 since threads follow the chain
+  instead, docs/design.md §9).
 """
 
 from __future__ import annotations
@@ -59,6 +62,18 @@ _LABEL_MAX = 40  # bytes of a task's name in its cohort's record (shm_layout.h l
 _CUT_MIN_S = 0.005  # a cut recovery is polled again after this, doubling ...
 _CUT_MAX_S = 0.2  # ... up to this (the loop thread's time is not the recovery's)
 _DL_RECHECK_S = 0.5  # a task waiting past the deadlock timeout is looked at this often
+#: the look reads every segment of the machine (waitgraph.snapshot): tasks are not on the
+#: chain walk yet (docs/design.md §9), so a task is looked at no sooner than this, even
+#: with the deadlock timeout below it (the default is 0 since the threads' walk): a look
+#: per wait would cost every asyncio program a scan of /dev/shm each time a task waits
+_DL_SCAN_MIN_S = 1.0
+
+
+def _dl_timeout() -> float | None:
+    """How old a task's wait must be before the look (None: detection off)."""
+    timeout = _core.get_deadlock_timeout()
+    return None if timeout is None else max(timeout, _DL_SCAN_MIN_S)
+
 
 _local = threading.local()
 _task_ids: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
@@ -555,8 +570,9 @@ class _Driver:
 
     def _dl_schedule(self) -> None:
         """Look for cycles through this loop's waiting tasks once the oldest of their
-        waits is the deadlock timeout old, then every _DL_RECHECK_S."""
-        timeout = _core.get_deadlock_timeout()
+        waits is the deadlock timeout (at least _DL_SCAN_MIN_S) old, then every
+        _DL_RECHECK_S."""
+        timeout = _dl_timeout()
         if self.dl_timer is not None or timeout is None or not self.waits or self.loop is None:
             return
         t0 = min(e.t0 for _, e in self.waits.values())
@@ -569,7 +585,7 @@ class _Driver:
         DeadlockError. The wait-for graph (shmlocks/waitgraph.py) is read once for all
         of them, twice when one is found (a cycle seen across a hand-off is not one)."""
         self.dl_timer = None
-        timeout = _core.get_deadlock_timeout()
+        timeout = _dl_timeout()
         if timeout is None or not self.waits or self.key is None:
             return
         now = time.monotonic_ns()
