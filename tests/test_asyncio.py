@@ -999,3 +999,49 @@ def test_the_asyncio_server_example_survives_a_killed_holder():
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "repairs after a death: 1" in r.stdout and r.stdout.rstrip().endswith("OK")
+
+
+@pytest.mark.timeout(60)
+def test_a_holding_task_reads_the_whole_graph_no_sooner_than_1s(new_lock, monkeypatch):
+    """With the default deadlock timeout (0 since threads walk the chain, docs/design.md
+    §9) a task that holds a lock and waits for another makes its loop read the whole
+    wait-for graph (every segment of the machine) only once it has waited 1 s: at once,
+    that scan would be paid by every task that waits at all. A cycle through tasks is
+    still refused by that look (tests/test_deadlock_detect.py)."""
+    from shmlocks import waitgraph
+
+    assert shmlocks.get_deadlock_timeout() == 0.0
+    calls: list[float] = []
+    real = waitgraph.snapshot
+
+    def counted(*args, **kwargs):
+        calls.append(time.monotonic())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(waitgraph, "snapshot", counted)
+    a, b = new_lock("futex"), new_lock("futex")
+    held, stop = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with b:
+            held.set()
+            stop.wait(20)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert held.wait(10)
+
+    async def main():
+        async with a:
+            t0 = time.monotonic()
+            got = await b.acquire_async(timeout=1.5)
+            return got, t0
+
+    try:
+        got, t0 = run(asyncio.new_event_loop, main())
+    finally:
+        stop.set()
+        t.join(20)
+    assert got is False
+    assert calls, "the holding task's wait was never looked at"
+    assert min(calls) - t0 >= 0.95, [round(c - t0, 3) for c in calls]

@@ -536,3 +536,67 @@ def test_the_walk_entry_point(chain):
     assert _core._dl_walk(region, 4000, 0) == ("none", 0, None)
     assert _core._dl_walk(region, me, 1) == ("none", 0, None)  # M: free
     assert _core._dl_walk(region, me, 7) == ("none", 0, None)  # no such lock
+
+
+def _task_member(i, first, second, bar, out, delay):
+    """_member as an asyncio task: holds `first` through its loop's cohort, then waits."""
+    import asyncio
+
+    async def main():
+        await first.acquire_async()
+        bar.wait(30)
+        await asyncio.sleep(delay)
+        t0 = time.monotonic()
+        try:
+            got = await second.acquire_async(timeout=20)
+        except shmlocks.DeadlockError as e:
+            out.put((i, "deadlock", time.monotonic() - t0, str(e), True))
+            await asyncio.sleep(0.2)
+            first.release()
+            return
+        out.put((i, "got" if got else "timeout", time.monotonic() - t0, "", True))
+        if got:
+            second.release()
+        first.release()
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("last", ["thread", "task"])
+def test_a_cycle_of_a_thread_and_a_task(last, new_lock):
+    """A thread of one process and an asyncio task of another deadlock AB/BA. The thread
+    closing it: its walk follows the task's wait link (written in the cohort record that
+    holds for the task) and it is refused at once. The task closing it: the thread's walk
+    finds the task the victim (a poke does not reach it); the task's loop refuses it at
+    its look, 1 s into its wait (asyncio is not on the walk yet). Exactly one victim."""
+    a, b = new_lock("futex"), new_lock("mcs")
+    ctx = mp.get_context("fork")
+    bar, out = ctx.Barrier(2), ctx.Queue()
+    thread = _member, ("default",)  # (its deadlock timeout: the default)
+    task = _task_member, ()
+    members = [task, thread] if last == "thread" else [thread, task]
+    ps = [
+        ctx.Process(target=f, args=(i, *locks, bar, out, 0.2 * i, *extra), daemon=True)
+        for i, ((f, extra), locks) in enumerate(zip(members, [(a, b), (b, a)], strict=True))
+    ]
+    for p in ps:
+        p.start()
+    try:
+        res = {}
+        for _ in ps:
+            i, what, took, msg, held = out.get(timeout=60)
+            res[i] = (what, took, msg, held)
+        for p in ps:
+            p.join(20)
+            assert p.exitcode == 0, p.exitcode
+    finally:
+        for p in ps:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+    assert _one_victim(res) == 1, res
+    if last == "thread":
+        assert res[1][1] < REFUSED_S, res
+    else:
+        assert 0.9 < res[1][1] < 2.5, res

@@ -57,7 +57,7 @@ out["listing_s"] = round(time.monotonic() - t, 2)
 for cmd in (["ls"], ["deadlocks"], ["top", "--json"], ["inspect", "adv-fifo"],
             ["stat", "adv-fifo"], ["unlink", "adv-fifo"]):
     out[" ".join(cmd)] = cli(*cmd)
-shmlocks.set_deadlock_timeout(0.05)   # every wait looks at /dev/shm after 50 ms
+shmlocks.set_deadlock_timeout(0.05)   # a wait walks its chain: never /dev/shm
 acq = {}
 for kind in shmlocks.KINDS:
     lk = shmlocks.KINDS[kind].create("adv-fifo-" + kind)
