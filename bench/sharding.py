@@ -228,7 +228,7 @@ def configs(sizes: list[int], kinds: list[str]) -> list[tuple]:
     return out
 
 
-def micro(reps: int = 40, number: int = 20_000) -> dict[str, float]:
+def micro(reps: int = 100, number: int = 20_000) -> dict[str, float]:
     """In one process: index_of of a 32-byte str, and with lock_for(key) vs with lock (ns).
 
     Each statement's best of ``reps`` short runs of ``number`` calls, the statements taking
@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.smoke:
         procs, sizes, seconds, reps = [2], [4, 64], 0.05, 1
     raw, problems = run(configs(sizes, kinds), procs, seconds, reps)
-    mic = micro(reps=5 if a.smoke else 40)
+    mic = micro(reps=5 if a.smoke else 100)
     left = [n for n in MADE if os.path.exists(os.path.join("/dev/shm", n))]
     if left:
         problems.append(f"left behind: {left}")
