@@ -21,6 +21,21 @@ from support.common import (
 import shmlocks
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (README's test command): two workers a CPU, at most 8.
+
+    Most of this suite waits rather than computes: for a child interpreter to reach a crash
+    point, for a SIGKILLed holder's death to be seen, for a timeout to pass: with one worker
+    a CPU, the CPUs sit idle for much of the run. Tests that measure time compare against
+    figures taken in the same run, so they hold on a machine kept busy this way.
+    ``SHMLOCKS_TEST_WORKERS=N`` chooses N instead.
+    """
+    chosen = os.environ.get("SHMLOCKS_TEST_WORKERS")
+    if chosen:
+        return int(chosen)
+    return max(2, min(2 * (os.cpu_count() or 1), 8))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a test that takes several seconds on purpose")
 
