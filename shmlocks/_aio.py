@@ -239,10 +239,7 @@ class _Cohort:
             # the wait ended without the lock (not recoverable, corrupt, a signal
             # handler's exception): the first task gets it; the others take a new place
             self.state = IDLE
-            first = self._first()
-            if isinstance(e, Exception) and first is not None:
-                self._drop(first)
-                first.fut.set_exception(e)
+            if isinstance(e, Exception) and self._fail_first(e):
                 self._again()
                 return
             self._again()
@@ -252,6 +249,16 @@ class _Cohort:
             self.grant()
         else:
             self._sleep()
+
+    def _fail_first(self, e: BaseException) -> bool:
+        """A wait or a take that ended in error ``e``: the first waiting task gets it
+        (False if no task waits)."""
+        first = self._first()
+        if first is None:
+            return False
+        self._drop(first)
+        first.fut.set_exception(e)
+        return True
 
     def _again(self) -> None:
         """After a wait that ended without the lock: a new place for the tasks left."""
@@ -331,10 +338,7 @@ class _Cohort:
                     self.grant()
                     return
             except Exception as e:
-                first = self._first()
-                if first is not None:
-                    self._drop(first)
-                    first.fut.set_exception(e)
+                self._fail_first(e)
                 self._again()
                 return
             self._show()
