@@ -1,7 +1,8 @@
 """Kill random participants of the synchronization toolbox's primitives for a while, and
 check the counts exactly (docs/design.md §12):
 
-  semaphore  workers hold units with `with`; random SIGKILLs inside the block; at the end
+  semaphore  workers hold units with `with`; random SIGKILLs inside the block; never more
+             than `units` workers inside at once (seen in snapshots: below), at the end
              every unit is back (0 lost, 0 extra) and the holds never stopped progressing
   condition  a producer notifies one waiting consumer per job; random SIGKILLs of
              consumers (waiting, notified, or holding the lock); every job is taken within
@@ -41,13 +42,54 @@ def _kill(p):
 # ------------------------------------------------------------------------ semaphore
 
 
-def _sem_worker(sem, holds, i, stop):
+def _snapshot(marks):
+    """The workers' marks as they all stood at one instant, or None (they kept changing).
+    Each write of a mark is a value never written before (pid, generation), so two
+    collects that read the same values saw no write in between: at the instant between
+    them every mark held what was read (a double collect). One pass alone is no snapshot:
+    a reader preempted mid-pass sees one holder's mark before it leaves and the next
+    holder's after it enters, and counts both."""
+    a = marks[:]
+    for _ in range(100):
+        b = marks[:]
+        if a == b:
+            return b
+        a = b
+    return None
+
+
+def _sem_worker(sem, units, holds, marks, seen, i, stop):
     rnd = random.Random(os.getpid())
+    me = os.getpid() << 32
+    gen = 0
     while not stop.is_set():
         with sem:
+            gen += 1
+            marks[i] = me | gen << 1 | 1  # inside (odd), cleared before the exit
             holds[i] += 1
+            snap = _snapshot(marks)
+            if snap is not None:
+                n = sum(m & 1 for m in snap)
+                seen[2 * i] += 1  # snapshots taken
+                if n > units:
+                    seen[2 * i + 1] += 1  # over-grants seen
             if rnd.random() < 0.3:
                 time.sleep(rnd.random() * 0.002)
+            gen += 1
+            marks[i] = me | gen << 1
+
+
+def _stop_clear_kill(p, marks, i, clear):
+    """Kill worker i, first forgetting its mark: stopped, it cannot change it again, and
+    its unit comes back only after its death, so the snapshots never count it with its
+    unit's next holder."""
+    try:
+        os.kill(p.pid, signal.SIGSTOP)
+        os.waitid(os.P_PID, p.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+    marks[i] = clear  # (negative and even: never a worker's value, never inside)
+    _kill(p)
 
 
 def torture_semaphore(seconds, workers=6, units=3):
@@ -62,9 +104,15 @@ def torture_semaphore(seconds, workers=6, units=3):
 
 def _torture_semaphore(sem, stop, seconds, workers, units):
     holds = CTX.RawArray("q", workers)
-    ps = [CTX.Process(target=_sem_worker, args=(sem, holds, i, stop)) for i in range(workers)]
-    for p in ps:
+    marks = CTX.RawArray("q", workers)
+    seen = CTX.RawArray("q", 2 * workers)  # per worker: snapshots, over-grants seen
+
+    def start(i):
+        p = CTX.Process(target=_sem_worker, args=(sem, units, holds, marks, seen, i, stop))
         p.start()
+        return p
+
+    ps = [start(i) for i in range(workers)]
     kills = 0
     end = time.monotonic() + seconds
     rnd = random.Random(1)
@@ -72,10 +120,9 @@ def _torture_semaphore(sem, stop, seconds, workers, units):
     while time.monotonic() < end:
         time.sleep(rnd.random() * 0.05)
         i = rnd.randrange(workers)
-        _kill(ps[i])
         kills += 1
-        ps[i] = CTX.Process(target=_sem_worker, args=(sem, holds, i, stop))
-        ps[i].start()
+        _stop_clear_kill(ps[i], marks, i, -2 * kills)
+        ps[i] = start(i)
         total = sum(holds)
         if total > last:
             last, last_t = total, time.monotonic()
@@ -90,10 +137,11 @@ def _torture_semaphore(sem, stop, seconds, workers, units):
     back = sum(sem.acquire(timeout=DEADLINE) for _ in range(units))
     extra = sem.acquire(False)
     lost = units - back
-    ok = lost == 0 and not extra
+    snaps, over = sum(seen[0::2]), sum(seen[1::2])
+    ok = lost == 0 and not extra and over == 0 and snaps > 0
     return (
-        f"semaphore: {kills} kills, {sum(holds)} holds, {lost} units lost, "
-        f"{int(extra)} extra: {'ok' if ok else 'FAILED'}"
+        f"semaphore: {kills} kills, {sum(holds)} holds, {over} over-grants in {snaps} "
+        f"snapshots, {lost} units lost, {int(extra)} extra: {'ok' if ok else 'FAILED'}"
     )
 
 

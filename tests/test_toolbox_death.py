@@ -546,8 +546,8 @@ def test_event_waiters_survive_a_killed_waiter(procs):
 @pytest.mark.slow
 def test_torture_a_few_seconds():
     """bench/toolbox_torture.py, briefly: random SIGKILLs of semaphore holders, condition
-    consumers and barrier parties; exact unit counts, every job taken, every kill breaking
-    the barrier for the survivors in time."""
+    consumers and barrier parties; never more semaphore holders than units, exact unit
+    counts, every job taken, every kill breaking the barrier for the survivors in time."""
     import os
     import sys
 
