@@ -10,7 +10,15 @@ import threading
 import time
 
 import pytest
-from support.common import kill, run_python, shm_exists, shm_remove, uniq, until
+from support.common import (
+    join_thread,
+    kill,
+    run_python,
+    shm_exists,
+    shm_remove,
+    uniq,
+    until,
+)
 
 import shmlocks
 
@@ -138,6 +146,82 @@ def test_sigkill_inside_with_in_region(procs, new_region):
     lock.release()
     assert sem.value == 2
     assert sem.acquire(False) and sem.acquire(False) and not sem.acquire(False)
+
+
+FORK_IN_WITH = textwrap.dedent(
+    """
+    import os, sys, shmlocks
+    sem = shmlocks.BoundedSemaphore(2, name=sys.argv[1])
+    pid = -1
+    try:
+        with sem:  # the parent's unit
+            pid = os.fork()
+            if pid == 0:
+                with sem:  # the child's own unit, inside the block it inherited
+                    pass
+            else:
+                _, st = os.waitpid(pid, 0)
+                inside = sem.value  # the child has left both blocks and ended
+        left = "ok"
+    except BaseException as e:
+        if pid == 0:
+            os._exit(3)
+        left = type(e).__name__
+    if pid == 0:
+        os._exit(0)  # (a plain fork child: it leaves the blocks, then ends)
+    value = sem.value
+    sem.close()
+    print(os.waitstatus_to_exitcode(st), inside, left, value)
+    """
+)
+
+
+def test_fork_child_leaving_its_parents_with_block_releases_nothing():
+    """A plain os.fork() child inside `with sem:` that leaves the block: the unit is its
+    parent's (its record holds it, and the parent gives it back at its own exit), so the
+    child's exit releases nothing, while the child's own `with` inside it comes and goes
+    as usual. It used to release a unit from nothing: a third holder of a BoundedSemaphore
+    of 2 while the parent was still inside, and the parent's exit then ValueError."""
+    name = uniq("sem")
+    try:
+        proc = run_python(FORK_IN_WITH, name, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        # child ended 0; 1 unit free while the parent is inside; its exit fine; 2 after
+        assert proc.stdout.split() == ["0", "1", "ok", "2"], proc.stdout
+        assert not shm_exists(name)
+    finally:
+        shm_remove(name)
+
+
+def test_with_block_left_on_another_thread_makes_no_unit():
+    """A `with sem:` block entered on one thread and left on another (a generator resumed
+    elsewhere): the unit is the entering thread's, so the leaving thread, which holds
+    none, releases nothing; it comes back once, when its taker ends. It used to be
+    released by the exit and again by the taker's end: two units of a Semaphore(1)."""
+    sem = shmlocks.Semaphore(1, uniq("sem"))
+    try:
+        assert sem.acquire(False)  # this thread registered first (its slot)
+        sem.release()
+
+        def block():
+            with sem:
+                yield
+
+        g = block()
+        t = threading.Thread(target=next, args=(g,))
+        t.start()
+        join_thread(t)  # it entered, and ended inside the block
+        with pytest.raises(StopIteration):
+            next(g)  # left on this thread
+        assert sem.value == 0
+        assert sem.acquire(False)  # the ended taker's unit, recovered
+        assert not sem.acquire(False)  # once: one unit, as made
+        assert sem.stats()["recovered"] == 1
+        sem.release()
+        assert sem.value == 1
+    finally:
+        sem.unlink()  # (a thread that ended holding a unit keeps the mapping: §3)
+        sem.close()
 
 
 # ------------------------------------------------------------------------- barrier

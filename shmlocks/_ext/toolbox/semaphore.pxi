@@ -4,9 +4,13 @@
 # Invariant (under the guard, toolbox.pxi): value + sum(rec[p].units over live and dead
 # participants p) + the units taken by bare acquire() and not released = what was created
 # and released. A `with` take moves one unit from `value` to the taker's record in one
-# journaled change; its exit moves it back; a bare acquire()/release() moves units between
-# `value` and nobody (threading's ownerless semantics: one process may acquire, another
-# release). So a participant's record is exactly the units it holds with `with`:
+# journaled change; its exit moves it back, only ever from the exiting thread's record: a
+# thread whose record holds none (it leaves a block its parent entered before a fork(),
+# or one entered on another thread) releases nothing, since the unit is still its
+# taker's, given back at the taker's exit or death (releasing it would make a unit); a
+# bare acquire()/release() moves units between `value` and nobody (threading's ownerless
+# semantics: one process may acquire, another release). So a participant's record is
+# exactly the units it holds with `with`:
 #   [S1] it died (any point outside the guard): its recoverer adds rec.units to value,
 #        zeroes them, and wakes waiters;
 #   [S2] it died holding the guard: the next guard taker undoes its change (tb_undo): a
@@ -84,25 +88,30 @@ cdef int _sem_acquire(rmap_t* rm, shm_body* b, uint32_t me, bint owned,
 
 cdef enum:
     SEM_OVERFLOW = -5   # _sem_release: the value would pass 2**31-1 (nothing released)
+    SEM_NOTHELD = -6    # _sem_release: a `with` exit by a thread whose record holds no unit
 
 
 cdef int _sem_release(rmap_t* rm, shm_body* b, uint32_t me, uint32_t n,
                       bint owned) noexcept nogil:
     """0, R_BOUND (past a bounded semaphore's initial value), SEM_OVERFLOW (past
-    2**31-1), R_SIGNAL (a handler raised while it waited for the guard: nothing
-    released) or R_CORRUPT (the guard)."""
+    2**31-1), SEM_NOTHELD (`owned`: our record holds no unit, nothing released),
+    R_SIGNAL (a handler raised while it waited for the guard: nothing released) or
+    R_CORRUPT (the guard)."""
     cdef shm_tbword* w = shm_tb_word(b)
     cdef shm_tbrec* r = shm_tb_rec(b, me)
     cdef int g = tb_guard(rm, b, -1, 1)
     if g != R_ACQ:
         return R_SIGNAL if g == R_SIGNAL else R_CORRUPT
+    if owned and r.units == 0:
+        tb_unlock(b)                   # not ours: its taker's record holds it
+        return SEM_NOTHELD
     if w.flags & TB_F_BOUNDED and <uint64_t>w.value + n > w.limit:
         tb_unlock(b)
         return R_BOUND
     if <uint64_t>w.value + n > 0x7fffffff:
         tb_unlock(b)
         return SEM_OVERFLOW
-    if owned and r.units > 0:
+    if owned:
         tb_set(b, &r.units, r.units - 1)
     tb_set(b, &w.value, w.value + n)
     tb_bump(b, n)
@@ -237,6 +246,8 @@ cdef class Semaphore(_TbObject):
             raise OverflowError("semaphore value would exceed 2**31-1")
         if rc == R_CORRUPT:
             raise self._guard_error()
+        if rc == SEM_NOTHELD:
+            return 0                             # (r.held mirrors our record: unchanged)
         if owned and r.held > 0:
             r.held -= 1
         return 0
@@ -248,6 +259,10 @@ cdef class Semaphore(_TbObject):
         return True
 
     def __exit__(self, t, v, tb):
+        """Give back the unit this thread took. A thread that holds none here releases
+        nothing: a fork() child leaving a block its parent entered (the unit is the
+        parent's, which gives it back at its own exit), or a thread leaving a block
+        entered on another thread (the unit stays the taker's until it ends)."""
         self._release(1, 1)
         return False
 
