@@ -179,6 +179,9 @@ _CRASHPOINTS = {
     "clh.abort.stepped_out": ("clh",),      # tail given back, own node not yet reclaimed
     "clh.release.freed": ("clh",),          # own node freed, predecessor's not yet adopted
     "clh.recover.flagged": ("clh",),        # recoverer set owner_died, before the release
+    # a queue kind's waiter that stepped aside (base/wait.pxi, docs/design.md §7.0)
+    "aside.marked": ("ticket", "mcs"),      # place left, aside mark set, before its sleep
+    "aside.vip": ("ticket", "mcs"),         # took the VIP turn, not yet rejoined
     "futex.wait.announced": ("futex",),     # waiter set the W bit, before sleeping
     "futex.release.swapped": ("futex",),    # word swapped to 0, before the wake
     "futex.recover.flagged": ("futex",),    # recoverer set owner_died, before the release

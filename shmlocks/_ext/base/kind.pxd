@@ -52,6 +52,9 @@ cdef enum:
     R_TICK = 7         # the wait layer: a park slice ended, tick and wait again
     R_WOULDBLOCK = 8   # a non-blocking wait (wait_t.nb) would sleep now: its place is kept,
                        # its watch set is in the wait_t; re-enter _wait with w.resume_rc
+    R_ASIDE = 9        # a FIFO waiter found no spinner seat (wait_t.aside): park() returns it
+                       # before spinning; the kind leaves its place as at a timeout and passes
+                       # it up, and the waiter parks aside (docs/design.md §7.0)
     R_SIGNAL = -1      # a Python signal handler raised
     R_NOTREC = -2      # the lock is not recoverable
     R_CORRUPT = -3     # its shared state is corrupt
@@ -246,3 +249,4 @@ cdef class _Lock:
     # -- the base's own, added since (docs/design.md §14): does an asyncio cohort of the
     #    calling thread's loop hold or await the lock (the slow path, rm.agents > 0)?
     cdef bint _task_of_mine(self, reg_t* r) noexcept nogil
+    cdef int _wait_aside(self, uint32_t me, int rc, wait_t* w) noexcept nogil

@@ -950,6 +950,12 @@ cdef int _participant_recover(rmap_t* rm, uint32_t slot, recov_t* rec) noexcept 
         for s in range(n):
             if tbl:
                 b = table_stripe(rm, s)
+            if kind_steps_aside(code):
+                # a queue lock's seat and VIP turn it took (docs/design.md §7.0): each
+                # names its taker, so freeing them is one CAS each, redone at will
+                aside_recover(aside_words(&b), participant_hid(rm, slot))
+                if ld64_acq(&b.precs[slot].aside_since) != 0:
+                    st64_rel(&b.precs[slot].aside_since, 0)    # not aside any more
             ops.recover(rm, &b, slot, rec)
             if rec.cut:
                 break

@@ -15,8 +15,12 @@
 #          (commit 1acfa2b has the measurements). FIFO kinds hand the lock to the
 #          waiter, which must see it at once: one pause per poll.
 #   far    a waiter that knows others are ahead of it (ticket: two or more tickets to be
-#          served first; MCS, CLH: its predecessor waits too) yields instead of spinning, for up
-#          to FAR_YIELD_NS: on an oversubscribed machine the next holder may need this CPU;
+#          served first; MCS, CLH: its predecessor waits too, or (MCS) left its place) yields
+#          instead of spinning, for up to FAR_YIELD_NS: on an oversubscribed machine the next
+#          holder may need this CPU;
+#   aside  (ticket, mcs: docs/design.md §7.0) a queued waiter first takes a spinner seat;
+#          with none free and others ahead of it, it steps aside (park returns R_ASIDE):
+#          out of the queue, asleep, back on its VIP turn (aside_sleep);
 #   yield  sched_yield a few times (lets a descheduled holder run on an oversubscribed box);
 #          while no yield lets another task run (this CPU has nothing else to do), go on
 #          yielding for up to YIELD_IDLE_NS before parking: the holder may itself be waking
@@ -54,6 +58,10 @@ cdef int64_t YIELD_SWITCHED_NS = 1500  # a sched_yield this long ran another tas
 cdef uint32_t SPIN_CLOCK_EVERY = 8   # polls per clock read while spinning
 cdef int64_t PARK_SLICE_NS = 5000000  # 5 ms: a sleep that cannot watch whom it depends on
 cdef int g_wait_waitv = 0            # 1: sleeps are futex_waitv (wait_mode_init)
+cdef uint32_t g_aside_seats = 0      # spinner seats: the CPUs this process may use - 1 (import)
+cdef uint64_t g_aside_steps = 0      # this process's steps aside (_aside_stats; racy, a hint)
+cdef uint64_t g_aside_vips = 0       # ... and VIP turns taken
+cdef int64_t ASIDE_NS = 1000000      # 1 ms aside, then try for the VIP turn
 cdef unsigned long g_main_ident = 0  # the thread that runs Python's signal handlers
 
 
@@ -65,6 +73,7 @@ cdef str wait_mode_init(str forced):
     g_main_ident = threading.main_thread().ident
     # n = 0 is refused (EINVAL) by a kernel that has the call, ENOSYS by one that has not
     g_wait_waitv = forced != "sliced" and shm_futex_waitv(NULL, NULL, 0, -1) == -EINVAL
+    _aside_init(None)
     return "futex_waitv" if g_wait_waitv else "sliced"
 
 
@@ -72,6 +81,27 @@ def _wait_after_fork():
     """The child of a fork runs its handlers in the thread that forked."""
     global g_main_ident
     g_main_ident = PyThread_get_thread_ident()
+
+
+def _aside_init(seats=None, aside_ns=None):
+    """The spinner seats of a FIFO lock (docs/design.md §7.0): the CPUs this process may run
+    on, less one (the holder's), 1 to AS_MAX_SEATS, read at import; and how long a waiter
+    stays aside before it tries for the VIP turn. For tests and experiments: set either
+    (in this process). Returns (seats, aside_ns)."""
+    global g_aside_seats, ASIDE_NS
+    import os
+    if seats is not None or g_aside_seats == 0:
+        n = seats if seats is not None else len(os.sched_getaffinity(0)) - 1
+        g_aside_seats = max(1, min(AS_MAX_SEATS, int(n)))
+    if aside_ns is not None:
+        ASIDE_NS = max(1000, int(aside_ns))
+    return (g_aside_seats, ASIDE_NS)
+
+
+def _aside_stats():
+    """This process's waits that stepped aside, and the VIP turns they took (counted since
+    import, never reset): (steps aside, VIP turns)."""
+    return (g_aside_steps, g_aside_vips)
 
 
 def _wait_policy(spin_ns=None, yield_rounds=None, backoff_max=None):
@@ -350,7 +380,192 @@ cdef void park_woken(watch_t* ws) noexcept nogil:
 #     R_ACQ      ready(ctx) said READY (for an acquire: granted; else: the wait is over)
 #     R_TIMEOUT  the deadline passed first     R_SIGNAL  a Python signal handler raised
 cdef int park(park_t* pk, wait_t* w) noexcept nogil:
-    """Wait under the policy w until pk.ready says READY: R_ACQ, R_TIMEOUT or R_SIGNAL."""
+    """Wait under the policy w until pk.ready says READY: R_ACQ, R_TIMEOUT or R_SIGNAL; and
+    R_ASIDE for a FIFO waiter in its queued place (w.aside_ok) that finds no spinner seat
+    free, or a VIP turn taken by another (docs/design.md §7.0): it must step aside."""
+    cdef int r, q
+    if w.aside == NULL or not w.aside_ok or w.nb or w.phase == 2:
+        return _park(pk, w)                 # (phase 2: it slept in its place already)
+    q = pk.ready(pk.ctx)
+    if q == Q_READY:
+        return R_ACQ
+    if not _aside_seat(w) and q == Q_FAR:
+        # No seat, and another waiter ahead of it: stepping aside hands its turn to a
+        # running waiter. Next in line (Q_NEAR) it stays and spins without a seat: nobody
+        # else could take its turn (two processes, or a seat its granted taker has not yet
+        # freed, never make it step aside).
+        return R_ASIDE
+    r = _park(pk, w)
+    _aside_unseat(w)
+    return r
+
+
+cdef inline bint _aside_seat(wait_t* w) noexcept nogil:
+    """Take a spinner seat (1), or find none (0): all taken, or a VIP turn pending that
+    is not ours. A waiter that took the VIP turn needs none (it never steps aside)."""
+    cdef uint32_t* a = w.aside
+    cdef uint32_t v, i
+    if w.vip or w.seat >= 0:
+        return 1
+    v = ld32_seq(&a[AS_VIP])
+    if v != 0 and v != w.aside_id:
+        return 0
+    for i in range(g_aside_seats):
+        if ld32_rlx(&a[AS_SEATS + i]) == 0 and cas32(&a[AS_SEATS + i], 0, w.aside_id):
+            w.seat = <int>i
+            return 1
+    return 0
+
+
+cdef inline void _aside_unseat(wait_t* w) noexcept nogil:
+    if w.seat >= 0:
+        cas32(&w.aside[AS_SEATS + w.seat], w.aside_id, 0)
+        w.seat = -1
+
+
+cdef bint _aside_oldest(wait_t* w, uint64_t since) noexcept nogil:
+    """Is this waiter the oldest of the lock's live waiters aside (by arrival, then slot)?
+    A mark is believed only while its participant is alive and waiting for this lock: a
+    dead one's is cleared by its recovery, and never holds the others back meanwhile."""
+    cdef shm_body* b = w.aside_b
+    cdef uint32_t x, n = rmap_hwm(w.rm)
+    cdef uint64_t v
+    if n > b.P:
+        n = b.P
+    for x in range(n):
+        if x == w.aside_slot:
+            continue
+        v = ld64_acq(&b.precs[x].aside_since)
+        if v == 0 or v > since or (v == since and x > w.aside_slot):
+            continue
+        if (participant_state(w.rm, x) == 1
+                and participant_op(w.rm, x, b.index + 1) == SHM_OP_WAITING):
+            return 0
+    return 1
+
+
+cdef int _aside_heal(wait_t* w, watch_t* ws) noexcept nogil:
+    """Before a sleep aside: the seats and the VIP turn name live waiters, or are freed.
+    A taker that died is recovered here (participant_try_recover: its recovery frees
+    them); one whose slot was reused since (stale) is CASed out. Then, if a VIP turn is
+    pending, its taker's token is watched (a waiter aside depends on it): DEP_ARMED, or
+    DEP_CHANGED (it found a death: look again at once), else DEP_UNKNOWN."""
+    cdef uint32_t* a = w.aside
+    cdef uint32_t i, v, h
+    cdef int d = DEP_UNKNOWN
+    for i in range(AS_MAX_SEATS + 1):
+        v = ld32_seq(&a[AS_VIP] if i == 0 else &a[AS_SEATS + i - 1])
+        if v == 0:
+            continue
+        h = holder_slot(w.rm, v)
+        if h == 0:
+            cas32(&a[AS_VIP] if i == 0 else &a[AS_SEATS + i - 1], v, 0)   # stale
+        elif i == 0:
+            d = watch_participant(w.rm, h - 1, ws)
+            if d == DEP_CHANGED:
+                return d
+        elif participant_state(w.rm, h - 1) == 2:
+            participant_try_recover(w.rm, h - 1, &w.rec)
+            d = DEP_CHANGED
+    return d
+
+
+cdef void _aside_asleep(wait_t* w) noexcept nogil:
+    """A waiter in its queued place is going to sleep there (its spin and yield budget ran
+    out: the lock is held long): it is no longer a spinner (its seat freed), and a VIP
+    needs its turn no longer (it is in its place, which no one passes: the next waiter
+    aside may rejoin after it, in arrival order). It never steps aside again."""
+    _aside_unseat(w)
+    if w.vip == 1:
+        cas32(&w.aside[AS_VIP], w.aside_id, 0)
+        w.vip = 2
+
+
+cdef int aside_sleep(wait_t* w) noexcept nogil:
+    """A waiter that stepped aside (its place left as at a timeout): marked aside with its
+    arrival (prec.aside_since), it sleeps ASIDE_NS at a time on the gate word until, the
+    oldest waiter aside with the VIP turn free, it takes that turn (R_CONT: it rejoins, and
+    never steps aside again in this wait); or its deadline or a deadlock look's verdict
+    (R_TIMEOUT), or a signal (R_SIGNAL). Its wait record says WAITING for the lock
+    throughout (the wait-for graph sees it)."""
+    cdef uint32_t* a = w.aside
+    cdef uint64_t* mark = &w.aside_b.precs[w.aside_slot].aside_since
+    cdef uint64_t since = ld64_rlx(&w.rm.part[w.aside_slot].wait_since)
+    cdef watch_t ws
+    cdef int64_t until, t
+    cdef int r, d, changed = 0
+    cdef uint32_t v
+    global g_aside_steps, g_aside_vips
+    if since == 0:
+        since = <uint64_t>shm_now_ns()
+    g_aside_steps += 1
+    wait_nogil(w)
+    st64_seq(mark, since)
+    crashpoint("aside.marked")
+    while True:
+        v = ld32_seq(&a[AS_GATE])
+        if wait_signals(w):
+            r = R_SIGNAL
+            break
+        ws.words[0] = &a[AS_GATE]
+        ws.vals[0] = v
+        ws.n = 1
+        ws.token = -1
+        ws.rec = &w.rec
+        d = _aside_heal(w, &ws)
+        if w.rec.sig:                       # a handler raised inside a recovery it ran
+            w.rec.sig = 0
+            r = R_SIGNAL
+            break
+        if d == DEP_CHANGED and changed < 8:
+            changed += 1                    # look again at once (bounded: then sleep)
+        else:
+            changed = 0
+            until = wait_until(w, 0)
+            t = shm_now_ns() + ASIDE_NS
+            if until < 0 or t < until:
+                until = t
+            park_sleep(&ws, until)
+            park_woken(&ws)
+        r = wait_due(w)
+        if r != R_CONT:
+            break
+        if (ld32_seq(&a[AS_VIP]) == 0 and _aside_oldest(w, since)
+                and cas32(&a[AS_VIP], 0, w.aside_id)):
+            w.vip = 1
+            g_aside_vips += 1
+            crashpoint("aside.vip")
+            w.phase = 0                     # it rejoins running: spin and yield again
+            w.spin_until = 0
+            w.yields = 0
+            w.far_until = 0
+            break
+    st64_rel(mark, 0)
+    return r
+
+
+cdef void aside_done(wait_t* w) noexcept nogil:
+    """The wait is over (acquired, or left): give back the VIP turn if it holds it."""
+    if w.vip == 1:
+        cas32(&w.aside[AS_VIP], w.aside_id, 0)
+        w.vip = 0
+    _aside_unseat(w)
+
+
+cdef void aside_recover(uint32_t* a, uint32_t dead) noexcept nogil:
+    """A dead participant's seats and VIP turn (holder id `dead`), freed: each word names
+    its taker, so a CAS of each from `dead` to 0 is the whole recovery, redone at will."""
+    cdef uint32_t i
+    if dead == 0:
+        return
+    if ld32_acq(&a[AS_VIP]) == dead:       # (a load first: a table recovers every stripe)
+        cas32(&a[AS_VIP], dead, 0)
+    for i in range(AS_MAX_SEATS):
+        if ld32_acq(&a[AS_SEATS + i]) == dead:
+            cas32(&a[AS_SEATS + i], dead, 0)
+
+
+cdef int _park(park_t* pk, wait_t* w) noexcept nogil:
     cdef int r, q, d, changed = 0
     cdef uint32_t v
     cdef watch_t ws
@@ -377,6 +592,8 @@ cdef int park(park_t* pk, wait_t* w) noexcept nogil:
         if q == Q_READY:
             return R_ACQ
     w.phase = 2
+    if w.aside != NULL:
+        _aside_asleep(w)                    # asleep in its place (§7.0)
     wait_nogil(w)
     while True:                             # park
         fadd32(pk.parked, 1)                # announce, SC: the waker reads parked after its change

@@ -49,14 +49,18 @@ cdef enum:
 
 
 cdef int _mcs_not_waiting(void* c) noexcept nogil:
-    """READY once granted (or abandoned under us); FAR while the predecessor waits too."""
+    """READY once granted (or abandoned under us); FAR while the predecessor waits too, or
+    left its place (abandoned: a waiter that stepped aside, docs/design.md §7.0, has
+    others ahead of it)."""
     cdef node_wait_t* x = <node_wait_t*>c        # x.n: the waiter's own node
-    cdef uint32_t p
+    cdef uint32_t p, st
     if ld32_seq(&x.n.state) != M_WAIT:
         return Q_READY
     p = ld32_rlx(&x.n.pred)                          # a hint: bounds-checked, never trusted
-    if queue_node_ok(x.b, p, 0) and ld32_rlx(&x.b.qnodes[p - 1].state) == M_WAIT:
-        return Q_FAR
+    if queue_node_ok(x.b, p, 0):
+        st = ld32_rlx(&x.b.qnodes[p - 1].state)
+        if st == M_WAIT or st == M_ABANDONED:
+            return Q_FAR
     return Q_NEAR
 
 
@@ -451,7 +455,9 @@ cdef class MCSLock(_Lock):
         ctx.own = 0
         pk.ready = _mcs_not_waiting
         pk.ctx = &ctx
+        w.aside_ok = 1                               # queued: may step aside (§7.0)
         res = park(&pk, w)
+        w.aside_ok = 0
         if res == R_ACQ:
             return R_ACQ if ld32_acq(&n.state) == M_GRANT else R_CORRUPT
         if res == R_WOULDBLOCK:

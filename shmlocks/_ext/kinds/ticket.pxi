@@ -667,7 +667,9 @@ cdef class TicketLock(_Lock):
         nd = _tslot(&self.b, t)
         ctx.serving = ticket_serving(&self.b)
         ctx.t = t
+        w.aside_ok = 1                               # queued: may step aside (§7.0)
         res = self._park(_ticket_ready, _ticket_dep, &ctx, nd, w)
+        w.aside_ok = 0
         if res == R_ACQ:
             return R_ACQ
         if res == R_WOULDBLOCK:

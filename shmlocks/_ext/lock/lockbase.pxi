@@ -449,6 +449,23 @@ cdef class _Lock:
         raise DeadlockError(f"this thread already holds {self.kind_name} lock {self._name!r} "
                             "(shmlocks locks are not reentrant)")
 
+    cdef int _wait_aside(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
+        """_wait, and for a FIFO kind the waits aside (docs/design.md §7.0): a kind's _wait
+        that returns R_ASIDE has left its place as at a timeout; the waiter sleeps aside
+        until it takes the VIP turn, then rejoins (in place if its place is still queued:
+        _fast, then _wait, as any acquire after a timeout does)."""
+        rc = self._wait(me, rc, w)
+        while rc == R_ASIDE:
+            rc = aside_sleep(w)
+            if rc != R_CONT:
+                break
+            rc = self._fast(me, shm_crash_armed)
+            if rc == R_PENDING or rc == R_BUSY:
+                rc = self._wait(me, rc, w)
+        if w.aside != NULL:
+            aside_done(w)
+        return rc
+
     cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline):
         cdef wait_t w
         cdef uint32_t me = r.slot
@@ -491,6 +508,11 @@ cdef class _Lock:
             raise reentry_error(f"acquire() of {self.kind_name} lock {self._name!r}")
         wait_init(&w, deadline, &self.b.precs[me].spin_ns)   # (recoveries it runs keep it)
         w.rm = self.rm                               # hidden while handlers run
+        if kind_steps_aside(self._code):
+            w.aside = aside_words(&self.b)           # a FIFO kind may step aside (§7.0)
+            w.aside_id = r.hid
+            w.aside_b = &self.b
+            w.aside_slot = me
         t0 = shm_now_ns()                            # also the wait's start, for stats_waited
         dl_arm(&w, self.rm, me, t0)                  # the wait record: since when ...
         shm_op_set(r.op, self._lock1, SHM_OP_WAITING)     # "me waits for this lock"
@@ -499,12 +521,12 @@ cdef class _Lock:
             # no other thread of ours is registered here, so none can hold this lock and
             # need our GIL: spin with it, release it only to yield or park (wait.pxi)
             w.gil = 1
-            rc = self._wait(me, rc, &w)
+            rc = self._wait_aside(me, rc, &w)
             dl_end(&w)                               # its wait links cleared
             wait_regil(&w)
         else:
             with nogil:
-                rc = self._wait(me, rc, &w)
+                rc = self._wait_aside(me, rc, &w)
                 dl_end(&w)
         found = dl_found(&w)                         # a deadlock victim's cycle, or None
         if rc == R_ACQ or rc == R_ACQ_DIED:
@@ -919,6 +941,7 @@ cdef class _Lock:
         cdef shm_qnode* n
         cdef shm_prec* r
         cdef shm_participant* q
+        cdef uint32_t* a
         self._check()
         nodes, precs, parts = [], [], []
         for i in range(self.b.P + 1):
@@ -938,8 +961,15 @@ cdef class _Lock:
                           ld32_acq(&r.round), ld64_acq(&r.omark)))
             parts.append((ld32_acq(&q.pid), ld32_acq(&q.op_lock), ld32_acq(&q.op_step),
                           ld64_acq(&q.op_value), ld64_acq(&q.generation)))
+        aside = None
+        if kind_steps_aside(self._code):
+            a = aside_words(&self.b)         # docs/design.md §7.0
+            aside = {"vip": ld32_acq(&a[AS_VIP]),
+                     "seats": [ld32_acq(&a[AS_SEATS + i]) for i in range(g_aside_seats)],
+                     "aside": [i for i in range(h) if ld64_acq(&self.b.precs[i].aside_since)]}
         return {"flags": ld32_acq(&self.b.ctl.flags), "holder": ld32_acq(&self.b.ctl.holder),
                 "wa": ld64_acq(&self.b.wa.u64[0]), "wb": ld64_acq(&self.b.wb.u64[0]),
+                "aside": aside,
                 "nodes (state, next, pred, parked, value, round, guess)": nodes,
                 "precs (mine, pred, ticket, abandoned, abandoned_gen, round, omark)": precs,
                 "participants (pid, op_lock, op_step, op_value, generation)": parts}

@@ -264,7 +264,9 @@ typedef struct shm_prec {
     uint32_t round;            /* CLH: the round of `mine` as this participant enqueued it */
     uint64_t omark;            /* ticket: the abandon marker of its ticket, kept here when the
                                   ticket's slot marker was taken (as shm_tslot.abandoned) */
-    char     _pad[SHM_LINE - 48];
+    uint64_t aside_since;      /* ticket, mcs, clh: while it waits aside (docs/design.md
+                                  §7.0), when its wait began (its arrival); 0 = not aside */
+    char     _pad[SHM_LINE - 56];
 } SHM_LINE_ALIGNED shm_prec;
 
 _Static_assert(sizeof(shm_header) == 2 * SHM_LINE, "header is two lines");
@@ -285,7 +287,8 @@ _Static_assert(offsetof(shm_participant, link_seq) == 2 * SHM_LINE
                "the wait link: lines 2-3 (shmlocks/_segment.py _PART reads it)");
 _Static_assert(offsetof(shm_header, part_hwm) == 92, "part_hwm follows flags");
 _Static_assert(offsetof(shm_tslot, overflow) == 4, "tslot fields");
-_Static_assert(offsetof(shm_prec, omark) == 40, "prec fields");
+_Static_assert(offsetof(shm_prec, omark) == 40 && offsetof(shm_prec, aside_since) == 48,
+               "prec fields");
 _Static_assert(offsetof(shm_participant, pid) == SHM_LINE, "participant identity on line 1");
 _Static_assert(sizeof(shm_lockctl) == SHM_LINE, "ctl is one line");
 _Static_assert(offsetof(shm_lockctl, repair) == SHM_LINE / 2, "repair mutex in the ctl line's upper half");

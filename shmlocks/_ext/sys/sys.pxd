@@ -244,6 +244,7 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t spin_ns
         uint32_t round
         uint64_t omark
+        uint64_t aside_since
 
     ctypedef struct shm_body:
         shm_lockctl* ctl
