@@ -324,6 +324,18 @@ async def _until_waiters(lock, n, timeout=10.0):
         await asyncio.sleep(0.002)
 
 
+async def _until_in_place(lock, timeout=10.0):
+    """A FIFO lock's waiters that stepped aside (more waiters than CPUs, docs/design.md
+    §7.0) are all back in their places: none aside, no VIP turn pending."""
+    end = time.monotonic() + timeout
+    while True:
+        raw = lock._raw()["aside"]
+        if raw is None or (not raw["aside"] and raw["vip"] == 0):
+            return
+        assert time.monotonic() < end, f"waiters still aside: {raw}"
+        await asyncio.sleep(0.002)
+
+
 # --------------------------------------------------------------------------- the loop
 
 
@@ -564,7 +576,9 @@ def test_fifo_across_tasks_threads_processes(kind, new_lock, procs, loop_factory
     order behind their cohort's place: the first task's place is its call's; each later
     task's is taken when the one before it releases (docs/design.md §14), so it is
     overtaken by one hold of each waiter that came after the task before it. Here (tasks
-    0, 3, 6; threads 1, 4, 7; processes 2, 5, 8): 0, 1, 2, 4, 5, 7, 8, 3, 6."""
+    0, 3, 6; threads 1, 4, 7; processes 2, 5, 8): 0, 1, 2, 4, 5, 7, 8, 3, 6. A thread or
+    process that arrived while another spun (more waiters than CPUs) stepped aside and
+    takes its place back (§7.0): the lock is released once all are in their places."""
     lock = new_lock(kind)
     ctx = mp.get_context("fork")
     n = 9
@@ -591,6 +605,7 @@ def test_fifo_across_tasks_threads_processes(kind, new_lock, procs, loop_factory
             else:
                 children.append(procs.start(_fifo_proc, lock, idx, order, pos, ctx=ctx))
             await _until_waiters(lock, idx + 1, timeout=20)
+        await _until_in_place(lock, timeout=20)
         lock.release()
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
         for t in threads:
