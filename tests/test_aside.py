@@ -88,6 +88,82 @@ def test_waiters_aside_are_served_in_arrival_order(procs, new_lock, kind):
     assert raw["vip"] == 0 and raw["seats"] == [0] * len(raw["seats"]) and raw["aside"] == []
 
 
+def _voluntary_switches(pid: int) -> int:
+    """How many times process pid's main thread has slept in the kernel."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches in /proc/<pid>/status")
+
+
+def _patient_waiter(lock, idx, order, pos, ready, spin_s, aside_s):
+    if spin_s:
+        _core._wait_policy(spin_ns=int(spin_s * 1e9))  # hold the seat that long
+    _core._aside_init(1, int(aside_s * 1e9))
+    ready.send(1)
+    if lock.acquire(timeout=30):
+        order[pos.value] = idx
+        pos.value += 1
+        lock.release()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ASIDE_KINDS)
+def test_waiters_aside_sleep_until_their_turn(procs, new_lock, kind):
+    """Waiters aside do not poll: each sleeps on its own word until it is the oldest
+    waiter aside (the one ahead of it took the VIP turn or left) or a death it watches
+    wakes it. Waiter 0 spins in its place (the one seat); waiter 1 steps aside and, being
+    the oldest, sleeps 1.5 s before it may take the VIP turn; waiters 2 and 3 step aside
+    behind it. Over half a second they do not wake (before: each woke every 1 ms to
+    look, some 500 times), and then all are served in arrival order."""
+    lock = new_lock(kind, max_participants=8)
+    ctx = mp.get_context("fork")
+    order = ctx.Array("i", [UNSET] * 4, lock=False)
+    pos = ctx.Value("i", 0, lock=False)
+    assert lock.acquire()
+    children = []
+    try:
+        for i in range(4):
+            r, w = ctx.Pipe(duplex=False)
+            spin, aside = (1.5, 0.001) if i == 0 else (0, 1.5 if i == 1 else 0.001)
+            children.append(
+                procs.start(_patient_waiter, lock, i, order, pos, w, spin, aside, ctx=ctx)
+            )
+            assert r.poll(20)
+            r.recv()
+            end = time.monotonic() + 10
+            if i == 0:
+                while lock._raw()["aside"]["seats"] == [0] and time.monotonic() < end:
+                    time.sleep(0.001)
+                assert lock._raw()["aside"]["seats"] != [0], "waiter 0 took no seat"
+            else:
+                while _aside_slots(lock) < i and time.monotonic() < end:
+                    time.sleep(0.001)
+                assert _aside_slots(lock) == i, f"waiter {i} did not step aside"
+        time.sleep(0.05)  # (2 and 3 settle in their sleeps)
+        v0 = [_voluntary_switches(p.pid) for p in children[2:]]
+        time.sleep(0.5)
+        woke = [_voluntary_switches(p.pid) - v for p, v in zip(children[2:], v0, strict=True)]
+        still = _aside_slots(lock)
+        end = time.monotonic() + 20
+        while _aside_slots(lock) and time.monotonic() < end:  # all back in their places
+            time.sleep(0.005)
+        for p in children:
+            wait_blocked(p.pid, timeout=20)
+    finally:
+        lock.release()
+    stuck = join_all(children, 30)
+    for p in stuck:
+        kill(p)
+    assert not stuck, "a waiter was never served"
+    assert still == 3, "a waiter left the aside line early: nothing was shown"
+    assert max(woke) <= 10, f"wake-ups of waiters 2 and 3 in 0.5 s aside: {woke}"
+    assert list(order) == [0, 1, 2, 3]
+    raw = lock._raw()["aside"]
+    assert raw["vip"] == 0 and raw["aside"] == []
+
+
 def _hammer(lock, stop, n):
     _core._aside_init(1)
     k = 0

@@ -362,3 +362,31 @@ cdef inline int agent_tasks(rmap_t* rm, uint32_t x, uint32_t lock1, uint32_t hsl
         return 1
     return <int>t
 
+
+
+# -- a queue lock's waiters aside (docs/design.md §7.0): its words, which recovery frees,
+#    and the oldest waiter aside, whom a change of them wakes. Here (not in wait.pxd) since
+#    a participant's recovery frees what it held of them.
+cdef enum:
+    AS_VIP = 0          # the VIP turn: the holder id of the waiter that took it, 0 = none
+    AS_SEATS = 4        # the spinner seats: each a spinning waiter's holder id, 0 = free
+    AS_MAX_SEATS = 12
+
+
+cdef inline bint kind_steps_aside(uint32_t code) noexcept nogil:
+    """Does a lock of kind `code` step aside (docs/design.md §7.0)? ticket and mcs, whose
+    abandoned places stay queued until a release passes them, so that a waiter aside can
+    take its place back. Not clh: there the waiter behind an abandoned node splices it out
+    at once (clh.pxi), so a waiter aside would lose its place while the lock is held."""
+    return code == SHM_KIND_TICKET or code == SHM_KIND_MCS
+
+
+cdef inline uint32_t* aside_words(shm_body* b) noexcept nogil:
+    """A FIFO lock's aside words: the upper half of its word B line (the queue kinds leave
+    it unused; the ticket's serving is in the lower half)."""
+    return &b.wb.u32[SHM_LINE // 8]
+
+
+cdef int aside_ahead(rmap_t* rm, shm_body* b, uint32_t me, uint64_t since) noexcept nogil
+cdef void aside_kick(rmap_t* rm, shm_body* b) noexcept nogil
+cdef void aside_recover(rmap_t* rm, shm_body* b, uint32_t slot) noexcept nogil

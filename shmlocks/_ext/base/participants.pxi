@@ -951,11 +951,7 @@ cdef int _participant_recover(rmap_t* rm, uint32_t slot, recov_t* rec) noexcept 
             if tbl:
                 b = table_stripe(rm, s)
             if kind_steps_aside(code):
-                # a queue lock's seat and VIP turn it took (docs/design.md §7.0): each
-                # names its taker, so freeing them is one CAS each, redone at will
-                aside_recover(aside_words(&b), participant_hid(rm, slot))
-                if ld64_acq(&b.precs[slot].aside_since) != 0:
-                    st64_rel(&b.precs[slot].aside_since, 0)    # not aside any more
+                aside_recover(rm, &b, slot)      # its seat, VIP turn, mark (§7.0)
             ops.recover(rm, &b, slot, rec)
             if rec.cut:
                 break
@@ -1063,3 +1059,81 @@ cdef int participant_state(rmap_t* rm, uint32_t slot) noexcept nogil:
     if w & FUTEX_TID_MASK_:
         return 1
     return 0
+
+
+# ---- a queue lock's waiters aside (docs/design.md §7.0) --------------------------------
+# A waiter aside sleeps on its own prec.aside_wake, never on a timer unless it is the
+# oldest (wait.pxi aside_sleep). Whoever clears a mark (a waiter aside that takes the VIP
+# turn or leaves, a recovery) or frees the VIP turn wakes the oldest live waiter aside
+# (aside_kick); every other one watches the liveness token of the one just ahead of it
+# (aside_ahead), so a death in the line wakes the one behind.
+
+cdef inline bint _aside_live(rmap_t* rm, shm_body* b, uint32_t x) noexcept nogil:
+    """Is participant x's aside mark believable: alive, and waiting for this lock? A dead
+    one's mark is cleared by its recovery and never holds the others back meanwhile."""
+    return (participant_state(rm, x) == 1
+            and participant_op(rm, x, b.index + 1) == SHM_OP_WAITING)
+
+
+cdef int aside_ahead(rmap_t* rm, shm_body* b, uint32_t me, uint64_t since) noexcept nogil:
+    """The slot of the live waiter aside just ahead of (me, since) in arrival order (by
+    arrival, then slot), or -1: none is (me is the oldest). me = b.P and since = the
+    largest u64 ask for the youngest of all; see aside_kick for the oldest."""
+    cdef uint32_t x, n = rmap_hwm(rm)
+    cdef uint64_t v, best_v = 0
+    cdef int best = -1
+    if n > b.P:
+        n = b.P
+    for x in range(n):
+        if x == me:
+            continue
+        v = ld64_acq(&b.precs[x].aside_since)
+        if v == 0 or v > since or (v == since and x > me):
+            continue                                 # not aside, or behind me
+        if best >= 0 and (v < best_v or (v == best_v and <int>x < best)):
+            continue                                 # further ahead than the best so far
+        if _aside_live(rm, b, x):
+            best, best_v = <int>x, v
+    return best
+
+
+cdef void aside_kick(rmap_t* rm, shm_body* b) noexcept nogil:
+    """Wake the oldest live waiter aside of lock b, if any: it is now the one that takes the
+    next VIP turn (and the only one that sleeps on a timer). A bump of its word, then a
+    futex wake: it read the word before the state it checked, so it cannot miss this."""
+    cdef uint32_t x, n = rmap_hwm(rm)
+    cdef uint64_t v, best_v = 0
+    cdef int best = -1
+    if n > b.P:
+        n = b.P
+    for x in range(n):
+        v = ld64_acq(&b.precs[x].aside_since)
+        if v == 0 or (best >= 0 and v >= best_v):
+            continue
+        if _aside_live(rm, b, x):
+            best, best_v = <int>x, v
+    if best >= 0:
+        fadd32(&b.precs[best].aside_wake, 1)
+        shm_futex_wake(&b.precs[best].aside_wake, 0x7fffffff)
+
+
+cdef void aside_recover(rmap_t* rm, shm_body* b, uint32_t slot) noexcept nogil:
+    """A dead participant's part of lock b's aside words: the seat and the VIP turn it took
+    (each names its taker: a CAS from its holder id to 0) and its mark, freed; then the
+    oldest waiter aside is woken if any was (the VIP turn may be its now). Redone at will."""
+    cdef uint32_t* a = aside_words(b)
+    cdef uint32_t dead = participant_hid(rm, slot)
+    cdef uint32_t i
+    cdef bint freed = 0
+    if dead == 0:
+        return
+    if ld32_acq(&a[AS_VIP]) == dead:       # (a load first: a table recovers every stripe)
+        freed |= cas32(&a[AS_VIP], dead, 0)
+    for i in range(AS_MAX_SEATS):
+        if ld32_acq(&a[AS_SEATS + i]) == dead:
+            cas32(&a[AS_SEATS + i], dead, 0)
+    if ld64_acq(&b.precs[slot].aside_since) != 0:
+        st64_rel(&b.precs[slot].aside_since, 0)      # not aside any more
+        freed = 1
+    if freed:
+        aside_kick(rm, b)

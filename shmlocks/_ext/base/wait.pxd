@@ -94,32 +94,12 @@ cdef int watch_participant(rmap_t* rm, uint32_t slot, watch_t* ws) noexcept nogi
 cdef int park_sleep(watch_t* ws, int64_t until) noexcept nogil
 cdef void park_woken(watch_t* ws) noexcept nogil
 cdef int park(park_t* pk, wait_t* w) noexcept nogil
-# stepping aside (docs/design.md §7.0): the aside words, on the upper half of the lock's
-# word B line (queue.pxd aside_words), as u32 indexes from there
-cdef enum:
-    AS_VIP = 0          # the VIP turn: the holder id of the waiter that took it, 0 = none
-    AS_GATE = 1         # what waiters aside sleep on (never woken on a hot path)
-    AS_SEATS = 4        # the spinner seats: each a spinning waiter's holder id, 0 = free
-    AS_MAX_SEATS = 12
+# stepping aside (docs/design.md §7.0; the aside words are participants.pxd's)
 cdef uint32_t g_aside_seats             # spinner seats a FIFO lock has: the CPUs we may use - 1
-cdef int64_t ASIDE_NS                   # how long a waiter stays aside before it tries the VIP turn
-cdef inline bint kind_steps_aside(uint32_t code) noexcept nogil:
-    """Does a lock of kind `code` step aside (docs/design.md §7.0)? ticket and mcs, whose
-    abandoned places stay queued until a release passes them, so that a waiter aside can
-    take its place back. Not clh: there the waiter behind an abandoned node splices it out
-    at once (clh.pxi), so a waiter aside would lose its place while the lock is held."""
-    return code == SHM_KIND_TICKET or code == SHM_KIND_MCS
-
-
-cdef inline uint32_t* aside_words(shm_body* b) noexcept nogil:
-    """A FIFO lock's aside words: the upper half of its word B line (the queue kinds leave
-    it unused; the ticket's serving is in the lower half)."""
-    return &b.wb.u32[SHM_LINE // 8]
-
-
+cdef int64_t ASIDE_NS                   # how long a waiter stays aside before it may take the
+                                        # VIP turn (and the oldest's sleep, at most)
 cdef int aside_sleep(wait_t* w) noexcept nogil
 cdef void aside_done(wait_t* w) noexcept nogil
-cdef void aside_recover(uint32_t* a, uint32_t dead) noexcept nogil
 # the non-blocking driver's side (docs/design.md §5 "Resumable waits")
 cdef int64_t NB_RECOVER_NS              # a recovery run inside a non-blocking wait: its time
 cdef void nb_init(wait_t* w, watch_t* ws, int64_t deadline, int rc) noexcept nogil

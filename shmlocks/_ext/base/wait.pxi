@@ -61,6 +61,7 @@ cdef int g_wait_waitv = 0            # 1: sleeps are futex_waitv (wait_mode_init
 cdef uint32_t g_aside_seats = 0      # spinner seats: the CPUs this process may use - 1 (import)
 cdef uint64_t g_aside_steps = 0      # this process's steps aside (_aside_stats; racy, a hint)
 cdef uint64_t g_aside_vips = 0       # ... and VIP turns taken
+cdef uint64_t g_aside_sleeps = 0     # ... and sleeps made aside
 cdef int64_t ASIDE_NS = 1000000      # 1 ms aside, then try for the VIP turn
 cdef unsigned long g_main_ident = 0  # the thread that runs Python's signal handlers
 
@@ -99,9 +100,9 @@ def _aside_init(seats=None, aside_ns=None):
 
 
 def _aside_stats():
-    """This process's waits that stepped aside, and the VIP turns they took (counted since
-    import, never reset): (steps aside, VIP turns)."""
-    return (g_aside_steps, g_aside_vips)
+    """This process's waits that stepped aside, the VIP turns they took and the sleeps
+    they made aside (counted since import, never reset): (steps aside, VIP turns, sleeps)."""
+    return (g_aside_steps, g_aside_vips, g_aside_sleeps)
 
 
 def _wait_policy(spin_ns=None, yield_rounds=None, backoff_max=None):
@@ -198,7 +199,13 @@ cdef int wait_sleep(wait_t* w, watch_t* ws, bint sliced) noexcept nogil:
     that came before it (main thread), the sleep on ws to the deadline, the next look or
     (sliced) one slice, a watched death passed on (park_woken), the signal that woke it.
     R_CONT: look at the lock again; R_SIGNAL: a handler raised."""
+    return _wait_sleep_to(w, ws, sliced, -1)
+
+
+cdef int _wait_sleep_to(wait_t* w, watch_t* ws, bint sliced, int64_t end) noexcept nogil:
+    """wait_sleep, ending by `end` too (absolute CLOCK_MONOTONIC ns; -1: no end of its own)."""
     cdef int r
+    cdef int64_t until
     cdef uint32_t* pw
     cdef uint32_t pv
     if wait_signals(w):
@@ -207,7 +214,10 @@ cdef int wait_sleep(wait_t* w, watch_t* ws, bint sliced) noexcept nogil:
         return R_TIMEOUT                    # a deadlock's victim (deadlock.pxi)
     if pw != NULL and not watch_word(ws, pw, pv):
         sliced = 1                          # (a poke is then seen at the slice's end)
-    r = park_sleep(ws, wait_until(w, sliced))
+    until = wait_until(w, sliced)
+    if end >= 0 and (until < 0 or end < until):
+        until = end
+    r = park_sleep(ws, until)
     park_woken(ws)
     if r == -EINTR and wait_signals(w):
         return R_SIGNAL
@@ -385,7 +395,7 @@ cdef int park(park_t* pk, wait_t* w) noexcept nogil:
     free, or a VIP turn taken by another (docs/design.md §7.0): it must step aside."""
     cdef int r, q
     if w.aside == NULL or not w.aside_ok or w.nb or w.phase == 2:
-        return _park(pk, w)                 # (phase 2: it slept in its place already)
+        return _park_run(pk, w)                 # (phase 2: it slept in its place already)
     q = pk.ready(pk.ctx)
     if q == Q_READY:
         return R_ACQ
@@ -395,7 +405,7 @@ cdef int park(park_t* pk, wait_t* w) noexcept nogil:
         # else could take its turn (two processes, or a seat its granted taker has not yet
         # freed, never make it step aside).
         return R_ASIDE
-    r = _park(pk, w)
+    r = _park_run(pk, w)
     _aside_unseat(w)
     return r
 
@@ -423,51 +433,32 @@ cdef inline void _aside_unseat(wait_t* w) noexcept nogil:
         w.seat = -1
 
 
-cdef bint _aside_oldest(wait_t* w, uint64_t since) noexcept nogil:
-    """Is this waiter the oldest of the lock's live waiters aside (by arrival, then slot)?
-    A mark is believed only while its participant is alive and waiting for this lock: a
-    dead one's is cleared by its recovery, and never holds the others back meanwhile."""
-    cdef shm_body* b = w.aside_b
-    cdef uint32_t x, n = rmap_hwm(w.rm)
-    cdef uint64_t v
-    if n > b.P:
-        n = b.P
-    for x in range(n):
-        if x == w.aside_slot:
-            continue
-        v = ld64_acq(&b.precs[x].aside_since)
-        if v == 0 or v > since or (v == since and x > w.aside_slot):
-            continue
-        if (participant_state(w.rm, x) == 1
-                and participant_op(w.rm, x, b.index + 1) == SHM_OP_WAITING):
-            return 0
-    return 1
-
-
-cdef int _aside_heal(wait_t* w, watch_t* ws) noexcept nogil:
+cdef void _aside_heal(wait_t* w) noexcept nogil:
     """Before a sleep aside: the seats and the VIP turn name live waiters, or are freed.
     A taker that died is recovered here (participant_try_recover: its recovery frees
-    them); one whose slot was reused since (stale) is CASed out. Then, if a VIP turn is
-    pending, its taker's token is watched (a waiter aside depends on it): DEP_ARMED, or
-    DEP_CHANGED (it found a death: look again at once), else DEP_UNKNOWN."""
+    them and wakes the oldest waiter aside); one whose slot was reused since (stale) is
+    CASed out, and a stale VIP's turn so freed wakes the oldest too."""
     cdef uint32_t* a = w.aside
+    cdef uint32_t* p
     cdef uint32_t i, v, h
-    cdef int d = DEP_UNKNOWN
     for i in range(AS_MAX_SEATS + 1):
-        v = ld32_seq(&a[AS_VIP] if i == 0 else &a[AS_SEATS + i - 1])
-        if v == 0:
+        p = &a[AS_VIP] if i == 0 else &a[AS_SEATS + i - 1]
+        v = ld32_seq(p)
+        if v == 0 or v == w.aside_id:
             continue
         h = holder_slot(w.rm, v)
         if h == 0:
-            cas32(&a[AS_VIP] if i == 0 else &a[AS_SEATS + i - 1], v, 0)   # stale
-        elif i == 0:
-            d = watch_participant(w.rm, h - 1, ws)
-            if d == DEP_CHANGED:
-                return d
+            if cas32(p, v, 0) and i == 0:            # stale
+                aside_kick(w.rm, w.aside_b)
         elif participant_state(w.rm, h - 1) == 2:
             participant_try_recover(w.rm, h - 1, &w.rec)
-            d = DEP_CHANGED
-    return d
+
+
+cdef void _aside_give_back(wait_t* w) noexcept nogil:
+    """Give back the VIP turn this waiter holds, and wake the oldest waiter aside: the
+    turn may be its now (it sleeps on its own word, not on a timer)."""
+    if cas32(&w.aside[AS_VIP], w.aside_id, 0):
+        aside_kick(w.rm, w.aside_b)
 
 
 cdef void _aside_asleep(wait_t* w) noexcept nogil:
@@ -477,95 +468,105 @@ cdef void _aside_asleep(wait_t* w) noexcept nogil:
     aside may rejoin after it, in arrival order). It never steps aside again."""
     _aside_unseat(w)
     if w.vip == 1:
-        cas32(&w.aside[AS_VIP], w.aside_id, 0)
+        _aside_give_back(w)
         w.vip = 2
 
 
 cdef int aside_sleep(wait_t* w) noexcept nogil:
     """A waiter that stepped aside (its place left as at a timeout): marked aside with its
-    arrival (prec.aside_since), it sleeps ASIDE_NS at a time on the gate word until, the
-    oldest waiter aside with the VIP turn free, it takes that turn (R_CONT: it rejoins, and
-    never steps aside again in this wait); or its deadline or a deadlock look's verdict
-    (R_TIMEOUT), or a signal (R_SIGNAL). Its wait record says WAITING for the lock
-    throughout (the wait-for graph sees it)."""
+    arrival (prec.aside_since), it sleeps on its own word (prec.aside_wake) until it is
+    the oldest live waiter aside, has been aside ASIDE_NS, and finds the VIP turn free:
+    it takes the turn (R_CONT: it rejoins, and never steps aside again in this wait). Or
+    its deadline or a deadlock look's verdict comes (R_TIMEOUT), or a signal (R_SIGNAL).
+    Its wait record says WAITING for the lock throughout (the wait-for graph sees it).
+
+    No waiter aside polls. The oldest sleeps to the end of its first ASIDE_NS aside at
+    most, watching the holder's liveness token; then, while a VIP turn is pending, on its
+    word and the VIP's token. Every other one sleeps on its word and the token of the
+    waiter aside just ahead of it. Whoever makes it the oldest (that one taking the turn
+    or leaving: aside_kick) or frees the turn wakes it; a death it watches wakes it too
+    (with futex_waitv; else it looks every PARK_SLICE_NS). As it leaves, it wakes the next."""
     cdef uint32_t* a = w.aside
-    cdef uint64_t* mark = &w.aside_b.precs[w.aside_slot].aside_since
-    cdef uint64_t since = ld64_rlx(&w.rm.part[w.aside_slot].wait_since)
+    cdef shm_body* b = w.aside_b
+    cdef uint32_t me = w.aside_slot
+    cdef uint64_t* mark = &b.precs[me].aside_since
+    cdef uint32_t* own = &b.precs[me].aside_wake
+    cdef uint64_t since = ld64_rlx(&w.rm.part[me].wait_since)
     cdef watch_t ws
-    cdef int64_t until, t
-    cdef int r, d, changed = 0
-    cdef uint32_t v
-    global g_aside_steps, g_aside_vips
+    cdef int64_t now, t_first, t
+    cdef int r, d, ahead, changed = 0
+    cdef uint32_t v, vip, h
+    global g_aside_steps, g_aside_vips, g_aside_sleeps
     if since == 0:
         since = <uint64_t>shm_now_ns()
     g_aside_steps += 1
     wait_nogil(w)
     st64_seq(mark, since)
     crashpoint("aside.marked")
+    t_first = shm_now_ns() + ASIDE_NS            # the VIP turn may be ours from then on
     while True:
-        v = ld32_seq(&a[AS_GATE])
-        if wait_signals(w):
-            r = R_SIGNAL
-            break
-        ws.words[0] = &a[AS_GATE]
+        v = ld32_seq(own)                        # before the state it is read to mean
+        ws.words[0] = own
         ws.vals[0] = v
         ws.n = 1
         ws.token = -1
         ws.rec = &w.rec
-        d = _aside_heal(w, &ws)
-        if w.rec.sig:                       # a handler raised inside a recovery it ran
+        _aside_heal(w)
+        if w.rec.sig:                            # a handler raised inside a recovery it ran
             w.rec.sig = 0
             r = R_SIGNAL
             break
-        if d == DEP_CHANGED and changed < 8:
-            changed += 1                    # look again at once (bounded: then sleep)
+        ahead = aside_ahead(w.rm, b, me, since)
+        now = shm_now_ns()
+        t = -1                                   # the sleep's own end (-1: none)
+        if ahead >= 0:
+            d = watch_participant(w.rm, <uint32_t>ahead, &ws)
+            if d != DEP_ARMED:
+                t = now + PARK_SLICE_NS          # (it left or died: look again soon)
         else:
-            changed = 0
-            until = wait_until(w, 0)
-            t = shm_now_ns() + ASIDE_NS
-            if until < 0 or t < until:
-                until = t
-            park_sleep(&ws, until)
-            park_woken(&ws)
+            vip = ld32_seq(&a[AS_VIP])
+            if vip == 0 and now >= t_first:
+                if cas32(&a[AS_VIP], 0, w.aside_id):
+                    w.vip = 1
+                    g_aside_vips += 1
+                    crashpoint("aside.vip")
+                    w.phase = 0                  # it rejoins running: spin and yield again
+                    w.spin_until = 0
+                    w.yields = 0
+                    w.far_until = 0
+                    r = R_CONT
+                    break
+                continue                         # another took it: look again
+            h = holder_slot(w.rm, vip if vip != 0 else ld32_acq(&b.ctl.holder))
+            d = DEP_UNKNOWN
+            if h != 0 and h - 1 != me:
+                d = watch_participant(w.rm, h - 1, &ws)
+            t = t_first if vip == 0 else -1          # (a VIP's give-back wakes it)
+        if d == DEP_CHANGED and changed < 8:
+            changed += 1                         # one died: look again at once (bounded)
+            continue
+        changed = 0
+        g_aside_sleeps += 1
+        r = _wait_sleep_to(w, &ws, d != DEP_ARMED or not g_wait_waitv, t)
+        if r != R_CONT:
+            break
         r = wait_due(w)
         if r != R_CONT:
             break
-        if (ld32_seq(&a[AS_VIP]) == 0 and _aside_oldest(w, since)
-                and cas32(&a[AS_VIP], 0, w.aside_id)):
-            w.vip = 1
-            g_aside_vips += 1
-            crashpoint("aside.vip")
-            w.phase = 0                     # it rejoins running: spin and yield again
-            w.spin_until = 0
-            w.yields = 0
-            w.far_until = 0
-            break
     st64_rel(mark, 0)
+    aside_kick(w.rm, b)                          # the next waiter aside may be the oldest now
     return r
 
 
 cdef void aside_done(wait_t* w) noexcept nogil:
     """The wait is over (acquired, or left): give back the VIP turn if it holds it."""
     if w.vip == 1:
-        cas32(&w.aside[AS_VIP], w.aside_id, 0)
+        _aside_give_back(w)
         w.vip = 0
     _aside_unseat(w)
 
 
-cdef void aside_recover(uint32_t* a, uint32_t dead) noexcept nogil:
-    """A dead participant's seats and VIP turn (holder id `dead`), freed: each word names
-    its taker, so a CAS of each from `dead` to 0 is the whole recovery, redone at will."""
-    cdef uint32_t i
-    if dead == 0:
-        return
-    if ld32_acq(&a[AS_VIP]) == dead:       # (a load first: a table recovers every stripe)
-        cas32(&a[AS_VIP], dead, 0)
-    for i in range(AS_MAX_SEATS):
-        if ld32_acq(&a[AS_SEATS + i]) == dead:
-            cas32(&a[AS_SEATS + i], dead, 0)
-
-
-cdef int _park(park_t* pk, wait_t* w) noexcept nogil:
+cdef int _park_run(park_t* pk, wait_t* w) noexcept nogil:
     cdef int r, q, d, changed = 0
     cdef uint32_t v
     cdef watch_t ws

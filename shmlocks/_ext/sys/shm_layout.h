@@ -264,9 +264,12 @@ typedef struct shm_prec {
     uint32_t round;            /* CLH: the round of `mine` as this participant enqueued it */
     uint64_t omark;            /* ticket: the abandon marker of its ticket, kept here when the
                                   ticket's slot marker was taken (as shm_tslot.abandoned) */
-    uint64_t aside_since;      /* ticket, mcs, clh: while it waits aside (docs/design.md
-                                  §7.0), when its wait began (its arrival); 0 = not aside */
-    char     _pad[SHM_LINE - 56];
+    uint64_t aside_since;      /* ticket, mcs: while it waits aside (docs/design.md §7.0),
+                                  when its wait began (its arrival); 0 = not aside */
+    uint32_t aside_wake;       /* ticket, mcs: what it sleeps on while aside; whoever makes
+                                  it the oldest waiter aside, or frees the VIP turn for it,
+                                  bumps it and wakes it (docs/design.md §7.0) */
+    char     _pad[SHM_LINE - 60];
 } SHM_LINE_ALIGNED shm_prec;
 
 _Static_assert(sizeof(shm_header) == 2 * SHM_LINE, "header is two lines");
@@ -287,7 +290,8 @@ _Static_assert(offsetof(shm_participant, link_seq) == 2 * SHM_LINE
                "the wait link: lines 2-3 (shmlocks/_segment.py _PART reads it)");
 _Static_assert(offsetof(shm_header, part_hwm) == 92, "part_hwm follows flags");
 _Static_assert(offsetof(shm_tslot, overflow) == 4, "tslot fields");
-_Static_assert(offsetof(shm_prec, omark) == 40 && offsetof(shm_prec, aside_since) == 48,
+_Static_assert(offsetof(shm_prec, omark) == 40 && offsetof(shm_prec, aside_since) == 48
+               && offsetof(shm_prec, aside_wake) == 56,
                "prec fields");
 _Static_assert(offsetof(shm_participant, pid) == SHM_LINE, "participant identity on line 1");
 _Static_assert(sizeof(shm_lockctl) == SHM_LINE, "ctl is one line");

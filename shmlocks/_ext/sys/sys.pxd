@@ -245,6 +245,7 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t round
         uint64_t omark
         uint64_t aside_since
+        uint32_t aside_wake
 
     ctypedef struct shm_body:
         shm_lockctl* ctl
