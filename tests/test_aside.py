@@ -114,7 +114,7 @@ def test_waiters_aside_sleep_until_their_turn(procs, new_lock, kind):
     """Waiters aside do not poll: each sleeps on its own word until it is the oldest
     waiter aside (the one ahead of it took the VIP turn or left) or a death it watches
     wakes it. Waiter 0 spins in its place (the one seat); waiter 1 steps aside and, being
-    the oldest, sleeps 1.5 s before it may take the VIP turn; waiters 2 and 3 step aside
+    the oldest, sleeps 4 s before it may take the VIP turn; waiters 2 and 3 step aside
     behind it. Over half a second they do not wake (before: each woke every 1 ms to
     look, some 500 times), and then all are served in arrival order."""
     lock = new_lock(kind, max_participants=8)
@@ -126,7 +126,7 @@ def test_waiters_aside_sleep_until_their_turn(procs, new_lock, kind):
     try:
         for i in range(4):
             r, w = ctx.Pipe(duplex=False)
-            spin, aside = (1.5, 0.001) if i == 0 else (0, 1.5 if i == 1 else 0.001)
+            spin, aside = (3.0, 0.001) if i == 0 else (0, 4.0 if i == 1 else 0.001)
             children.append(
                 procs.start(_patient_waiter, lock, i, order, pos, w, spin, aside, ctx=ctx)
             )
