@@ -619,3 +619,120 @@ def test_recovery_inside_a_resumable_wait_is_cut_short(procs, new_lock):
     lock.release()
     assert lock.acquire(timeout=5)
     lock.release()
+
+
+_WOKEN_THEN_GONE = """
+import asyncio, sys, shmlocks
+lock = shmlocks.KINDS[sys.argv[1]].open(sys.argv[2])
+
+async def main():
+    t = asyncio.create_task(lock.acquire_async(timeout=30))
+    for _ in range(5):
+        await asyncio.sleep(0.01)          # its place taken, its sleep armed
+    print("armed", flush=True)
+    sys.stdin.readline()                   # (the loop stops here: nothing of it runs)
+    t.cancel()                             # cancelled before the release's wake-up comes
+    print("cancelled", flush=True)
+    sys.stdin.readline()                   # released meanwhile: the wake-up came, unseen
+    try:
+        await t                            # the cancellation runs first: it withdraws
+    except asyncio.CancelledError:
+        pass
+    print("left", flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["io_uring", "thread"])
+@pytest.mark.parametrize(("kind", "n_async"), [("robust", 1), ("futex", 2)])
+def test_woken_async_waiter_that_leaves_wakes_a_sleeper(procs, new_lock, kind, n_async, mode):
+    """An unlock of a barging kind wakes a fixed number of sleepers (robust 1, futex 2);
+    async waiters that slept ahead of a thread take those wake-ups, then are cancelled
+    before their loop sees them, while the freed lock was taken by trylock (which announces
+    nothing): the thread asleep behind them must still be woken, and take the lock at the
+    next release, not at its timeout."""
+    if mode == "io_uring" and not URING:
+        pytest.skip("no io_uring FUTEX_WAITV here")
+    lock = new_lock(kind)
+    old = shmlocks.get_deadlock_timeout()
+    shmlocks.set_deadlock_timeout(None)  # (no deadlock looks: they would wake the thread)
+    try:
+        _woken_then_gone(procs, lock, kind, n_async, mode)
+    finally:
+        shmlocks.set_deadlock_timeout(old)
+
+
+def _woken_then_gone(procs, lock, kind, n_async, mode):
+    env = dict(os.environ)
+    env.pop("SHMLOCKS_AIO", None)
+    if mode == "thread":
+        env["SHMLOCKS_AIO"] = "thread"
+    assert lock.acquire(timeout=5)
+    ws = []
+    for _ in range(n_async):
+        p = procs.popen(
+            [sys.executable, "-c", _WOKEN_THEN_GONE, kind, lock.name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert p.stdout.readline().strip() == "armed"
+        if mode == "thread":  # (its waiter thread asleep in the kernel before the next)
+            until(lambda p=p: _helper_sleeps(p.pid), 10, "the waiter thread sleeps")
+        ws.append(p)
+    got = []
+
+    def sleeper():
+        t0 = time.monotonic()
+        ok = lock.acquire(timeout=8)
+        got.append((ok, time.monotonic() - t0))
+        if ok:
+            lock.release()
+
+    t = threading.Thread(target=sleeper)
+    t.start()
+    path = f"/proc/self/task/{_native_id(t)}/wchan"
+    until(lambda: "futex" in open(path).read(), 10, "the thread sleeps behind the tasks")
+    time.sleep(0.05)
+    for p in ws:
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "cancelled"
+    lock.release()  # wakes the async waiters ahead of the thread (their loops are stopped)
+    assert lock.acquire(blocking=False)  # a trylock: the sleepers' announcement is gone
+    time.sleep(0.1)
+    for p in ws:
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "left"
+        assert p.wait(10) == 0
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    lock.release()
+    t.join(15)
+    assert got and got[0][0], got
+    assert time.monotonic() - t0 < 1.0, f"the sleeping thread was not woken: {got}"
+    assert not lock.locked()
+
+
+def _helper_sleeps(pid: int) -> bool:
+    """Does a thread of process pid other than its main one sleep on a futex?"""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        if int(tid) != pid:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                    if "futex" in f.read():
+                        return True
+            except OSError:
+                pass
+    return False
+
+
+def _native_id(t, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while t.native_id is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return t.native_id

@@ -112,11 +112,13 @@ cdef class FutexMutex(_Lock):
         if w.nb:
             if res == R_WOULDBLOCK:
                 w.resume_rc = R_PENDING if c.keep_w else R_BUSY
-            elif res != R_ACQ and c.keep_w and ld32_seq(c.word) & FX_W:
+            elif res != R_ACQ and c.keep_w:
                 # A resumable wait that leaves after it slept may have been woken by an
                 # unlock (one of FX_WAKE) that it now does not use: wake another sleeper,
                 # who looks again and re-arms W (a sleeper woken in a blocking wait looks
-                # at the lock before it can time out)
+                # at the lock before it can time out). Whatever the word says: that
+                # unlock cleared W, and a CAS may have taken the lock since without it
+                # (tests/test_nbwait.py test_woken_async_waiter_that_leaves_wakes_a_sleeper)
                 shm_futex_wake(c.word, 1)
         return res
 

@@ -95,9 +95,12 @@ cdef class _PthreadMutexLock(_Lock):
         the sleep on the mutex word (_sleep) handed to the driver, the place being the
         FUTEX_WAITERS announcement (rc R_PENDING once made: the next trylock that takes
         the lock keeps FUTEX_WAITERS, as after a sleep). One that leaves after it slept
-        (a timeout, a withdrawal) wakes another sleeper in its stead: an unlock wakes one
-        waiter, which a blocking sleeper always uses (it looks at the lock before its
-        deadline), and a resumable one may not."""
+        (a timeout, a withdrawal) wakes another sleeper in its stead, whatever the word
+        says now: an unlock wakes one waiter, which a blocking sleeper always uses (it
+        looks at the lock before its deadline), and a resumable one may not; that unlock
+        cleared FUTEX_WAITERS, and a trylock may have taken the lock since without it, so
+        the bit no longer tells whether anyone sleeps (tests/test_nbwait.py
+        test_woken_async_waiter_that_leaves_wakes_a_sleeper)."""
         cdef uint32_t* word = pm_word(&self.b)
         cdef bint slept = rc == R_PENDING
         cdef int r
@@ -108,8 +111,7 @@ cdef class _PthreadMutexLock(_Lock):
         else:
             r = self._sleep(w, slept)
         if slept and r != R_WOULDBLOCK and r != R_ACQ and r != R_ACQ_DIED:
-            if ld32_seq(word) & FUTEX_WAITERS_:
-                shm_futex_wake(word, 1)
+            shm_futex_wake(word, 1)
         return r
 
     cdef int _sleep(self, wait_t* w, bint slept) noexcept nogil:
