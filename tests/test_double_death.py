@@ -7,6 +7,12 @@ protocol brings them there: waiting behind H, taking the lock, releasing it, or
 recovering the other (a recoverer killed mid-recovery). Then a live survivor must get the
 lock within 10 s, two processes must count under it exactly, and no slot may be left.
 
+The same matrix with A and B event loops (two tasks each, `acquire_async`), for every kind
+(robust and pi included, and the points only an async waiter passes), in both wait modes
+(io_uring, and `SHMLOCKS_AIO=thread`'s waiter thread): a process that lives must get every
+one of its acquires, and the survivor's checks are the same. The suite runs, per mode and
+kind, each point once as A's and once as B's.
+
 The RWLock has its own matrix over its points and the recovery driver's: H holds the
 write; A and B each read then write, three times; afterwards a survivor gets the write and
 a read, two writers count exactly while a reader never sees a writer inside, and no slot
@@ -14,7 +20,8 @@ is left.
 
 The full matrix runs with `SHMLOCKS_DOUBLE_DEATH=all pytest -s tests/test_double_death.py`
 (about 80 s on 4 workers, 4 min on one, for the locks; the RWLock's 121 pairs about
-3 min); the suite runs a fixed sample of each.
+3 min; the async one's 1,134 pairs a mode about 1 s each); the suite runs a fixed sample of
+each.
 """
 
 from __future__ import annotations
@@ -60,23 +67,24 @@ def _hold(lock, ready, go) -> None:
     lock.release()
 
 
-def _armed(code: str, args: list[str], point: str) -> subprocess.Popen:
+def _armed(code: str, args: list[str], point: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c", code, *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "SHMLOCKS_CRASHPOINT": point},
+        env={**(os.environ if env is None else env), "SHMLOCKS_CRASHPOINT": point},
     )
 
 
-def _settle(p: subprocess.Popen, seconds: float) -> None:
-    """Give p time to reach its wait (or its death) before the next step."""
+def _settle(p: subprocess.Popen, seconds: float, where: str = "futex") -> None:
+    """Give p time to reach its wait (or its death) before the next step: its main
+    thread asleep in `where` (a blocking acquire's futex; an event loop's epoll)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and p.poll() is None:
         try:
             with open(f"/proc/{p.pid}/wchan") as f:
-                if "futex" in f.read():
+                if where in f.read():
                     return
         except OSError:
             return
@@ -84,10 +92,21 @@ def _settle(p: subprocess.Popen, seconds: float) -> None:
 
 
 @contextlib.contextmanager
-def _two_deaths(held, code: str, args: list[str], p1: str, p2: str, what: str):
-    """H holds `held` (acquire/release); A and B run `code` armed at p1 and p2, queued
-    behind H in that order; H releases. Yields how A and B ended ("killed"/"done" each),
-    once both have; every process is gone after the block."""
+def _two_deaths(
+    held,
+    code: str,
+    args: list[str],
+    p1: str,
+    p2: str,
+    what: str,
+    env: dict | None = None,
+    settle=lambda p: _settle(p, 1.0),
+):
+    """H holds `held` (acquire/release); A and B run `code` armed at p1 and p2 (in
+    environment `env`), queued behind H in that order (`settle`: until each waits); H
+    releases. Yields how A and B ended ("killed"/"done" each), once both have; every
+    process is gone after the block. A participant that ends otherwise than by SIGKILL or
+    exit status 0 fails."""
     ctx = mp.get_context("fork")
     ready, go = ctx.Event(), ctx.Event()
     h = ctx.Process(target=_hold, args=(held, ready, go), daemon=True)
@@ -96,8 +115,8 @@ def _two_deaths(held, code: str, args: list[str], p1: str, p2: str, what: str):
         h.start()
         assert ready.wait(20)
         for point in (p1, p2):
-            armed.append(_armed(code, args, point))
-            _settle(armed[-1], 1.0)
+            armed.append(_armed(code, args, point, env))
+            settle(armed[-1])
         go.set()
         h.join(20)
         ends = []
@@ -184,6 +203,128 @@ def test_double_death_every_pair(kind):
             end = run_pair(k, a, b)
             tally[end] = tally.get(end, 0) + 1
     print(f"\n{kind}: {sum(tally.values())} pairs, {tally}")
+
+
+# --------------------------------------------------------------------------- asyncio
+
+#: A and B as event loops (docs/design.md §14): two tasks each take and release the lock
+#: three times (a cohort that holds for one task while the other waits behind it, and takes
+#: a new place when it releases); every acquire of a process that lives must succeed
+AIO_CODE = r"""
+import asyncio, sys, shmlocks
+l = shmlocks.KINDS[sys.argv[1]].open(sys.argv[2])
+failed = 0
+async def rounds():
+    global failed
+    for _ in range(3):
+        if await l.acquire_async(timeout=10):
+            if l.owner_died:
+                l.mark_consistent()
+            await asyncio.sleep(0)
+            l.release()
+        else:
+            failed += 1
+async def main():
+    await asyncio.gather(rounds(), rounds())
+asyncio.run(main())
+sys.exit(3 if failed else 0)
+"""
+
+AIO_MODES = ["io_uring", "thread"]
+
+
+def _aio_points(kind: str) -> list[str]:
+    """Every point of the kind an async participant may pass (the asynchronous ones
+    included; not the ticket overflow's, which needs 64 tickets outstanding)."""
+    return sorted(
+        p
+        for p, kinds in shmlocks._crashpoints().items()
+        if kind in kinds and not p.startswith("ticket.overflow.")
+    )
+
+
+AIO_PAIRS = [(k, a, b) for k in shmlocks.KINDS for a in _aio_points(k) for b in _aio_points(k)]
+
+
+def _aio_sample(mode: str) -> list[tuple[str, str, str]]:
+    """Per wait mode, per kind, each point once as A's and once as B's (a different
+    pairing in each mode)."""
+    out = []
+    for k in shmlocks.KINDS:
+        pts = _aio_points(k)
+        n = len(pts)
+        step = 3 if mode == "io_uring" else 5
+        out += [(k, pts[i], pts[(i * step + 1) % n]) for i in range(n)]
+    return out
+
+
+AIO_SAMPLE = [(m, *c) for m in AIO_MODES for c in _aio_sample(m)]
+
+
+def _aio_env(mode: str) -> dict:
+    if mode == "io_uring" and shmlocks._core.AIO_MODE != "io_uring":
+        pytest.skip("no io_uring FUTEX_WAITV here")
+    env = dict(os.environ)
+    env.pop("SHMLOCKS_AIO", None)
+    if mode == "thread":
+        env["SHMLOCKS_AIO"] = "thread"
+    return env
+
+
+def run_aio_pair(mode: str, kind: str, p1: str, p2: str) -> str:
+    """One pair with A and B event loops in wait mode `mode`; returns how they ended."""
+    env = _aio_env(mode)
+    lock = shmlocks.KINDS[kind].create(uniq(f"dda-{kind}"), max_participants=8)
+    what = f"{kind} async ({mode}) {p1} x {p2}"
+    try:
+        with _two_deaths(
+            lock,
+            AIO_CODE,
+            [lock.kind, lock.name],
+            p1,
+            p2,
+            what,
+            env=env,
+            settle=lambda p: _settle(p, 5.0, "epoll"),
+        ) as ends:
+            assert lock.acquire(timeout=10), f"{what}: the survivor got no lock"
+            if lock.owner_died:
+                lock.mark_consistent()
+            lock.release()
+            assert lock._describe()["waiters"] == 0, f"{what}: {lock._describe()}"
+            _count_exactly(mp.get_context("fork"), lock, what)
+            _no_slot_left(lock.region, what)
+            return ends
+    finally:
+        lock.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("mode", "kind", "p1", "p2"),
+    AIO_SAMPLE,
+    ids=[f"{m}-{k}-{a}-x-{b}" for m, k, a, b in AIO_SAMPLE],
+)
+def test_async_double_death_sample(mode, kind, p1, p2):
+    run_aio_pair(mode, kind, p1, p2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+@pytest.mark.skipif(
+    os.environ.get("SHMLOCKS_DOUBLE_DEATH") != "all",
+    reason="the whole matrix runs with SHMLOCKS_DOUBLE_DEATH=all (the suite runs a sample)",
+)
+@pytest.mark.parametrize("mode", AIO_MODES)
+@pytest.mark.parametrize("kind", list(shmlocks.KINDS))
+def test_async_double_death_every_pair(kind, mode):
+    """The whole async matrix for one kind and wait mode; prints the tally of ends."""
+    tally: dict[str, int] = {}
+    for k, a, b in AIO_PAIRS:
+        if k == kind:
+            end = run_aio_pair(mode, k, a, b)
+            tally[end] = tally.get(end, 0) + 1
+    print(f"\n{kind} async ({mode}): {sum(tally.values())} pairs, {tally}")
 
 
 # ---------------------------------------------------------------------------- RWLock
