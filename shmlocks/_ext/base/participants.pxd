@@ -369,6 +369,8 @@ cdef inline int agent_tasks(rmap_t* rm, uint32_t x, uint32_t lock1, uint32_t hsl
 #    a participant's recovery frees what it held of them.
 cdef enum:
     AS_VIP = 0          # the VIP turn: the holder id of the waiter that took it, 0 = none
+    AS_VIP_AT = 1       # when the last VIP turn was taken (CLOCK_MONOTONIC us, mod 2^32):
+                        # a hint, trusted for at most ASIDE_NS (wait.pxi aside_sleep)
     AS_SEATS = 4        # the spinner seats: each a spinning waiter's holder id, 0 = free
     AS_MAX_SEATS = 12
 

@@ -480,9 +480,9 @@ cdef int aside_sleep(wait_t* w) noexcept nogil:
     its deadline or a deadlock look's verdict comes (R_TIMEOUT), or a signal (R_SIGNAL).
     Its wait record says WAITING for the lock throughout (the wait-for graph sees it).
 
-    No waiter aside polls. The oldest sleeps to the end of its first ASIDE_NS aside at
-    most, watching the holder's liveness token; then, while a VIP turn is pending, on its
-    word and the VIP's token. Every other one sleeps on its word and the token of the
+    No waiter aside polls. The oldest sleeps to the end of its first ASIDE_NS aside (and
+    of ASIDE_NS since the last VIP turn was taken: AS_VIP_AT) at most, watching the
+    holder's liveness token; while a VIP turn is pending, on its word and the VIP's token. Every other one sleeps on its word and the token of the
     waiter aside just ahead of it. Whoever makes it the oldest (that one taking the turn
     or leaving: aside_kick) or frees the turn wakes it; a death it watches wakes it too
     (with futex_waitv; else it looks every PARK_SLICE_NS). As it leaves, it wakes the next."""
@@ -493,7 +493,8 @@ cdef int aside_sleep(wait_t* w) noexcept nogil:
     cdef uint32_t* own = &b.precs[me].aside_wake
     cdef uint64_t since = ld64_rlx(&w.rm.part[me].wait_since)
     cdef watch_t ws
-    cdef int64_t now, t_first, t
+    cdef int64_t now, t_first, t, t_gap
+    cdef uint32_t gap
     cdef int r, d, ahead, changed = 0
     cdef uint32_t v, vip, h
     global g_aside_steps, g_aside_vips, g_aside_sleeps
@@ -525,8 +526,17 @@ cdef int aside_sleep(wait_t* w) noexcept nogil:
                 t = now + PARK_SLICE_NS          # (it left or died: look again soon)
         else:
             vip = ld32_seq(&a[AS_VIP])
+            if vip == 0:
+                # one turn per ASIDE_NS at most: back-to-back turns would keep a VIP
+                # pending all the time, and every newcomer would step aside
+                gap = <uint32_t>(now >> 10) - ld32_rlx(&a[AS_VIP_AT])
+                if gap < <uint32_t>(ASIDE_NS >> 10):             # (a hint: at most ASIDE_NS)
+                    t_gap = now + <int64_t>((<uint32_t>(ASIDE_NS >> 10) - gap) << 10)
+                    if t_gap > t_first:
+                        t_first = t_gap
             if vip == 0 and now >= t_first:
                 if cas32(&a[AS_VIP], 0, w.aside_id):
+                    st32_rlx(&a[AS_VIP_AT], <uint32_t>(now >> 10))
                     w.vip = 1
                     g_aside_vips += 1
                     crashpoint("aside.vip")
