@@ -11,7 +11,7 @@ cdef object dl_raise(str what, found)
 # the chain walk for a waiter that is not a blocked thread (an asyncio cohort's driver,
 # docs/design.md §9 "The walk's entry point")
 cdef int dl_chain_walk(rmap_t* rm, uint32_t slot, uint32_t lock, uint64_t task,
-                       char** text, int* members) noexcept nogil
+                       int64_t since, int detects, char** text, int* members) noexcept nogil
 
 
 cdef inline void dl_arm(wait_t* w, rmap_t* rm, uint32_t me, int64_t now) noexcept nogil:

@@ -168,11 +168,13 @@ cdef void _dl_src(rmap_t* rm, dlw_src* s) noexcept nogil:
 
 
 cdef int dl_chain_walk(rmap_t* rm, uint32_t slot, uint32_t lock, uint64_t task,
-                       char** text, int* members) noexcept nogil:
+                       int64_t since, int detects, char** text, int* members) noexcept nogil:
     """The chain walk for any waiter: participant `slot` of region rm (mapped by this
     process), published as waiting for lock index `lock` there (its wait record, or for an
-    asyncio task, the record of the cohort that waits for it), as task `task` (0: a
-    thread). C, no GIL, no Python code; reads only the segments on the chain.
+    asyncio task, the record of the cohort it waits behind), as task `task` (0: a thread;
+    a task's wait began at `since` and `detects` says if its process detects, the values
+    its wait links carry; since -1: the record's). C, no GIL, no Python code; reads only
+    the segments on the chain.
       DLW_NONE    no cycle through it (or the walk hit a bound: no claim);
       DLW_VICTIM  a confirmed cycle whose victim it is: *text, malloc'd (free() it; NULL
                   if out of memory), one line per member, *members of them;
@@ -186,7 +188,7 @@ cdef int dl_chain_walk(rmap_t* rm, uint32_t slot, uint32_t lock, uint64_t task,
     if rm == NULL or rm.base == NULL or slot >= rmap_hwm(rm):
         return DLW_NONE
     _dl_src(rm, &src)
-    return shm_walk(&src, slot, lock, task, shm_now_ns(), text, members)
+    return shm_walk(&src, slot, lock, task, since, detects, shm_now_ns(), text, members)
 
 
 cdef int dl_look(wait_t* w, int64_t now, uint32_t poke) noexcept nogil:
@@ -218,7 +220,7 @@ cdef int dl_look(wait_t* w, int64_t now, uint32_t poke) noexcept nogil:
     lock1 = ld32_rlx(&p.op_lock)
     if ld32_rlx(&p.op_step) != SHM_OP_WAITING or lock1 == 0:
         return 0
-    r = dl_chain_walk(rm, w.dl_slot, lock1 - 1, 0, &text, &members)
+    r = dl_chain_walk(rm, w.dl_slot, lock1 - 1, 0, -1, 0, &text, &members)
     if r == DLW_VICTIM and 0 <= w.dl_from <= now:
         free(w.dl_text)
         w.dl_text = text
@@ -267,7 +269,7 @@ def _dl_walk(Region region not None, uint32_t slot, uint32_t lock, uint64_t task
     if rm == NULL or rm.base == NULL:
         raise ValueError("region is closed")
     with nogil:
-        r = dl_chain_walk(rm, slot, lock, task, &text, &members)
+        r = dl_chain_walk(rm, slot, lock, task, -1, 0, &text, &members)
     out = None
     if text != NULL:
         out = text.decode("utf-8", "replace")

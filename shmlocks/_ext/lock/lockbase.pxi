@@ -739,6 +739,11 @@ cdef class _Lock:
     def __aexit__(self, t, v, tb):
         return _aio_module().aexit(self, t)
 
+    def _lockdep_cls(self):
+        """The lock's lockdep class (not API: the asyncio side's validation of a task's
+        lock order, shmlocks/_aio.py; docs/design.md §11)."""
+        return self._lockdep_class()
+
     # -- state ----------------------------------------------------------------------------
 
     def locked(self):
@@ -998,6 +1003,7 @@ cdef class _Agent:
     cdef reg_t* r
     cdef wait_t w
     cdef watch_t ws
+    cdef watch_t pk                  # its poke word, watched for the task it holds for
     cdef int _active                 # 1 while a wait is in progress (a place taken)
     cdef int pid
     cdef unsigned long owner
@@ -1269,6 +1275,66 @@ cdef class _Agent:
             st32_rlx(&p.link_flags, SHM_LINK_DETECTS if g_dl_timeout_ns >= 0 else 0)
         fadd32(&p.link_seq, 1)                       # even: stable
 
+    @property
+    def poke(self):
+        """The record's poke word now: what a walker that finds the task this agent holds
+        for the victim of a cycle bumps and wakes (docs/design.md §9). Read before the
+        task's links are written, and armed (arm_poke) after its walk."""
+        self._mine()
+        return ld32_acq(&self.lk.rm.part[self.r.slot].poke)
+
+    cdef int _poke_set(self, uint32_t val) except -1:
+        self._mine()
+        self.pk.n = 0
+        self.pk.token = -1
+        self.pk.rec = NULL
+        watch_word(&self.pk, &self.lk.rm.part[self.r.slot].poke, val)
+        return 0
+
+    def arm_poke(self, _Ring ring, uint64_t user_data, uint32_t val):
+        """A FUTEX_WAITV on the record's poke word while it holds `val` (io_uring): it
+        completes when a walker pokes the task this agent holds for. The agent holds (its
+        mapping stays) until the task's wait ends, which cancels it (docs/design.md §14)."""
+        cdef shm_waitv* v
+        self._poke_set(val)
+        v = <shm_waitv*>calloc(1, sizeof(shm_waitv))
+        if v == NULL:
+            raise MemoryError()
+        shm_waitv_fill(&v[0], self.pk.words[0], self.pk.vals[0])
+        ring._submit(v, 1, user_data)
+
+    def arm_poke_thread(self, _Waiter waiter, uint64_t id, uint32_t val):
+        """arm_poke for the fallback's waiter thread (AIO_MODE "thread")."""
+        self._poke_set(val)
+        waiter._add(&self.pk, id)
+
+    def walk(self, uint64_t task_id, int64_t since):
+        """The chain walk (docs/design.md §9) for task `task_id`, which waits for this
+        agent's lock behind this cohort since `since` (CLOCK_MONOTONIC ns: the since its
+        wait links carry) and holds locks through other cohorts whose links are written:
+        (result, members, text), the result "none", "victim" (a confirmed cycle whose
+        victim is this task: `text` describes it) or "other" (a confirmed cycle whose
+        victim, another member, was poked; or nobody in it detects). C, without the GIL;
+        reads only the segments on the chain."""
+        cdef char* text = NULL
+        cdef int members = 0
+        cdef int r
+        cdef rmap_t* rm
+        cdef uint32_t slot, lock
+        cdef int detects = g_dl_timeout_ns >= 0
+        self._mine()
+        rm = self.lk.rm
+        slot = self.r.slot
+        lock = self.lk._lock1 - 1
+        with nogil:
+            shm_fence_seq()                  # its links (and record) published, then walk
+            r = dl_chain_walk(rm, slot, lock, task_id, since, detects, &text, &members)
+        out = None
+        if text != NULL:
+            out = text.decode("utf-8", "replace")
+            free(text)
+        return ({DLW_NONE: "none", DLW_VICTIM: "victim", DLW_OTHER: "other"}[r], members, out)
+
     def key(self):
         """(pidns, pid, tid, tstart) of the agent's thread: with a task id, a task's node
         of the wait-for graph (shmlocks/waitgraph.py)."""
@@ -1336,6 +1402,7 @@ cdef class _NbWait:
     cdef reg_t* r
     cdef wait_t w
     cdef watch_t ws
+    cdef watch_t pk                  # its poke word, watched for the task it holds for
     cdef int _active                 # 1 while a wait is in progress (a place taken)
     cdef int64_t t0
     cdef unsigned long owner

@@ -689,9 +689,12 @@ static inline void dlw_bfs(dlw_ctx *c) {
     }
 }
 
-/* Node 0: the waiter of record `slot` of segment 0 waiting for lock `lock`. 0, or -1 if
- * its record is not a live one. */
-static inline int dlw_start(dlw_ctx *c, uint32_t slot, uint32_t lock, uint64_t task) {
+/* Node 0: the waiter of record `slot` of segment 0 waiting for lock `lock`; a task
+ * (task != 0) of that record's thread with its own wait's since and detects (since >= 0:
+ * the values its wait links carry, which every other walker reads; the record's own are
+ * its cohort's first waiter's). 0, or -1 if its record is not a live one. */
+static inline int dlw_start(dlw_ctx *c, uint32_t slot, uint32_t lock, uint64_t task,
+                            int64_t since, int detects) {
     shm_participant p;
     dlw_node *me = &c->node[0];
     if (dlw_part(c, 0, slot, &p) != 0 || !dlw_alive(&p) || !dlw_lock_ok(c, 0, lock))
@@ -699,8 +702,8 @@ static inline int dlw_start(dlw_ctx *c, uint32_t slot, uint32_t lock, uint64_t t
     memset(me, 0, sizeof *me);
     me->key = dlw_key_of(&p);
     me->key.task = task;
-    me->since = (int64_t)p.wait_since;
-    me->detects = p.detects != 0;
+    me->since = since >= 0 ? since : (int64_t)p.wait_since;
+    me->detects = since >= 0 ? detects != 0 : p.detects != 0;
     me->pgen = p.generation;
     me->slot = me->pslot = me->hslot = slot;
     me->lock = lock;
@@ -805,7 +808,9 @@ static inline char *dlw_describe(dlw_ctx *c, int64_t now) {
         dlw_lockref(c, m->seg, m->lock, dlw_wmodes[m->mode % 3], waits, sizeof waits);
         task[0] = 0;
         if (m->key.task != 0) {
-            if (dlw_part(c, m->hseg, m->hslot, &p) == 0) {
+            /* the record it was reached through names it (node 0, a task: its cohort's
+               record may name the cohort's first waiter instead) */
+            if (dlw_part(c, m->hseg, m->hslot, &p) == 0 && p.task_id == m->key.task) {
                 p.label[sizeof p.label - 1] = 0;
                 snprintf(task, sizeof task, " (task '%s')", p.label);
             } else {
@@ -826,7 +831,8 @@ static inline char *dlw_describe(dlw_ctx *c, int64_t now) {
 
 /* The chain walk from record `slot` of the region mapped by `mine` (its mapping and name,
  * state 1), waiting for lock index `lock` (as task `task`: 0 for a thread, the task's id
- * for a cohort's), at CLOCK_MONOTONIC `now`:
+ * for a cohort's; since >= 0: the task's wait began then, and `detects` says if its
+ * process looks for deadlocks, else both are the record's), at CLOCK_MONOTONIC `now`:
  *   DLW_NONE    no cycle through it (nothing found, a stale record, or a bound hit);
  *   DLW_VICTIM  a cycle, confirmed, and it is the victim: *text (malloc'd, the caller frees;
  *               NULL if out of memory) has a line per member, *members their number;
@@ -835,10 +841,10 @@ static inline char *dlw_describe(dlw_ctx *c, int64_t now) {
  * nogil; its one heap block is its context (~40 KB, freed before it returns), and the
  * text. */
 static inline int shm_walk(const dlw_src *mine, uint32_t slot, uint32_t lock, uint64_t task,
-                           int64_t now, char **text, int *members) {
+                           int64_t since, int detects, int64_t now, char **text, int *members) {
     dlw_ctx *c;
     dlw_key keys[DLW_DEPTH + 1];
-    int64_t since[DLW_DEPTH + 1];
+    int64_t sinces[DLW_DEPTH + 1];
     uint32_t locks[DLW_DEPTH + 1];
     uint16_t segs[DLW_DEPTH + 1];
     int i, n, rc = DLW_NONE;
@@ -853,7 +859,7 @@ static inline int shm_walk(const dlw_src *mine, uint32_t slot, uint32_t lock, ui
     c->seg[0] = *mine;
     c->seg[0].fd = -1;
     c->seg[0].state = 1;
-    if (dlw_start(c, slot, lock, task) != 0)
+    if (dlw_start(c, slot, lock, task, since, detects) != 0)
         goto done;
     dlw_bfs(c);
     if (c->ncyc == 0)
@@ -861,7 +867,7 @@ static inline int shm_walk(const dlw_src *mine, uint32_t slot, uint32_t lock, ui
     n = c->ncyc;                        /* the first walk's cycle, then a second walk */
     for (i = 0; i < n; i++) {
         keys[i] = c->node[c->cyc[i]].key;
-        since[i] = c->node[c->cyc[i]].since;
+        sinces[i] = c->node[c->cyc[i]].since;
         locks[i] = c->node[c->cyc[i]].lock;
         segs[i] = c->node[c->cyc[i]].seg;
     }
@@ -874,14 +880,14 @@ static inline int shm_walk(const dlw_src *mine, uint32_t slot, uint32_t lock, ui
         else if (c->seg[i].state == 1)
             c->seg[i].hwm = h;
     }
-    if (dlw_start(c, slot, lock, task) != 0)
+    if (dlw_start(c, slot, lock, task, since, detects) != 0)
         goto done;
     dlw_bfs(c);
     if (c->ncyc != n)
         goto done;
     for (i = 0; i < n; i++) {
         const dlw_node *m = &c->node[c->cyc[i]];
-        if (!dlw_key_eq(&m->key, &keys[i]) || m->since != since[i] || m->lock != locks[i]
+        if (!dlw_key_eq(&m->key, &keys[i]) || m->since != sinces[i] || m->lock != locks[i]
                 || m->seg != segs[i])
             goto done;
     }

@@ -381,7 +381,7 @@ cdef extern from "shm_walk.h" nogil:
         int tbl_state
     void shm_walk_trust(const uint32_t* uids, int n)
     int shm_walk(const dlw_src* mine, uint32_t slot, uint32_t lock, uint64_t task,
-                 int64_t now, char** text, int* members)
+                 int64_t since, int detects, int64_t now, char** text, int* members)
     void shm_fence_seq()
     void* shm_tls_dlwait_get()
     void shm_tls_dlwait_set(void*)
