@@ -27,13 +27,15 @@ resumable wait, docs/design.md §5), and it has that place only while a task wai
 - A task's timeout, cancellation or deadlock takes it out of the deque; a cohort with no
   task left withdraws its place; a grant that finds no task to take it (or a task
   cancelled as it is granted) is released at once, owner_died handed on.
-- A cycle of tasks of one loop is refused when the task that closes it enqueues; a cycle
-  through other threads or processes is found by the look (shmlocks/waitgraph.py: the
-  cohorts' records name the task they act for, and the wait links of a task's holds say
-  what it waits for) and the member that began to wait last gets DeadlockError. The look
-  reads every segment, so it comes no sooner than 1 s into a wait (_DL_SCAN_MIN_S), even
-  with the deadlock timeout below that (its default is 0 since threads follow the chain
-  instead, docs/design.md §9).
+- A cycle of tasks of one loop is refused when the task that closes it enqueues. A cycle
+  through other threads, processes or loops is on the chain walk (docs/design.md §9), as
+  a thread's: a task that holds locks and begins to wait writes its wait link into each
+  cohort record that holds for it (the record names the task: its key is the loop
+  thread's and the task's id), then walks the chain from itself (``_Agent.walk``, C);
+  the member of a cycle that began to wait last gets DeadlockError, and a walker that
+  finds a task the victim pokes one of its holding records, whose poke words the task's
+  driver watches while it waits (``_Poked``). A task that holds nothing is in no cycle
+  and never walks.
 """
 
 from __future__ import annotations
@@ -61,19 +63,9 @@ _CANCEL_BIT = 1 << 63
 _LABEL_MAX = 40  # bytes of a task's name in its cohort's record (shm_layout.h label)
 _CUT_MIN_S = 0.005  # a cut recovery is polled again after this, doubling ...
 _CUT_MAX_S = 0.2  # ... up to this (the loop thread's time is not the recovery's)
-_DL_RECHECK_S = 0.5  # a task waiting past the deadlock timeout is looked at this often
-#: the look reads every segment of the machine (waitgraph.snapshot): tasks are not on the
-#: chain walk yet (docs/design.md §9), so a task is looked at no sooner than this, even
-#: with the deadlock timeout below it (the default is 0 since the threads' walk): a look
-#: per wait would cost every asyncio program a scan of /dev/shm each time a task waits
-_DL_SCAN_MIN_S = 1.0
-
-
-def _dl_timeout() -> float | None:
-    """How old a task's wait must be before the look (None: detection off)."""
-    timeout = _core.get_deadlock_timeout()
-    return None if timeout is None else max(timeout, _DL_SCAN_MIN_S)
-
+_DL_RECHECK_S = 0.5  # a task waiting past the deadlock timeout walks again this often
+_DL_POKED_MIN_S = 0.005  # a poked task walks again at most this often (as a thread)
+walks = 0  # chain walks of tasks (tests)
 
 _local = threading.local()
 _task_ids: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
@@ -120,6 +112,31 @@ class _Entry:
         self.t0 = t0
         self.timer: asyncio.TimerHandle | None = None
         self.done = False
+
+
+class _DLWait:
+    """The chain walk's state of a waiting task that holds locks (docs/design.md §9)."""
+
+    __slots__ = ("timer", "arms", "last")
+
+    def __init__(self) -> None:
+        self.timer: asyncio.TimerHandle | None = None  # its next walk (timeout, recheck)
+        self.arms: list[int] = []  # the watches of its holding records' poke words
+        self.last = 0  # when it last walked (ns)
+
+
+class _Poked:
+    """A watch of a poke word of a waiting task's holding record (in the driver's
+    ``inflight``, as a cohort's sleep is): its completion makes the task walk again."""
+
+    __slots__ = ("d", "task")
+
+    def __init__(self, d: _Driver, task: asyncio.Task[Any]) -> None:
+        self.d = d
+        self.task = task
+
+    def woken(self, ud: int) -> None:
+        self.d.poked(self.task, ud)
 
 
 class _Cohort:
@@ -398,14 +415,13 @@ class _Driver:
         self.cohorts: dict[int, _Cohort] = {}  # id(lock) -> its cohort
         self.held: dict[asyncio.Task[Any], list[_Cohort]] = {}  # a task's holds
         self.waits: dict[asyncio.Task[Any], tuple[_Cohort, _Entry]] = {}  # holders' waits
-        self.inflight: dict[int, _Cohort] = {}  # a sleep's id -> its cohort
+        self.inflight: dict[int, _Cohort | _Poked] = {}  # a sleep's id -> its cohort
         self.seq = 0
         self.ring: Any = None
         self.efd = -1
         self.waiter: Any = None
         self.wthread: threading.Thread | None = None
-        self.dl_timer: asyncio.TimerHandle | None = None
-        self.key: tuple[int, int, int, int] | None = None
+        self.dl: dict[asyncio.Task[Any], _DLWait] = {}  # the walks of holders' waits
         _drivers.add(self)
 
     # -- the loop ---------------------------------------------------------------------
@@ -423,7 +439,6 @@ class _Driver:
             if old.is_closed():
                 self._forget_loop(old)
         self.loop = loop
-        self.dl_timer = None
         if _URING:
             if self.ring is None:
                 self.ring = _core._Ring(256)
@@ -445,6 +460,9 @@ class _Driver:
             if c.state == WAITING:
                 c.withdraw()
         self.waits.clear()
+        for st in self.dl.values():
+            self._dl_unarm(st)
+        self.dl.clear()
 
     def cohort(self, lock: Any) -> _Cohort:
         c = self.cohorts.get(id(lock))
@@ -453,8 +471,6 @@ class _Driver:
         self._sweep()
         c = _Cohort(self, lock)
         self.cohorts[id(lock)] = c
-        if self.key is None:
-            self.key = c.agent.key()
         return c
 
     def _sweep(self) -> None:
@@ -533,7 +549,8 @@ class _Driver:
 
     def linked(self, task: asyncio.Task[Any], c: _Cohort, e: _Entry) -> None:
         """`task` (which holds locks through cohorts) waits behind c: each cohort that
-        holds for it names, in its record, the lock it waits for (the wait link)."""
+        holds for it names, in its record, the lock it waits for (the wait link), and the
+        task walks the chain from itself (docs/design.md §9)."""
         hs = self.held.get(task)
         if not hs:
             return
@@ -542,11 +559,15 @@ class _Driver:
         for h in hs:
             h.agent.link(seg, lock1, e.t0)
             h.linked = True
-        self._dl_schedule()
+        self.dl[task] = _DLWait()
+        self._dl_walk(task)
 
     def unlinked(self, task: asyncio.Task[Any]) -> None:
         if self.waits.pop(task, None) is None:
             return
+        st = self.dl.pop(task, None)
+        if st is not None:
+            self._dl_unarm(st)
         for h in self.held.get(task, ()):
             if h.linked:
                 h.linked = False
@@ -572,72 +593,88 @@ class _Driver:
                 path.append(cur)
         return None
 
-    def _dl_schedule(self) -> None:
-        """Look for cycles through this loop's waiting tasks once the oldest of their
-        waits is the deadlock timeout (at least _DL_SCAN_MIN_S) old, then every
-        _DL_RECHECK_S."""
-        timeout = _dl_timeout()
-        if self.dl_timer is not None or timeout is None or not self.waits or self.loop is None:
-            return
-        t0 = min(e.t0 for _, e in self.waits.values())
-        delay = max(0.0, t0 / 1e9 + timeout - time.monotonic())
-        self.dl_timer = self.loop.call_later(delay, self._dl_look)
+    # -- the chain walk of a task's wait (docs/design.md §9) ----------------------------
 
-    def _dl_look(self) -> None:
-        """The look (docs/design.md §9) for this loop's tasks that hold locks and wait:
-        a task of a cycle that must give up (the one that began to wait last) gets
-        DeadlockError. The wait-for graph (shmlocks/waitgraph.py) is read once for all
-        of them, twice when one is found (a cycle seen across a hand-off is not one)."""
-        self.dl_timer = None
-        timeout = _dl_timeout()
-        if timeout is None or not self.waits or self.key is None:
+    def _dl_unarm(self, st: _DLWait) -> None:
+        if st.timer is not None:
+            st.timer.cancel()
+            st.timer = None
+        for ud in st.arms:
+            self.disarm(ud)
+        st.arms = []
+
+    def _dl_walk(self, task: asyncio.Task[Any]) -> None:
+        """Walk the chain from `task`'s wait (its links are written): a confirmed cycle
+        whose victim it is, once its deadlock timeout has passed, ends its wait with
+        DeadlockError; otherwise it walks again at its timeout, every _DL_RECHECK_S after
+        that, and when poked (the poke words of its holding records, read before the
+        walk, are watched after it: a poke meanwhile completes the watch at once)."""
+        global walks
+        st = self.dl.get(task)
+        w = self.waits.get(task)
+        loop = self.loop
+        if st is None or w is None or loop is None:
             return
+        c, e = w
+        if e.done or e.fut.done():
+            return
+        self._dl_unarm(st)
+        vals = [(h, h.agent.poke) for h in self.held.get(task, ()) if h.linked]
+        walks += 1
+        res, n, text = c.agent.walk(_task_id(task), e.t0)
         now = time.monotonic_ns()
-        slack = 10_000_000  # (a timer may fire a little early: uvloop's clock is in ms)
-        due = [
-            (t, c, e)
-            for t, (c, e) in self.waits.items()
-            if not e.done and now - e.t0 + slack >= timeout * 1e9
-        ]
-        if due:
-            from . import waitgraph
-
-            g = waitgraph.snapshot()
-            for t, c, e in due:
-                me = (*self.key, _task_id(t))
-                cyc = g.cycle_from(me)
-                if cyc is None or g.victim(me) != me:
-                    continue
-                g2 = waitgraph.snapshot()
-                c2 = g2.cycle_from(me)
-                if (
-                    c2 is None
-                    or g2.victim(me) != me
-                    or [(m.thread.key, m.thread.since_ns) for m in cyc]
-                    != [(m.thread.key, m.thread.since_ns) for m in c2]
-                ):
-                    continue
-                if e.done:
-                    continue
-                c._drop(e)
-                e.fut.set_exception(
-                    DeadlockError(
-                        f"deadlock: task {t.get_name()!r} (pid {os.getpid()}) waits for "
-                        f"{c.lock.kind} lock {c.lock.name!r} in a cycle of {len(c2)}; it "
-                        "gave up its wait (the last of the cycle to begin waiting) and keeps "
-                        "its locks:\n" + waitgraph.describe_cycle(c2)
-                    )
+        st.last = now
+        timeout = _core.get_deadlock_timeout()
+        due = -1 if timeout is None else e.t0 + int(timeout * 1e9)
+        if res == "victim" and 0 <= due <= now:
+            tid = _task_id(task)
+            if text is not None:  # (its own line names it by number: its cohort's record
+                # may name the cohort's first waiter, docs/design.md §9)
+                first, nl, rest = text.partition("\n")
+                text = first.replace(f" (task {tid})", f" (task {_label(task).decode()!r})", 1)
+                text += nl + rest
+            c._drop(e)
+            e.fut.set_exception(
+                DeadlockError(
+                    f"deadlock: task {task.get_name()!r} (pid {os.getpid()}) waits for "
+                    f"{c.lock.kind} lock {c.lock.name!r} in a cycle of {n}; it gave up its "
+                    "wait (the last of the cycle to begin waiting) and keeps its locks:\n"
+                    + (text or "(out of memory to describe it)")
                 )
-                g = waitgraph.snapshot()  # (the graph changed)
-        if self.waits and self.loop is not None and not self.loop.is_closed():
-            # the next look: in _DL_RECHECK_S for the waits looked at, or when the next of
-            # the others comes of age
-            later = [e.t0 / 1e9 + timeout for _, e in self.waits.values()]
-            nxt = [x for x in later if x > now / 1e9 + slack / 1e9]
-            delay = _DL_RECHECK_S if due else 0.0
-            if nxt and (not due or min(nxt) - time.monotonic() < delay):
-                delay = max(0.0, min(nxt) - time.monotonic())
-            self.dl_timer = self.loop.call_later(delay, self._dl_look)
+            )
+            return
+        if due >= 0:
+            at = due if due > now else now + int(_DL_RECHECK_S * 1e9)
+            st.timer = loop.call_later((at - now) / 1e9, self._dl_walk, task)
+        for h, val in vals:
+            st.arms.append(self._arm_poke(h, val, _Poked(self, task)))
+
+    def _arm_poke(self, h: _Cohort, val: int, pk: _Poked) -> int:
+        self.seq += 1
+        ud = self.seq
+        self.inflight[ud] = pk
+        if _URING:
+            h.agent.arm_poke(self.ring, ud, val)
+        else:
+            if self.waiter is None:
+                self._start_waiter()
+            h.agent.arm_poke_thread(self.waiter, ud, val)
+        return ud
+
+    def poked(self, task: asyncio.Task[Any], ud: int) -> None:
+        """A poke word of `task`'s holding records changed: walk again (at most every
+        _DL_POKED_MIN_S)."""
+        st = self.dl.get(task)
+        if st is None or ud not in st.arms or self.loop is None:
+            return
+        st.arms.remove(ud)
+        wait = st.last + int(_DL_POKED_MIN_S * 1e9) - time.monotonic_ns()
+        if wait <= 0:
+            self._dl_walk(task)
+            return
+        if st.timer is not None:
+            st.timer.cancel()
+        st.timer = self.loop.call_later(wait / 1e9, self._dl_walk, task)
 
     # -- the end ----------------------------------------------------------------------
 
