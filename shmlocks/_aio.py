@@ -45,6 +45,7 @@ import atexit
 import collections
 import itertools
 import os
+import sys
 import threading
 import time
 import weakref
@@ -764,6 +765,8 @@ async def acquire(lock: Any, deadline: int) -> bool:
             f"this task already holds {lock.kind} lock {lock.name!r} "
             "(shmlocks locks are not reentrant)"
         )
+    if deadline != 0 and task in d.held:
+        _lockdep_before(d, task, lock)
     if c.state == IDLE and c.holder is None and c.nwait == 0:
         if deadline == 0:
             if c.agent.try_():
@@ -811,6 +814,21 @@ async def acquire(lock: Any, deadline: int) -> bool:
     finally:
         if not e.done:
             c._drop(e)
+
+
+def _lockdep_before(d: _Driver, task: asyncio.Task[Any], lock: Any) -> None:
+    """Lock-order validation (docs/design.md §11), when it is on: a blocking or timed
+    acquire by a task that holds locks validates and records the orders from the classes
+    the task holds (its cohorts' locks, in the order it took them; a non-blocking acquire
+    counts as held) to this lock's, as a thread's acquire does from the classes the thread
+    holds. Raises LockOrderError (or warns) before any place is taken."""
+    ld = sys.modules.get("shmlocks.lockdep")
+    if ld is None or ld._mode is None:
+        return
+    held = [h.lock._lockdep_cls() for h in d.held.get(task, ())]
+    cls = lock._lockdep_cls()
+    if held and (tuple(held), cls) not in ld._validated:
+        ld.before(cls, held)
 
 
 async def aenter(lock: Any, deadline: int) -> Any:

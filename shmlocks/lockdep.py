@@ -200,9 +200,14 @@ def _path(src: str, dst: str) -> list[str] | None:
     return None
 
 
+#: frames of these files are not the acquire's call site: this one, and the asyncio side
+#: (an awaited acquire_async runs in shmlocks/_aio.py's coroutines)
+_INNER = (__file__, os.path.join(os.path.dirname(__file__), "_aio.py"))
+
+
 def _site() -> dict[str, Any]:
     f: Any = sys._getframe(2)  # 0: here, 1: before(); acquire/__enter__ are C (no frame)
-    while f is not None and f.f_code.co_filename == __file__:
+    while f is not None and f.f_code.co_filename in _INNER:
         f = f.f_back
     if f is None:
         return {"file": "?", "line": 0, "function": "?", "pid": os.getpid()}
@@ -219,7 +224,7 @@ def _stacklevel() -> int:
     this module, the user's acquire (acquire and __enter__ are C: they have no frame)."""
     f: Any = sys._getframe(1)
     level = 1
-    while f is not None and f.f_code.co_filename == __file__:
+    while f is not None and f.f_code.co_filename in _INNER:
         f = f.f_back
         level += 1
     return level
