@@ -89,3 +89,19 @@ def test_autogroup_nice_runs_in_a_session_of_its_own():
     assert "autogroup: /autogroup-" in out.stderr
     with open("/proc/self/autogroup") as f:
         assert f.read() == mine
+
+
+def test_stripe_handoff_compares_a_stripe_with_a_plain_lock(capsys):
+    """bench/stripe_handoff.py: a contended hand-off on stripe 0 of a table and on a plain
+    lock of its kind, each cell checked for exclusion, both reported with their hand-offs."""
+    import stripe_handoff
+
+    rc = stripe_handoff.main(
+        ["--procs", "2", "--kinds", "futex,robust", "--seconds", "0.05", "--rounds", "2", "--json"]
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {f"{k} {s} P=2" for k in ("futex", "robust") for s in ("plain", "stripe")}
+    for cell in out.values():
+        assert cell["ops_per_s"] > 0 and 0 <= cell["handoff_share"] <= 1
+        assert len(cell["all_ops_per_s"]) == 2
