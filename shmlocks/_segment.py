@@ -13,13 +13,23 @@ participants. A file that shrinks meanwhile gives a short read (``Shrunk``), nev
 every index read from it (a holder's slot, a lock index, a queue node) is bounds-checked
 before use, against the participants provisioned. The kinds' "is it held" tests mirror
 their ``_is_locked`` in shmlocks/_ext/kinds/*.pxi.
+
+In two steps, so that a reader of many segments reads only what it needs of each:
+``read_head`` (the header, the directory and the participants: a ``Head``, all ``ls``
+shows; ``check_head`` raises what the rest would, reading only a lock table's header) and
+then the bodies (``read_fd``: the ``Segment``). ``read`` does both. A participant's record
+is decoded only when asked for; its state (free, alive, dead) is read from three of its
+words (``_states``), so a segment of many free slots costs little.
 """
 
 from __future__ import annotations
 
+import itertools
+import operator
 import os
 import struct
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from shmlocks import _core, _shmread
@@ -40,6 +50,8 @@ _PART = struct.Struct("<I124xIIIIQQIIQQQIII4xQ40sIIQ201s39x")
 _DIRENT = struct.Struct("<II8x56s")
 _CTL = struct.Struct("<IIII5QI")  # kind, flags, holder, magic, 5 counters, last_pid
 _CTL_RARE = struct.Struct("<QQ")  # owner_deaths, timeouts (bytes 112..127)
+_U32, _U32X4 = struct.Struct("<I"), struct.Struct("<IIII")
+_U64, _U64X2 = struct.Struct("<Q"), struct.Struct("<QQ")
 STATE_READY = _L["state_ready"]
 DIRENT_READY = _L["dirent_ready"]
 BODY_MAGIC = _L["body_magic"]
@@ -216,17 +228,96 @@ class Table(NamedTuple):
         return KIND_NAMES.get(self.sub, "?")
 
 
+# offsets in a participant's record of what its state needs (_PART: word, op_step, pending)
+_P_WORD, _P_STEP, _P_PENDING = 0, 140, 160
+_LITTLE = sys.byteorder == "little"
+
+
+def _states(parts: bytes, n: int) -> list[int]:
+    """Each provisioned slot's state (``Participant.state``: 0 free, 1 alive, 2 dead) from
+    the participants' bytes, without decoding every record: three words of each, read
+    through strided views (a free slot is the common case)."""
+    if _LITTLE:
+        w = PART_SIZE // 4
+        mv = memoryview(parts).cast("I")
+        words = mv[_P_WORD // 4 :: w].tolist()
+        steps = mv[_P_STEP // 4 :: w].tolist()
+        pending = mv[_P_PENDING // 4 :: w].tolist()
+    else:  # pragma: no cover - every platform shmlocks is built on is little-endian
+        recs = [_PART.unpack_from(parts, x * PART_SIZE) for x in range(n)]
+        words, steps, pending = [r[0] for r in recs], [r[4] for r in recs], [r[7] for r in recs]
+    out = [0] * n
+    # only the slots with a word, a pending recovery or a quarantined step can be in use
+    busy = set(itertools.compress(range(n), map(operator.or_, words, pending)))
+    if OP_QUARANTINED in steps:
+        busy.update(x for x in range(n) if steps[x] == OP_QUARANTINED)
+    for x in busy:
+        word = words[x]
+        if word & FUTEX_OWNER_DIED or steps[x] == OP_QUARANTINED:
+            out[x] = 2
+        elif word & FUTEX_TID_MASK == 0:
+            out[x] = 2 if pending[x] else 0
+        else:
+            out[x] = 1
+    return out
+
+
 @dataclass
-class Segment:
+class Head:
+    """What a segment's header, directory and participants say, validated (``read_head``):
+    all that ``ls`` shows, and what tells a scan whether the rest is worth reading."""
+
     name: str
     size: int
-    max_locks: int
-    max_participants: int  # the cap
+    max_locks: int  # L
+    max_participants: int  # P, the cap
     creator_pid: int
     creator_pidns: int
-    records: list[tuple[Any, ...]]  # every participant slot provisioned, as _PART unpacks it
-    locks: list[Lock]  # the READY directory entries, in index order
+    locks_off: int
+    stride: int
+    ext_lines: int
+    dir_off: int
+    directory: bytes  # the directory's lines, as the file holds them
+    entries: list[tuple[int, int, bytes]]  # the READY directory entries: (index, kind, name)
+    parts: bytes  # the participants provisioned (header.part_hwm), as the file holds them
     resident: int = 0  # bytes tmpfs gave the file (st_blocks): the file is sparse
+    _state_cache: list[int] | None = None
+    _rec_cache: dict[int, Participant] | None = None
+
+    @property
+    def provisioned(self) -> int:
+        """Participant slots provisioned when it was read (header.part_hwm)."""
+        return len(self.parts) // PART_SIZE
+
+    def states(self) -> list[int]:
+        """Each provisioned slot's state: 0 free, 1 alive, 2 dead (``Participant.state``)."""
+        if self._state_cache is None:
+            self._state_cache = _states(self.parts, self.provisioned)
+        return self._state_cache
+
+    def participant(self, slot: int) -> Participant:
+        if self._rec_cache is None:
+            self._rec_cache = {}
+        p = self._rec_cache.get(slot)
+        if p is None:
+            p = self._rec_cache[slot] = Participant(
+                slot, *_PART.unpack_from(self.parts, slot * PART_SIZE)
+            )
+        return p
+
+    def in_use(self) -> list[Participant]:
+        """The slots not free (alive, dead, or their recovery pending): state != 0."""
+        return [self.participant(x) for x, s in enumerate(self.states()) if s]
+
+    @property
+    def records(self) -> list[tuple[Any, ...]]:
+        """Every participant slot provisioned, as _PART unpacks it."""
+        return [tuple(self.participant(x)[1:]) for x in range(self.provisioned)]
+
+
+@dataclass
+class Segment(Head):
+    locks: list[Lock] = field(default_factory=list)  # the READY entries, in index order
     table: Table | None = None  # its lock table, if it is one (LockTable)
 
     def all_locks(self) -> list[Lock]:
@@ -237,32 +328,16 @@ class Segment:
             out += self.table.stripes
         return out
 
-    @property
-    def provisioned(self) -> int:
-        """Participant slots provisioned when it was read (header.part_hwm)."""
-        return len(self.records)
-
     def holder_slot(self, lock: Lock) -> int | None:
         """The slot its holder record names, if it is in range (a slot provisioned) and not
         stale (left by an earlier occupant of the slot): participants.pxd holder_slot."""
         h = lock.holder
         s1 = h & ((1 << HOLDER_SLOT_BITS) - 1)
-        if h == 0 or not 1 <= s1 <= len(self.records):
+        if h == 0 or not 1 <= s1 <= self.provisioned:
             return None
         if self.participant(s1 - 1).hid != h:
             return None
         return s1 - 1
-
-    def participant(self, slot: int) -> Participant:
-        return Participant(slot, *self.records[slot])
-
-    def in_use(self) -> list[Participant]:
-        """The slots not free (alive, dead, or their recovery pending): state != 0."""
-        return [
-            Participant(i, *r)
-            for i, r in enumerate(self.records)
-            if r[0] & _TOKEN_TAKEN or r[7] or r[4] == OP_QUARANTINED
-        ]
 
 
 def read(name: str, directory: str = SHM_DIR) -> Segment:
@@ -274,139 +349,220 @@ def read(name: str, directory: str = SHM_DIR) -> Segment:
     geometry) or ``NotReady``."""
     fd, st = _shmread.open_file(os.path.join(directory, name))
     try:
-        seg = _read(fd, st.st_size, name)
-        seg.resident = st.st_blocks * 512
-        return seg
-    except _shmread.Shrunk:
-        raise _shmread.Shrunk(f"segment {name!r} shrank while it was read") from None
+        return read_fd(fd, st, name)
     finally:
         os.close(fd)
 
 
-def _read(fd: int, size: int, name: str) -> Segment:
+def read_fd(
+    fd: int,
+    st: os.stat_result,
+    name: str,
+    head: Head | bytes | None = None,
+    bodies: list[bytes] | None = None,
+) -> Segment:
+    """``read`` of a file already opened the safe way (``_shmread.walk``): ``fd``, its
+    fstat ``st``; ``head``: its ``read_head`` (or its first bytes) if read already;
+    ``bodies``: the first three lines of each READY entry's body (``read_bodies``), if
+    read already."""
+    try:
+        h = head if isinstance(head, Head) else read_head(fd, st, name, head)
+        return _read_bodies(fd, h, bodies)
+    except _shmread.Shrunk:
+        raise _shmread.Shrunk(f"segment {name!r} shrank while it was read") from None
+
+
+def read_head(fd: int, st: os.stat_result, name: str, first: bytes | None = None) -> Head:
+    """The header (validated as ``Region.open`` validates a mapping), the directory and the
+    participants provisioned of the file open as ``fd`` (fstat ``st``): two preads, or one
+    if ``first`` (its first bytes, read already) holds the header. Raises as ``read``."""
+    size = st.st_size
     if size < HEADER_SIZE:
         raise CorruptRegionError(f"segment {name!r} is too small ({size} bytes) to be a region")
-    head = pread_exact(fd, 0, HEADER_SIZE)
-    (
-        magic,
-        _v,
-        _line,
-        _total,
+    try:
+        if first is not None and len(first) >= HEADER_SIZE:
+            head = first[:HEADER_SIZE]
+        else:
+            head = pread_exact(fd, 0, HEADER_SIZE)
+        (
+            magic,
+            _v,
+            _line,
+            _total,
+            L,
+            P,
+            dir_off,
+            part_off,
+            locks_off,
+            stride,
+            state,
+            cpid,
+            _n,
+            _m,
+            cns,
+            _flags,
+            H,
+            _okey,
+            ext_lines,
+        ) = _HEADER.unpack_from(head, 0)
+        if magic == _core.MAGIC and state != STATE_READY:
+            if cpid and _core._pid_alive(cpid):
+                raise NotReady(f"segment {name!r} is still being created (by pid {cpid})")
+            raise NotReady(
+                f"segment {name!r} was never finished: its creator (pid {cpid}) died while "
+                "building it, or it is not a shmlocks region"
+            )
+        _core._validate_header(head, size, name)  # everything below is in bounds of `size`
+        # (and 1 <= H <= P: the participants provisioned, the only ones ever read)
+        table = pread_exact(fd, dir_off, part_off - dir_off + H * PART_SIZE)
+    except _shmread.Shrunk:
+        raise _shmread.Shrunk(f"segment {name!r} shrank while it was read") from None
+    start = part_off - dir_off
+    if _LITTLE:  # the directory's state words, every line's first; decode the READY ones
+        dstates = memoryview(table).cast("I")[: L * (LINE // 4) : LINE // 4].tolist()
+        ready = [i for i, s in enumerate(dstates) if s == DIRENT_READY]
+    else:  # pragma: no cover
+        ready = [i for i in range(L) if _DIRENT.unpack_from(table, i * LINE)[0] == DIRENT_READY]
+    entries = []
+    for i in ready:
+        _s, d_kind, raw = _DIRENT.unpack_from(table, i * LINE)
+        entries.append((i, d_kind, raw))
+    return Head(
+        name,
+        size,
         L,
         P,
-        dir_off,
-        part_off,
+        cpid,
+        cns,
         locks_off,
         stride,
-        state,
-        cpid,
-        _n,
-        _m,
-        cns,
-        _flags,
-        H,
-        _okey,
         ext_lines,
-    ) = _HEADER.unpack_from(head, 0)
-    if magic == _core.MAGIC and state != STATE_READY:
-        if cpid and _core._pid_alive(cpid):
-            raise NotReady(f"segment {name!r} is still being created (by pid {cpid})")
-        raise NotReady(
-            f"segment {name!r} was never finished: its creator (pid {cpid}) died while "
-            "building it, or it is not a shmlocks region"
-        )
-    _core._validate_header(head, size, name)  # everything below is in bounds of `size`
-    # (and 1 <= H <= P: the participants provisioned, the only ones ever read)
-    table = pread_exact(fd, dir_off, part_off - dir_off + H * PART_SIZE)
-    start = part_off - dir_off
-    records = list(_PART.iter_unpack(table[start : start + H * PART_SIZE]))
+        dir_off,
+        table[:start],
+        entries,
+        table[start : start + H * PART_SIZE],
+        st.st_blocks * 512,
+    )
+
+
+def check_head(fd: int, h: Head, kinds: bool = True) -> None:
+    """Raise what reading the rest of the segment (``read_fd``) and, with ``kinds``,
+    describing it (``describe``: a kind it does not know) would raise of what they
+    validate, reading only what that needs: the directory's kinds, and a lock table's
+    header (its entry's body). So a command that shows only the head (``ls``), or that
+    reads the rest only of the segments where someone waits (``deadlocks``), reports a
+    segment as unreadable exactly when the full read does (but for a file that shrinks
+    meanwhile)."""
+    try:
+        seen_table = False
+        for i, d_kind, _raw in h.entries:
+            if d_kind != KIND_TABLE:
+                continue
+            if seen_table:
+                raise CorruptRegionError(f"segment {h.name!r} has two lock tables")
+            seen_table = True
+            body = pread_exact(fd, h.locks_off + i * h.stride, _BODY_READ)
+            _table_header(h, body)
+        if not seen_table and h.ext_lines:
+            raise CorruptRegionError(f"segment {h.name!r}: an extension area and no table")
+    except _shmread.Shrunk:
+        raise _shmread.Shrunk(f"segment {h.name!r} shrank while it was read") from None
+    if not kinds:
+        return
+    for i, d_kind, _raw in h.entries:
+        if d_kind != KIND_TABLE and d_kind not in KIND_NAMES and d_kind not in OBJECT_NAMES:
+            raise CorruptRegionError(f"region {h.name!r}: lock {i} has unknown kind {d_kind}")
+
+
+def _lock(
+    fd: int,
+    h: Head,
+    idx: int,
+    lname: str,
+    d_kind: int,
+    sb: bytes,
+    base: int,
+    wb_off: int,
+    **extra: Any,
+) -> Lock:
+    """One lock (a directory entry's body, or a stripe of a table) from its lines ``sb``
+    (ctl, word A, and word B at ``wb_off``), its body at ``base`` in the file: the one
+    decoder of both. A CLH lock's tail node is read if its id is in range (clh.pxi
+    _clh_ok: 1..H or P+1)."""
+    kind, flags, holder, bmagic, *rest = _CTL.unpack_from(sb, 0)
+    (word_a,) = _U64.unpack_from(sb, LINE)
+    word_b, word_b1 = _U64X2.unpack_from(sb, wb_off)
+    node_state = None
+    if d_kind == _CLH:
+        t = word_a & 0xFFFFFFFF
+        if 1 <= t <= h.provisioned or t == h.max_participants + 1:
+            (node_state,) = _U32.unpack(pread_exact(fd, base + (3 + t - 1) * LINE, 4))
+    return Lock(
+        idx,
+        lname,
+        d_kind,
+        kind,
+        flags,
+        holder,
+        bmagic,
+        tuple(rest[:5]),
+        _CTL_RARE.unpack_from(sb, 112),
+        word_a,
+        word_b,
+        node_state,
+        dead_pidns=word_b1,
+        **extra,
+    )
+
+
+def read_bodies(fd: int, h: Head) -> list[bytes]:
+    """The first three lines (ctl, word A, word B) of each READY entry's body."""
+    return [pread_exact(fd, h.locks_off + i * h.stride, _BODY_READ) for i, _k, _r in h.entries]
+
+
+def _read_bodies(fd: int, h: Head, bodies: list[bytes] | None = None) -> Segment:
+    """The segment: ``h`` and the bodies of its READY entries (the first three lines, or
+    ``bodies`` if read already; of a toolbox object its records of the participants
+    provisioned; of a table its stripes)."""
+    H, P = h.provisioned, h.max_participants
     locks = []
     tbl: Table | None = None
-    for i in range(L):
-        d_state, d_kind, raw = _DIRENT.unpack_from(table, i * LINE)
-        if d_state != DIRENT_READY:
-            continue
-        body_off = locks_off + i * stride
-        body = pread_exact(fd, body_off, _BODY_READ)
+    for k, (i, d_kind, raw) in enumerate(h.entries):
+        body_off = h.locks_off + i * h.stride
+        body = bodies[k] if bodies is not None else pread_exact(fd, body_off, _BODY_READ)
         if d_kind == KIND_TABLE:
             if tbl is not None:
-                raise CorruptRegionError(f"segment {name!r} has two lock tables")
-            tbl = _read_table(fd, name, i, body, L, P, H, locks_off + L * stride, stride, size)
-        kind, flags, holder, bmagic, *rest = _CTL.unpack_from(body, 0)
-        word_a, word_b, word_b1 = (
-            struct.unpack_from("<Q", body, LINE)[0],
-            *struct.unpack_from("<QQ", body, 2 * LINE),
-        )
-        node_state = None
-        if d_kind == _CLH:
-            t = word_a & 0xFFFFFFFF  # the tail's node id: 1..H or P+1 (clh.pxi _clh_ok)
-            if 1 <= t <= H or t == P + 1:
-                (node_state,) = struct.unpack(
-                    "<I", pread_exact(fd, body_off + (3 + t - 1) * LINE, 4)
-                )
-        tbword: tuple[int, ...] | None = None
-        tb_waiting: tuple[int, ...] = ()
-        rw_recs: tuple[RWRec, ...] = ()
-        tb_units: tuple[int, ...] = ()
+                raise CorruptRegionError(f"segment {h.name!r} has two lock tables")
+            tbl = _read_table(fd, h, i, body)
+        extra: dict[str, Any] = {}
         if d_kind in OBJECT_NAMES:
-            tbword = _TBWORD.unpack_from(body, LINE)
+            extra["tbword"] = _TBWORD.unpack_from(body, LINE)
             recs = pread_exact(fd, body_off + (3 + P + 1) * LINE, H * LINE)
             if OBJECT_NAMES[d_kind] == "rwlock":
                 rw_recs = tuple(RWRec(*_RWREC.unpack_from(recs, x * LINE)) for x in range(H))
-                tb_waiting = tuple(x for x in range(H) if rw_recs[x].waiting)
+                extra["rw_recs"] = rw_recs
+                extra["tb_waiting"] = tuple(x for x in range(H) if rw_recs[x].waiting)
             else:
-                tb_waiting = tuple(
-                    x
-                    for x in range(H)
-                    if struct.unpack_from("<I", recs, x * LINE + _TBREC_WAITING)[0]
+                extra["tb_waiting"] = tuple(
+                    x for x in range(H) if _U32.unpack_from(recs, x * LINE + _TBREC_WAITING)[0]
                 )
                 if OBJECT_NAMES[d_kind] == "semaphore":
-                    tb_units = tuple(
-                        struct.unpack_from("<I", recs, x * LINE + _TBREC_UNITS)[0] for x in range(H)
+                    extra["tb_units"] = tuple(
+                        _U32.unpack_from(recs, x * LINE + _TBREC_UNITS)[0] for x in range(H)
                     )
         lname = raw[: NAME_MAX - 1].split(b"\0", 1)[0].decode("utf-8", "replace")
-        locks.append(
-            Lock(
-                i,
-                lname,
-                d_kind,
-                kind,
-                flags,
-                holder,
-                bmagic,
-                tuple(rest[:5]),
-                _CTL_RARE.unpack_from(body, 112),
-                word_a,
-                word_b,
-                node_state,
-                tbword,
-                tb_waiting,
-                rw_recs,
-                tb_units,
-                word_b1,
-            )
-        )
-    if tbl is None and ext_lines:
-        raise CorruptRegionError(f"segment {name!r}: an extension area and no table")
-    return Segment(name, size, L, P, cpid, cns, records, locks, table=tbl)
+        locks.append(_lock(fd, h, i, lname, d_kind, body, body_off, 2 * LINE, **extra))
+    if tbl is None and h.ext_lines:
+        raise CorruptRegionError(f"segment {h.name!r}: an extension area and no table")
+    return Segment(**vars(h), locks=locks, table=tbl)
 
 
-def _read_table(
-    fd: int,
-    name: str,
-    idx: int,
-    body: bytes,
-    L: int,
-    P: int,
-    H: int,
-    ext_off: int,
-    stride: int,
-    size: int,
-) -> Table:
+def _table_header(h: Head, body: bytes) -> tuple[int, int, int, int, int, int]:
     """A lock table's header (word A of its entry's body), validated as participants.pxi
-    ``table_load`` validates it, and its stripes: each a ``Lock`` (idx: its number)."""
+    ``table_load`` validates it: (sub, size, first, compact, off, stride)."""
     sub, n, first, compact, off, sstride = _TABLE.unpack_from(body, LINE)
-    kind, _flags, _holder, bmagic = struct.unpack_from("<IIII", body, 0)
+    kind, _flags, _holder, bmagic = _U32X4.unpack_from(body, 0)
+    L, stride = h.max_locks, h.stride
     need = STRIPE_LINES * LINE if compact else stride
     if (
         kind != KIND_TABLE
@@ -416,47 +572,28 @@ def _read_table(
         or not 1 <= n <= TABLE_MAX
         or first != L
         or sstride != need
-        or off != ext_off
-        or off + n * sstride != size
+        or off != h.locks_off + L * stride
+        or off + n * sstride != h.size
     ):
-        raise CorruptRegionError(f"segment {name!r}: its lock table's header does not match")
+        raise CorruptRegionError(f"segment {h.name!r}: its lock table's header does not match")
+    return sub, n, first, compact, off, sstride
+
+
+def _read_table(fd: int, h: Head, idx: int, body: bytes) -> Table:
+    """A lock table's header (``_table_header``) and its stripes: each a ``Lock`` (idx: its
+    number)."""
+    sub, n, first, compact, off, sstride = _table_header(h, body)
     stripes = []
     data = pread_exact(fd, off, n * sstride) if compact else b""
     for s in range(n):
+        base = off + s * sstride
         if compact:
-            base = s * sstride
-            sb = data[base : base + 2 * LINE]
-            word_a = struct.unpack_from("<Q", sb, LINE)[0]
-            word_b, word_b1 = struct.unpack_from("<QQ", sb, STRIPE_WB_OFF)
+            sb = data[s * sstride : s * sstride + 2 * LINE]
+            wb_off = STRIPE_WB_OFF
         else:
-            sb = pread_exact(fd, off + s * sstride, _BODY_READ)
-            word_a = struct.unpack_from("<Q", sb, LINE)[0]
-            word_b, word_b1 = struct.unpack_from("<QQ", sb, 2 * LINE)
-        ckind, flags, holder, smagic, *rest = _CTL.unpack_from(sb, 0)
-        node_state = None
-        if sub == _CLH:
-            t = word_a & 0xFFFFFFFF
-            if 1 <= t <= H or t == P + 1:
-                (node_state,) = struct.unpack(
-                    "<I", pread_exact(fd, off + s * sstride + (3 + t - 1) * LINE, 4)
-                )
-        stripes.append(
-            Lock(
-                first + s,
-                f"{name}[{s}]",
-                sub,
-                ckind,
-                flags,
-                holder,
-                smagic,
-                tuple(rest[:5]),
-                _CTL_RARE.unpack_from(sb, 112),
-                word_a,
-                word_b,
-                node_state,
-                dead_pidns=word_b1,
-            )
-        )
+            sb = pread_exact(fd, base, _BODY_READ)
+            wb_off = 2 * LINE
+        stripes.append(_lock(fd, h, first + s, f"{h.name}[{s}]", sub, sb, base, wb_off))
     return Table(idx, sub, n, first, stripes)
 
 

@@ -23,6 +23,7 @@ import errno
 import os
 import pwd
 import stat
+from collections.abc import Callable
 
 TRUST_ENV = "SHMLOCKS_TRUST_UIDS"
 # The two facts a reader needs before the compiled core exists (.ci/run loads this file by
@@ -145,38 +146,64 @@ def entries(
     directory: str = SHM_DIR, head: int = len(MAGIC)
 ) -> tuple[dict[str, tuple[bytes, os.stat_result]], list[str]]:
     """Every shmlocks segment in ``directory``: ({name: (its first ``head`` bytes, the
-    fstat of the file read)}, notes).
-
-    An entry is opened only if readdir says it is a regular file (a FIFO never is), and
-    read only if it is owned by a trusted user (``open_file``); a segment (the shmlocks
-    magic at its start) of an untrusted user is left out with a note saying so. Nothing
-    else is reported: /dev/shm holds other programs' files too."""
-    trusted = trusted_uids()
+    fstat of the file read)}, notes). See ``walk``."""
     found: dict[str, tuple[bytes, os.stat_result]] = {}
+
+    def keep(name: str, fd: int, st: os.stat_result, data: bytes) -> None:
+        found[name] = (data, st)
+
+    notes = walk(keep, directory, head)
+    return found, notes
+
+
+def walk(
+    visit: Callable[[str, int, os.stat_result, bytes], None],
+    directory: str = SHM_DIR,
+    head: int = len(MAGIC),
+) -> list[str]:
+    """Call ``visit(name, fd, st, data)`` for every shmlocks segment in ``directory``, while
+    its file is open: ``fd`` read-only (``visit`` may pread it; it is closed after),
+    ``st`` its fstat, ``data`` its first ``head`` bytes (the magic checked). One open per
+    entry, so a command that reads the segments reads each through this one open (the
+    machine-wide commands at 10,000 segments). Returns the notes.
+
+    An entry is opened only if readdir says it is a regular file (a FIFO never is), with
+    ``O_NOFOLLOW|O_NONBLOCK`` (replaced meanwhile by a symlink or a FIFO: it fails, or does
+    not block), and read only if its fstat says it is a regular file owned by a trusted
+    user (``check``); a segment (the shmlocks magic at its start) of an untrusted user is
+    left out with a note saying so (its first 8 bytes read by pread to tell: nothing
+    else). Nothing else is reported: /dev/shm holds other programs' files too. What
+    ``visit`` raises is the caller's."""
+    trusted = trusted_uids()
     notes: list[str] = []
     try:
         listing = list(os.scandir(directory))
     except OSError:
-        return found, notes
+        return notes
     for e in listing:
         try:
             if not e.is_file(follow_symlinks=False):
                 continue
-            owner = e.stat(follow_symlinks=False).st_uid
-            ok = owner in trusted
-            # an untrusted owner's file is read only to tell a segment from other files
-            # (for the note): its first 8 bytes, by pread
-            fd, st = open_file(e.path, trusted if ok else frozenset([owner]))
-            try:
-                data = os.pread(fd, head if ok else len(MAGIC), 0)
-            finally:
-                os.close(fd)
+            fd = os.open(e.path, _OPEN_FLAGS)
         except OSError:
-            continue  # gone, unreadable, or replaced by something else since the lstat
-        if data[: len(MAGIC)] != MAGIC:
-            continue
-        if ok:
-            found[e.name] = (data, st)
-        else:
-            notes.append(f"skipped {e.name}: {check(st, trusted)}")
-    return found, notes
+            continue  # gone, unreadable, or replaced by a symlink or a socket since
+        try:
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                ok = st.st_uid in trusted
+                # an untrusted owner's file is read only to tell a segment from other
+                # files (for the note): its first 8 bytes, by pread
+                data = os.pread(fd, head if ok else len(MAGIC), 0)
+            except OSError:
+                continue
+            if data[: len(MAGIC)] != MAGIC:
+                continue
+            if ok:
+                visit(e.name, fd, st, data)
+            else:
+                notes.append(f"skipped {e.name}: {check(st, trusted)}")
+        finally:
+            os.close(fd)
+    return notes

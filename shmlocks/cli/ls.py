@@ -3,53 +3,67 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 import shmlocks
-from shmlocks import _shmread
+from shmlocks import _segment, _shmread
 from shmlocks._table import emit, human_size, table
 from shmlocks.cli._common import (
     EXIT_OK,
     SHM_DIR,
     creator,
-    describe,
     error_text,
 )
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    found, notes = _shmread.scan(str(SHM_DIR))
-    names = sorted(found)
-    records: list[dict[str, Any]] = []
-    for name in names:
-        rec: dict[str, Any] = {"name": name}
-        try:
-            d = describe(name)
-        except FileNotFoundError:
-            continue  # removed since the listing
-        except (shmlocks.ShmLockError, OSError, ValueError) as e:
-            rec["error"] = error_text(e)
-        else:
-            parts = d.get("participants", [])
-            rec.update(
-                size=d["size"],
-                resident=d.get("resident", d["size"]),
-                locks=len(d.get("locks", [])),
-                max_locks=d.get("max_locks"),
-                alive=sum(1 for p in parts if p["alive"]),
-                dead=sum(1 for p in parts if not p["alive"]),
-                max_participants=d.get("max_participants"),
-                provisioned=d.get("participants_provisioned"),
-                creator_pid=d["creator_pid"],
-                creator_state=creator(d)[0],
-                creator_alive=creator(d)[1],
-            )
-        records.append(rec)
-    emit(records, args.json, _render_ls)
+    recs: dict[str, dict[str, Any]] = {}
+
+    def visit(name: str, fd: int, st: os.stat_result, first: bytes) -> None:
+        recs[name] = _record(name, fd, st, first)
+
+    notes = _shmread.walk(visit, str(SHM_DIR), _segment.HEADER_SIZE)
+    emit([recs[name] for name in sorted(recs)], args.json, _render_ls)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return EXIT_OK
+
+
+def _record(name: str, fd: int, st: os.stat_result, first: bytes) -> dict[str, Any]:
+    """One segment's line, from its head only (header, directory, participants: one open,
+    two preads; ``_segment.check_head`` reads a lock table's header if there is one), so
+    that ``ls`` costs what it shows, not a full read: the same line, and the same error
+    when the segment cannot be read (as ``describe`` would raise it)."""
+    rec: dict[str, Any] = {"name": name}
+    try:
+        h = _segment.read_head(fd, st, name, first)
+        _segment.check_head(fd, h)
+    except (shmlocks.ShmLockError, OSError, ValueError) as e:
+        rec["error"] = error_text(e)
+        return rec
+    states = h.states()
+    state, alive = creator(
+        {
+            "creator_pid": h.creator_pid,
+            "creator_other_namespace": _segment.other_pidns(h.creator_pidns),
+        }
+    )
+    rec.update(
+        size=h.size,
+        resident=h.resident,
+        locks=len(h.entries),
+        max_locks=h.max_locks,
+        alive=states.count(1),
+        dead=states.count(2),
+        max_participants=h.max_participants,
+        provisioned=h.provisioned,
+        creator_pid=h.creator_pid,
+        creator_state=state,
+        creator_alive=alive,
+    )
+    return rec
 
 
 def _render_ls(records: list[dict[str, Any]]) -> str:
