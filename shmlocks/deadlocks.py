@@ -55,7 +55,7 @@ def annotate(d: dict[str, Any]) -> dict[str, Any]:
     """Add to ``Region._describe()``'s participants what each holds and waits for, over
     every segment (``holds``, ``waits_for``, ``waiting_s``; None: not waiting)."""
     name = d["name"]
-    g = waitgraph.snapshot()
+    g = waitgraph.snapshot(threads_of=name)
     here: dict[int, list[str]] = {}
     for lk in d.get("locks", []):
         h = lk.get("holder")

@@ -21,6 +21,7 @@ nothing is ever written.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -328,23 +329,101 @@ def _follow_links(g: Graph) -> None:
             g.edges[key] = [hk]
 
 
-def snapshot(names: list[str] | None = None) -> Graph:
+def _key(p: _segment.Participant) -> ThreadKey:
+    return (p.pidns, p.pid, p.tid, p.tstart, p.task_id if p.agent == 1 else 0)
+
+
+def _waits(h: _segment.Head) -> bool:
+    """Does a live participant of the segment publish a wait (a wait record, or a cohort's
+    wait link)? Only such a segment has out-edges (a wait record names a lock of its own
+    segment, whose holder is a participant of it)."""
+    return any(
+        p.state == 1 and (p.op_step == _segment.OP_WAITING or (p.agent == 1 and p.link_lock != 0))
+        for p in h.in_use()
+    )
+
+
+def snapshot(
+    names: list[str] | None = None, *, waits_only: bool = False, threads_of: str | None = None
+) -> Graph:
     """Read every shmlocks segment (or those named) into one wait-for graph: each from a
-    private copy read with pread (shmlocks/_segment.py), never a mapping."""
+    private copy read with pread (shmlocks/_segment.py), never a mapping, through one open
+    of its file.
+
+    Of each segment the header, directory and participants are read first; the rest (the
+    lock bodies) only if it is needed: ``waits_only`` (``shmlocks deadlocks``: every
+    cycle, and the threads waiting) only of the segments where a live participant
+    waits; ``threads_of`` (``shmlocks inspect``: what the threads of one segment hold and
+    wait for, across segments) only of that segment and the segments where one of its
+    live threads has a slot; by default, of every segment. A segment named by a wait link
+    of a segment read is read too. A segment left at its head is still validated as the
+    full read validates it (``_segment.check_head``): it is skipped with a note exactly
+    when it would be. The segments are added to the graph in name order, as before."""
     g = Graph(taken_ns=time.monotonic_ns())
-    if names is None:
-        found, notes = _shmread.scan(SHM_DIR)
-        names = sorted(found)
-        g.notes.extend(notes)
-    for name in names:
+    segs: dict[str, _segment.Segment] = {}
+    skipped: dict[str, str] = {}
+    left: set[str] = set()  # read and validated, but only to its head
+    keys: set[ThreadKey] | None = None
+    if threads_of is not None:
         try:
-            seg = _segment.read(name, SHM_DIR)
+            keys = {_key(p) for p in _segment.read(threads_of, SHM_DIR).in_use() if p.state == 1}
+        except (OSError, ValueError):
+            keys = set()  # (its own read below says why, in a note)
+
+    def wanted(h: _segment.Head) -> bool:
+        if waits_only:
+            return _waits(h)
+        if keys is not None:
+            return h.name == threads_of or any(p.state == 1 and _key(p) in keys for p in h.in_use())
+        return True
+
+    def visit(
+        name: str, fd: int, st: os.stat_result, first: bytes | None, full: bool = False
+    ) -> None:
+        left.discard(name)
+        try:
+            h = _segment.read_head(fd, st, name, first)
+            if full or wanted(h):
+                segs[name] = _segment.read_fd(fd, st, name, h)
+            else:
+                _segment.check_head(fd, h, kinds=False)
+                left.add(name)
         except FileNotFoundError:
-            continue  # removed since the listing
+            return
         except (OSError, ValueError) as e:  # CorruptRegionError is a ValueError
-            text = e.why if isinstance(e, _shmread.Refused) else str(e).splitlines()[0]
-            g.notes.append(f"skipped {name}: {text}")
-            continue
-        _scan_segment(g, seg)
+            skipped[name] = e.why if isinstance(e, _shmread.Refused) else str(e).splitlines()[0]
+
+    def visit_name(name: str, full: bool = False) -> None:
+        try:
+            fd, st = _shmread.open_file(os.path.join(SHM_DIR, name))
+        except FileNotFoundError:
+            return  # removed since the listing
+        except OSError as e:
+            skipped[name] = e.why if isinstance(e, _shmread.Refused) else str(e).splitlines()[0]
+            return
+        try:
+            visit(name, fd, st, None, full)
+        finally:
+            os.close(fd)
+
+    if names is None:
+        g.notes.extend(_shmread.walk(visit, SHM_DIR, _segment.HEADER_SIZE))
+    else:
+        for name in names:
+            visit_name(name)
+    # the segments the wait links of those read name, if not read yet
+    linked = {
+        link[0]
+        for seg in segs.values()
+        for p in seg.in_use()
+        if p.state == 1 and (link := p.link()) is not None
+    }
+    for name in sorted(linked & left):
+        visit_name(name, full=True)
+    for name in sorted(segs.keys() | skipped.keys()):
+        if name in skipped:
+            g.notes.append(f"skipped {name}: {skipped[name]}")
+        else:
+            _scan_segment(g, segs[name])
     _follow_links(g)
     return g

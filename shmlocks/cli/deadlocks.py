@@ -39,7 +39,7 @@ def _render(rep: dict[str, Any]) -> str:
 
 
 def cmd_deadlocks(args: argparse.Namespace) -> int:
-    rep = cycles_report(waitgraph.snapshot())
+    rep = cycles_report(waitgraph.snapshot(waits_only=True))
     emit(rep, args.json, _render)
     if not args.json:
         for note in rep["skipped"]:
