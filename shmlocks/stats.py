@@ -35,7 +35,11 @@ def segment_stats(name: str) -> dict[str, Any]:
 
     An RWLock's record is its write side (the writer as ``holder``, the writers waiting as
     ``waiters``, the ctl line's counters), plus ``reads``: the read side (:func:`rw_reads`)."""
-    seg = _segment.read(name)  # a private copy read with pread, never a mapping
+    return {"name": name, "locks": locks_stats(_segment.read(name))}  # a private copy
+
+
+def locks_stats(seg: _segment.Segment) -> list[dict[str, Any]]:
+    """``segment_stats``'s ``locks``, of a segment read already."""
     d = _segment.describe(seg)
     locks = []
     for lk, body in zip(d["locks"], seg.locks, strict=True):
@@ -61,7 +65,7 @@ def segment_stats(name: str) -> dict[str, Any]:
             rec["waiters"] = reads.pop("writers_waiting")
             rec["reads"] = reads
         locks.append(rec)
-    return {"name": name, "locks": locks}
+    return locks
 
 
 def rw_reads(

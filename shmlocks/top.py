@@ -22,44 +22,158 @@ import os
 import select
 import shutil
 import signal
+import struct
 import sys
 import termios
 import time
 import tty
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import shmlocks
+from shmlocks import _core, _segment, _shmread
 from shmlocks._table import table
 from shmlocks.stats import (
     duration,
     holder_text,
     hottest_text,
+    locks_stats,
     readers_text,
-    segment_stats,
     table_kind,
 )
 
 NO_SEGMENTS = "no shmlocks segments"
 
 
+#: the kinds whose row is a function of their body's first three lines (ctl, words A and B)
+#: and of the participants in use or named as holder: a segment of only these is decoded
+#: again only when those bytes changed (``Sampler``)
+_PLAIN = frozenset(_core.KINDS[k].kind_code for k in ("ticket", "mcs", "futex", "robust", "pi"))
+_SLOT_MASK = (1 << _segment.HOLDER_SLOT_BITS) - 1
+_HOLDER = struct.Struct("<I")  # the ctl line's holder record (after kind and flags)
+
+
+class _Seen(NamedTuple):
+    """What a segment's rows were computed from, to tell at the next sample that nothing
+    it shows changed without decoding it again."""
+
+    first: bytes  # its header, as read
+    size: int
+    dir_off: int
+    directory: bytes
+    provisioned: int
+    body_offs: list[int]
+    key: tuple[Any, ...]  # _key
+    rows: list[dict[str, Any]]
+
+
+def _key(parts: bytes, n: int, bodies: list[bytes]) -> tuple[Any, ...]:
+    """The bytes a plain segment's rows are computed from: the lock bodies' three lines and
+    the records of the participant slots in use or named by a holder record."""
+    slots = {x for x, s in enumerate(_segment._states(parts, n)) if s}
+    for b in bodies:
+        s1 = _HOLDER.unpack_from(b, 8)[0] & _SLOT_MASK
+        if 1 <= s1 <= n:
+            slots.add(s1 - 1)
+    ps = _segment.PART_SIZE
+    order = sorted(slots)
+    return (tuple(order), tuple(parts[x * ps : (x + 1) * ps] for x in order), tuple(bodies))
+
+
+class Sampler:
+    """Samples the locks of the named segments (all when None), each refresh through one
+    open of each file (shmlocks/_shmread.py ``walk``): a segment of plain locks whose
+    header, directory, lock bodies and participants in use read as they did at the last
+    sample keeps its rows; only what changed is decoded again (``shmlocks top`` at
+    10,000 segments). The check is on the bytes read, never on a file's times."""
+
+    def __init__(self, names: list[str] | None) -> None:
+        self.names = names
+        self.seen: dict[str, _Seen] = {}
+
+    def __call__(self) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
+        """{(segment, lock): record}, and notes on the segments that could not be read."""
+        got: dict[str, list[dict[str, Any]] | str] = {}
+        seen: dict[str, _Seen] = {}
+
+        def visit(name: str, fd: int, st: os.stat_result, first: bytes | None) -> None:
+            try:
+                got[name] = self._rows(name, fd, st, first, seen)
+            except FileNotFoundError:
+                if self.names is not None:
+                    got[name] = f"{name}: gone"
+            except (shmlocks.ShmLockError, OSError, ValueError) as e:
+                got[name] = f"{name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+
+        if self.names is None:
+            _shmread.walk(visit, _shmread.SHM_DIR, _segment.HEADER_SIZE)
+        else:
+            for name in self.names:
+                try:
+                    fd, st = _shmread.open_file(os.path.join(_shmread.SHM_DIR, name))
+                except FileNotFoundError:
+                    got[name] = f"{name}: gone"
+                    continue
+                except OSError as e:
+                    got[name] = f"{name}: {str(e).splitlines()[0] if str(e) else 'OSError'}"
+                    continue
+                try:
+                    visit(name, fd, st, None)
+                finally:
+                    os.close(fd)
+        self.seen = seen
+        notes: list[str] = []
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for name in got if self.names is not None else sorted(got):
+            rows = got[name]
+            if isinstance(rows, str):
+                notes.append(rows)
+                continue
+            for lk in rows:
+                out[(name, lk["name"])] = dict(lk, segment=name)
+        return out, notes
+
+    def _rows(
+        self, name: str, fd: int, st: os.stat_result, first: bytes | None, seen: dict[str, _Seen]
+    ) -> list[dict[str, Any]]:
+        c = self.seen.get(name)
+        try:
+            if first is None:
+                first = _shmread.pread_exact(fd, 0, _segment.HEADER_SIZE)
+            if c is not None and c.first == first and c.size == st.st_size:
+                nd = len(c.directory)
+                dp = _shmread.pread_exact(fd, c.dir_off, nd + c.provisioned * _segment.PART_SIZE)
+                if dp[:nd] == c.directory:
+                    bodies = [_shmread.pread_exact(fd, o, _segment._BODY_READ) for o in c.body_offs]
+                    if _key(dp[nd:], c.provisioned, bodies) == c.key:
+                        seen[name] = c
+                        return c.rows
+        except _shmread.Shrunk:
+            raise _shmread.Shrunk(f"segment {name!r} shrank while it was read") from None
+        h = _segment.read_head(fd, st, name, first)
+        if not all(k in _PLAIN for _i, k, _r in h.entries):
+            return locks_stats(_segment.read_fd(fd, st, name, h))
+        try:
+            bodies = _segment.read_bodies(fd, h)
+        except _shmread.Shrunk:
+            raise _shmread.Shrunk(f"segment {name!r} shrank while it was read") from None
+        rows = locks_stats(_segment.read_fd(fd, st, name, h, bodies))
+        seen[name] = _Seen(
+            first[: _segment.HEADER_SIZE],
+            st.st_size,
+            h.dir_off,
+            h.directory,
+            h.provisioned,
+            [h.locks_off + i * h.stride for i, _k, _r in h.entries],
+            _key(h.parts, h.provisioned, bodies),
+            rows,
+        )
+        return rows
+
+
 def sample(names: list[str] | None) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
     """{(segment, lock): record} for the named segments (all when None), and notes on the
-    ones that could not be read."""
-    notes: list[str] = []
-    out: dict[tuple[str, str], dict[str, Any]] = {}
-    for seg in names if names is not None else shmlocks.list_regions():
-        try:
-            d = segment_stats(seg)
-        except FileNotFoundError:
-            if names is not None:
-                notes.append(f"{seg}: gone")
-            continue
-        except (shmlocks.ShmLockError, OSError, ValueError) as e:
-            notes.append(f"{seg}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-            continue
-        for lk in d["locks"]:
-            out[(seg, lk["name"])] = dict(lk, segment=seg)
-    return out, notes
+    ones that could not be read (one sample: ``Sampler``)."""
+    return Sampler(names)()
 
 
 def _delta(cur: dict[str, Any], prev: dict[str, Any] | None, key: str) -> float:
@@ -210,10 +324,11 @@ def render(rows: list[dict[str, Any]], notes: list[str], interval: float) -> lis
 
 
 def snapshot_once(names: list[str] | None, interval: float, as_json: bool, out: TextIO) -> int:
-    first, _ = sample(names)
+    sampler = Sampler(names)
+    first, _ = sampler()
     t0 = time.monotonic()
     time.sleep(interval)
-    cur, notes = sample(names)
+    cur, notes = sampler()
     rows = rates(cur, first, time.monotonic() - t0)
     if as_json:
         out.write(json.dumps({"locks": rows, "notes": notes}, indent=2) + "\n")
@@ -245,8 +360,9 @@ def live(names: list[str] | None, interval: float, out: TextIO) -> int:
         out.write("\x1b[?1049h\x1b[?25l")  # the alternate screen, the cursor hidden
         prev: dict[tuple[str, str], dict[str, Any]] | None = None
         t_prev = time.monotonic()
+        sampler = Sampler(names)
         while True:
-            cur, notes = sample(names)
+            cur, notes = sampler()
             now = time.monotonic()
             rows = rates(cur, prev, now - t_prev)
             prev, t_prev = cur, now

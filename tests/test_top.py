@@ -19,7 +19,7 @@ import pytest
 from support import RWSide, kill
 from test_cli import cli, lock_line
 
-import shmlocks
+from shmlocks import _shmread
 from shmlocks import cli as shmlocks_cli
 
 pytestmark = pytest.mark.timeout(60)
@@ -67,8 +67,8 @@ def test_top_without_a_terminal_prints_one_snapshot(new_lock, procs):
     assert rec["segment"] == lock.name and rec["acquires_s"] > 0
 
 
-def test_top_with_no_segments_says_so(monkeypatch, capsys):
-    monkeypatch.setattr(shmlocks, "list_regions", lambda: [])
+def test_top_with_no_segments_says_so(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(_shmread, "SHM_DIR", str(tmp_path))  # an empty /dev/shm
     assert shmlocks_cli.main(["top", "--interval", "0.05"]) == 0
     assert capsys.readouterr().out.strip() == "no shmlocks segments"
 
