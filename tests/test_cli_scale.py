@@ -1,0 +1,310 @@
+"""The machine-wide commands cost what they show (issue 38, item 5): ``ls`` reads each
+segment's head only (one open, its header, directory and participants; no lock body),
+``deadlocks`` reads the lock bodies only of the segments where someone waits, ``top``
+decodes again only the segments that changed since its last sample; and each shows what
+the full read shows, hostile segments included (the same lines, the same errors, the
+same notes).
+
+The segments here are copies of real ones (and hostile variants of them) in a directory
+of the test's own that stands for /dev/shm: nobody else's segments are counted, and
+nobody else sees the hostile files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import time
+from typing import Any
+
+import pytest
+from support import SHM_DIR
+from test_waitgraph import _start_chain
+
+import shmlocks
+from shmlocks import _segment, _shmread, waitgraph
+from shmlocks import cli as shmlocks_cli
+from shmlocks.cli import _common
+from shmlocks.cli import ls as cli_ls
+from shmlocks.deadlocks import cycles_report
+
+pytestmark = pytest.mark.timeout(90)
+
+_LOCKS_OFF = 48  # shm_header: locks_off (u64), after magic .. stride
+_STATE, _H, _EXT = 64, 92, 104  # shm_header: state (u32), part_hwm (u32), ext_lines (u64)
+_DIR_OFF, _LINE = 32, _segment.LINE
+
+
+class Reads:
+    """Every open and pread of a file in ``root``: {file name: opens}, [(file, offset)]."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, root: str) -> None:
+        self.opens: dict[str, int] = {}
+        self.preads: list[tuple[str, int]] = []
+        real_open, real_pread = os.open, os.pread
+
+        def counted_open(path, *a, **k):
+            fd = real_open(path, *a, **k)
+            p = os.fspath(path)
+            if os.path.dirname(p) == root:
+                self.opens[os.path.basename(p)] = self.opens.get(os.path.basename(p), 0) + 1
+            return fd
+
+        def counted_pread(fd, n, offset):
+            try:
+                p = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                p = ""
+            if os.path.dirname(p) == root:
+                self.preads.append((os.path.basename(p), offset))
+            return real_pread(fd, n, offset)
+
+        monkeypatch.setattr(os, "open", counted_open)
+        monkeypatch.setattr(os, "pread", counted_pread)
+
+    def bodies_read(self, root: str) -> set[str]:
+        """The files of which a byte at or past the lock bodies (locks_off) was read."""
+        out = set()
+        for name, off in self.preads:
+            with open(os.path.join(root, name), "rb") as f:
+                head = f.read(64)
+            if len(head) == 64 and off >= struct.unpack_from("<Q", head, _LOCKS_OFF)[0]:
+                out.add(name)
+        return out
+
+
+def _copy(src: str, root, name: str) -> str:
+    shutil.copyfile(os.path.join(SHM_DIR, src), os.path.join(root, name))
+    return name
+
+
+def _full_ls_record(name: str, root: str) -> dict[str, Any]:
+    """The line ``ls`` showed before it read heads only: from the full read and
+    ``describe`` (the reference)."""
+    rec: dict[str, Any] = {"name": name}
+    try:
+        d = _segment.describe(_segment.read(name, root))
+    except (shmlocks.ShmLockError, OSError, ValueError) as e:
+        rec["error"] = _common.error_text(e)
+        return rec
+    parts = d["participants"]
+    state, alive = _common.creator(d)
+    rec.update(
+        size=d["size"],
+        resident=d["resident"],
+        locks=len(d["locks"]),
+        max_locks=d["max_locks"],
+        alive=sum(1 for p in parts if p["alive"]),
+        dead=sum(1 for p in parts if not p["alive"]),
+        max_participants=d["max_participants"],
+        provisioned=d["participants_provisioned"],
+        creator_pid=d["creator_pid"],
+        creator_state=state,
+        creator_alive=alive,
+    )
+    return rec
+
+
+def _ls(monkeypatch, capsys, root: str) -> list[dict[str, Any]]:
+    monkeypatch.setattr(cli_ls, "SHM_DIR", root)
+    assert shmlocks_cli.main(["ls", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _segments(new_region, tmp_path) -> tuple[str, list[str]]:
+    """A region of every kind, one lock held by this thread, copied ten times into
+    ``tmp_path``; and a lock table's segment copied once."""
+    region = new_region(max_locks=len(shmlocks.KINDS) + 2, max_participants=8)
+    for kind in shmlocks.KINDS:
+        region.create_lock(kind, kind)
+    region.create_semaphore("sem", 2)
+    region.create_rwlock("rw")
+    held = region.open_lock("futex")
+    held.acquire()
+    root = str(tmp_path)
+    names = [_copy(region.name, root, f"seg-{i}") for i in range(10)]
+    held.release()
+    table = shmlocks.LockTable(16, "mcs")
+    try:
+        names.append(_copy(table.name, root, "table"))
+    finally:
+        table.close()
+    return root, names
+
+
+def test_ls_reads_each_segment_once_and_no_lock_body(new_region, tmp_path, monkeypatch, capsys):
+    """``ls`` opened every segment twice (the listing, then the full read) and read every
+    lock body of each, to print counts: now one open, and only the head (a lock table's
+    header, one line of its entry, is read to validate it). What it prints is the line
+    the full read gave."""
+    root, names = _segments(new_region, tmp_path)
+    want = [_full_ls_record(n, root) for n in sorted(names)]
+    reads = Reads(monkeypatch, root)
+    got = _ls(monkeypatch, capsys, root)
+    assert got == want
+    assert reads.opens == {n: 1 for n in names}
+    assert reads.bodies_read(root) <= {"table"}
+
+
+def _hostile(root: str, base: str, table: str) -> list[str]:
+    """Hostile variants of segment ``base`` (and of the lock table ``table``) in ``root``:
+    each a file any local user could write (but for its owner, trusted here)."""
+    with open(os.path.join(root, base), "rb") as f:
+        data = bytearray(f.read())
+    with open(os.path.join(root, table), "rb") as f:
+        tdata = bytearray(f.read())
+    dir_off = struct.unpack_from("<Q", data, _DIR_OFF)[0]
+    part_off = struct.unpack_from("<Q", data, 40)[0]
+    locks_off = struct.unpack_from("<Q", data, _LOCKS_OFF)[0]
+    out = []
+
+    def put(name: str, b: bytes | bytearray) -> None:
+        with open(os.path.join(root, name), "wb") as f:
+            f.write(b)
+        out.append(name)
+
+    def edit(name: str, src: bytearray, fmt: str, off: int, value: int) -> None:
+        b = bytearray(src)
+        struct.pack_into(fmt, b, off, value)
+        put(name, b)
+
+    put("h-garbage", _shmread.MAGIC + os.urandom(4088))
+    put("h-short", data[:4096])
+    put("h-header-only", data[: _segment.HEADER_SIZE])
+    edit("h-version", data, "<I", 8, 999)
+    edit("h-hwm", data, "<I", _H, 10_000)  # more participants provisioned than the cap
+    edit("h-not-ready", data, "<I", _STATE, 0)
+    edit("h-ext", data, "<Q", _EXT, 3)  # an extension area, and no table
+    edit("h-kind", data, "<I", dir_off + 4, 77)  # an entry of a kind nobody knows
+    b = bytearray(data)  # two entries that say they are lock tables
+    for i in range(2):
+        struct.pack_into("<I", b, dir_off + i * _LINE + 4, _segment.KIND_TABLE)
+    put("h-two-tables", b)
+    t_entry = struct.unpack_from("<Q", tdata, _LOCKS_OFF)[0]
+    edit("h-table-size", tdata, "<I", t_entry + _LINE + 4, 10**6)  # its stripes: too many
+    edit("h-holder", data, "<I", locks_off + 8, 0xFFFF)  # a holder slot out of range
+    b = bytearray(data)  # a participant that waits for a lock out of range, alive
+    struct.pack_into("<I", b, part_off, os.getpid())
+    struct.pack_into("<II", b, part_off + 136, 10_000, _segment.OP_WAITING)
+    put("h-op-lock", b)
+    os.mkfifo(os.path.join(root, "h-fifo"))
+    os.symlink(os.path.join(root, base), os.path.join(root, "h-link"))
+    os.mkdir(os.path.join(root, "h-dir"))
+    return out
+
+
+def test_ls_and_deadlocks_show_hostile_segments_as_the_full_read_does(
+    new_region, tmp_path, monkeypatch, capsys
+):
+    """The head-only ``ls`` and the waits-only ``deadlocks`` over hostile files (garbage
+    after the magic, cut short, another layout version, a participant count past the
+    cap, not ready, an extension area without a table, an unknown kind, two tables, a
+    table header that does not add up, indices out of range, a FIFO, a symlink, a
+    directory): every line and error as the full read gives it, every note as the full
+    scan gives it, bounded in time, nothing raised."""
+    root, names = _segments(new_region, tmp_path)
+    hostile = _hostile(root, names[0], "table")
+    files = sorted(names + hostile)
+    want = [_full_ls_record(n, root) for n in files]
+    t0 = time.monotonic()
+    got = _ls(monkeypatch, capsys, root)
+    assert time.monotonic() - t0 < 10
+    assert got == want
+    errors = {r["name"]: r["error"] for r in got if "error" in r}
+    assert set(errors) >= {"h-garbage", "h-short", "h-version", "h-hwm", "h-kind"}, errors
+    assert set(errors) >= {"h-two-tables", "h-table-size", "h-ext", "h-not-ready"}, errors
+    monkeypatch.setattr(waitgraph, "SHM_DIR", root)
+    full = waitgraph.snapshot()
+    cheap = waitgraph.snapshot(waits_only=True)
+    assert cheap.notes == full.notes and len(full.notes) >= 8, full.notes
+    assert cycles_report(cheap) == cycles_report(full)
+    # inspect's look: a participant that waits for a lock out of range waits for nothing
+    g = waitgraph.snapshot(threads_of="h-op-lock")
+    assert g.notes == full.notes
+    assert all(t.waits is None for t in g.threads.values())
+
+
+@pytest.mark.timeout(120)
+def test_deadlocks_reads_lock_bodies_only_where_someone_waits(
+    procs, new_lock, tmp_path, monkeypatch
+):
+    """``deadlocks`` read every lock body of every segment of the machine to find the few
+    that wait: now the head first, and the bodies only of the segments where a live
+    participant waits. It finds the same cycle, with the same members, victim and
+    waiting threads, as the full scan."""
+    a, b = new_lock("futex"), new_lock("futex")
+    idle = new_lock("mcs")
+    ps = _start_chain(procs, [a, b])
+    try:
+        root = str(tmp_path)
+        deadline = time.monotonic() + 20
+        while True:  # both publish their wait, then copy the segments as they are
+            g = waitgraph.snapshot([a.name, b.name])
+            if len(g.cycles()) == 1:
+                break
+            assert time.monotonic() < deadline, "the cycle never closed"
+            time.sleep(0.05)
+        _copy(a.name, root, "a")
+        _copy(b.name, root, "b")
+        for i in range(20):
+            _copy(idle.name, root, f"idle-{i}")
+    finally:
+        for p in ps:
+            p.kill()
+            p.join(10)
+    monkeypatch.setattr(waitgraph, "SHM_DIR", root)
+    full = cycles_report(waitgraph.snapshot())
+    reads = Reads(monkeypatch, root)
+    cheap = cycles_report(waitgraph.snapshot(waits_only=True))
+    assert reads.bodies_read(root) == {"a", "b"}
+    assert set(reads.opens.values()) == {1}
+    for rep in (full, cheap):  # the time waited differs by the time between the looks
+        for c in rep["cycles"]:
+            for m in c:
+                m.pop("waited_s")
+    assert cheap == full and len(cheap["cycles"]) == 1 and cheap["waiting_threads"] == 2
+
+
+def test_top_decodes_again_only_what_changed(new_region, new_lock):
+    """``top`` read and decoded every lock of every segment at every refresh: now a
+    segment whose header, directory, lock bodies and participants in use read as before
+    keeps its rows, and only a changed one is decoded again; the rows are the full
+    read's."""
+    from shmlocks import top
+
+    locks = [new_lock(k) for k in ("futex", "ticket", "mcs", "robust", "pi")]
+    region = new_region(max_locks=4, max_participants=8)
+    region.create_lock("c", "clh")  # not a plain kind: decoded at every sample
+    names = [lk.name for lk in locks] + [region.name]
+    decoded: list[str] = []
+    real = top.locks_stats
+
+    def counted(seg):
+        decoded.append(seg.name)
+        return real(seg)
+
+    top.locks_stats = counted
+    try:
+        s = top.Sampler(names)
+        first, notes = s()
+        assert not notes and sorted(decoded) == sorted(names)
+        decoded.clear()
+        again, _ = s()
+        assert again == first and decoded == [region.name]
+        decoded.clear()
+        locks[1].acquire()
+        held, _ = s()
+        assert decoded == [locks[1].name, region.name]
+        assert held == top.Sampler(names)()[0]  # what a fresh, full read gives
+        row = held[(locks[1].name, "lock")]
+        assert row["locked"] and row["holder"]["pid"] == os.getpid()
+        locks[1].release()
+        decoded.clear()
+        freed, _ = s()
+        assert decoded == [locks[1].name, region.name]
+        assert freed[(locks[1].name, "lock")]["acquisitions"] == row["acquisitions"]
+        assert not freed[(locks[1].name, "lock")]["locked"]
+    finally:
+        top.locks_stats = real
