@@ -7,6 +7,7 @@
     python bench/run.py --oversubscribed [...]   bench/oversubscribed.py (P = 1, 2, 3, 4, 8)
     python bench/run.py --sharding [...]         bench/sharding.py (one lock vs lock tables)
     python bench/run.py --deadlock-scale [...]   bench/deadlock_scale.py (detection at scale)
+    python bench/run.py --cli-scale [...]        bench/cli_scale.py (ls, top ... at scale)
 
 Measures, in one run, for the six shmlocks kinds and the anchors threading.Lock (the
 in-process floor, measured with threads), multiprocessing.Lock, posix_ipc.Semaphore and
@@ -401,6 +402,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if a != "--json" or i + 1 < len(rest) and not rest[i + 1].startswith("-")
             ]
         )
+    if "--cli-scale" in argv:
+        # cli_scale.py's own run (issue 38: ls, deadlocks, inspect, top at 10,000 segments)
+        import cli_scale
+
+        return cli_scale.main([a for a in argv if a not in ("--cli-scale", "--")])
     if "--deadlock-scale" in argv:
         # deadlock_scale.py's own run (issue 38: waiting and detecting with many segments)
         import deadlock_scale

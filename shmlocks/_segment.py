@@ -233,19 +233,35 @@ _P_WORD, _P_STEP, _P_PENDING = 0, 140, 160
 _LITTLE = sys.byteorder == "little"
 
 
-def _states(parts: bytes, n: int) -> list[int]:
-    """Each provisioned slot's state (``Participant.state``: 0 free, 1 alive, 2 dead) from
-    the participants' bytes, without decoding every record: three words of each, read
-    through strided views (a free slot is the common case)."""
+def _fields(parts: bytes | memoryview, n: int) -> tuple[list[int], list[int], list[int]]:
+    """(words, op_steps, pendings) of the ``n`` participant records in ``parts``: three
+    words of each, read through strided views, no record decoded."""
     if _LITTLE:
         w = PART_SIZE // 4
         mv = memoryview(parts).cast("I")
-        words = mv[_P_WORD // 4 :: w].tolist()
-        steps = mv[_P_STEP // 4 :: w].tolist()
-        pending = mv[_P_PENDING // 4 :: w].tolist()
-    else:  # pragma: no cover - every platform shmlocks is built on is little-endian
-        recs = [_PART.unpack_from(parts, x * PART_SIZE) for x in range(n)]
-        words, steps, pending = [r[0] for r in recs], [r[4] for r in recs], [r[7] for r in recs]
+        return (
+            mv[_P_WORD // 4 :: w].tolist(),
+            mv[_P_STEP // 4 :: w].tolist(),
+            mv[_P_PENDING // 4 :: w].tolist(),
+        )
+    recs = [_PART.unpack_from(parts, x * PART_SIZE) for x in range(n)]  # pragma: no cover
+    return [r[0] for r in recs], [r[4] for r in recs], [r[7] for r in recs]  # pragma: no cover
+
+
+def busy_slots(parts: bytes | memoryview, n: int) -> list[int]:
+    """The slots that may be in use (a word, a pending recovery or a quarantined step),
+    ascending: every slot whose state is not 0 is among them (most slots are free)."""
+    words, steps, pending = _fields(parts, n)
+    busy = list(itertools.compress(range(n), map(operator.or_, words, pending)))
+    if OP_QUARANTINED in steps:
+        busy = sorted(set(busy).union(x for x in range(n) if steps[x] == OP_QUARANTINED))
+    return busy
+
+
+def _states(parts: bytes | memoryview, n: int) -> list[int]:
+    """Each provisioned slot's state (``Participant.state``: 0 free, 1 alive, 2 dead) from
+    the participants' bytes, without decoding every record (``_fields``)."""
+    words, steps, pending = _fields(parts, n)
     out = [0] * n
     # only the slots with a word, a pending recovery or a quarantined step can be in use
     busy = set(itertools.compress(range(n), map(operator.or_, words, pending)))

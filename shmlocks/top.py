@@ -66,17 +66,27 @@ class _Seen(NamedTuple):
     rows: list[dict[str, Any]]
 
 
-def _key(parts: bytes, n: int, bodies: list[bytes]) -> tuple[Any, ...]:
+def _key(parts: bytes | memoryview, n: int, bodies: list[bytes]) -> tuple[Any, ...]:
     """The bytes a plain segment's rows are computed from: the lock bodies' three lines and
-    the records of the participant slots in use or named by a holder record."""
-    slots = {x for x, s in enumerate(_segment._states(parts, n)) if s}
+    the records of the participant slots that may be in use or are named by a holder
+    record (``_segment.busy_slots``: a superset of those in use)."""
+    slots = _segment.busy_slots(parts, n)
     for b in bodies:
         s1 = _HOLDER.unpack_from(b, 8)[0] & _SLOT_MASK
-        if 1 <= s1 <= n:
-            slots.add(s1 - 1)
+        if 1 <= s1 <= n and s1 - 1 not in slots:
+            slots = sorted([*slots, s1 - 1])
     ps = _segment.PART_SIZE
-    order = sorted(slots)
-    return (tuple(order), tuple(parts[x * ps : (x + 1) * ps] for x in order), tuple(bodies))
+    return (tuple(slots), tuple(bytes(parts[x * ps : (x + 1) * ps]) for x in slots), *bodies)
+
+
+def _tagged(name: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each lock's record with its segment's name (``segment``)."""
+    return [dict(lk, segment=name) for lk in rows]
+
+
+def _pread(fd: int, offset: int, n: int) -> bytes:
+    b = os.pread(fd, n, offset)
+    return b if len(b) == n else _shmread.pread_exact(fd, offset, n)
 
 
 class Sampler:
@@ -129,7 +139,7 @@ class Sampler:
                 notes.append(rows)
                 continue
             for lk in rows:
-                out[(name, lk["name"])] = dict(lk, segment=name)
+                out[(name, lk["name"])] = lk
         return out, notes
 
     def _rows(
@@ -141,22 +151,22 @@ class Sampler:
                 first = _shmread.pread_exact(fd, 0, _segment.HEADER_SIZE)
             if c is not None and c.first == first and c.size == st.st_size:
                 nd = len(c.directory)
-                dp = _shmread.pread_exact(fd, c.dir_off, nd + c.provisioned * _segment.PART_SIZE)
-                if dp[:nd] == c.directory:
-                    bodies = [_shmread.pread_exact(fd, o, _segment._BODY_READ) for o in c.body_offs]
-                    if _key(dp[nd:], c.provisioned, bodies) == c.key:
+                dp = _pread(fd, c.dir_off, nd + c.provisioned * _segment.PART_SIZE)
+                if dp.startswith(c.directory):
+                    bodies = [_pread(fd, o, _segment._BODY_READ) for o in c.body_offs]
+                    if _key(memoryview(dp)[nd:], c.provisioned, bodies) == c.key:
                         seen[name] = c
                         return c.rows
         except _shmread.Shrunk:
             raise _shmread.Shrunk(f"segment {name!r} shrank while it was read") from None
         h = _segment.read_head(fd, st, name, first)
         if not all(k in _PLAIN for _i, k, _r in h.entries):
-            return locks_stats(_segment.read_fd(fd, st, name, h))
+            return _tagged(name, locks_stats(_segment.read_fd(fd, st, name, h)))
         try:
             bodies = _segment.read_bodies(fd, h)
         except _shmread.Shrunk:
             raise _shmread.Shrunk(f"segment {name!r} shrank while it was read") from None
-        rows = locks_stats(_segment.read_fd(fd, st, name, h, bodies))
+        rows = _tagged(name, locks_stats(_segment.read_fd(fd, st, name, h, bodies)))
         seen[name] = _Seen(
             first[: _segment.HEADER_SIZE],
             st.st_size,
