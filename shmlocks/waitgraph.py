@@ -420,7 +420,8 @@ def snapshot(
     }
     for name in sorted(linked & left):
         visit_name(name, full=True)
-    for name in sorted(segs.keys() | skipped.keys()):
+    read = segs.keys() | skipped.keys()
+    for name in sorted(read) if names is None else [n for n in dict.fromkeys(names) if n in read]:
         if name in skipped:
             g.notes.append(f"skipped {name}: {skipped[name]}")
         else:
