@@ -299,8 +299,12 @@ def _lines(r: dict[str, Any]) -> list[list[Any]]:
     return lines
 
 
-def render(rows: list[dict[str, Any]], notes: list[str], interval: float) -> list[str]:
-    """The screen's lines (a header line, then the table, then notes)."""
+def render(
+    rows: list[dict[str, Any]], notes: list[str], interval: float, limit: int | None = None
+) -> list[str]:
+    """The screen's lines (a header line, then the table, then notes); with ``limit``, the
+    table of the first ``limit`` rows only (the live view: what fits on the screen, so that
+    a refresh formats dozens of rows, not 10,000; the header still counts them all)."""
     nseg = len({r["segment"] for r in rows})
     head = (
         f"shmlocks top  {time.strftime('%H:%M:%S')}  {_n(len(rows), 'lock')} in "
@@ -311,7 +315,8 @@ def render(rows: list[dict[str, Any]], notes: list[str], interval: float) -> lis
         return [head, "", NO_SEGMENTS if not notes else "no readable shmlocks segments"] + [
             f"note: {n}" for n in notes
         ]
-    body = [line for r in rows for line in _lines(r)]
+    shown = rows[:limit]
+    body = [line for r in shown for line in _lines(r)]
     headers = [
         "SEGMENT",
         "LOCK",
@@ -327,7 +332,7 @@ def render(rows: list[dict[str, Any]], notes: list[str], interval: float) -> lis
     ]
     hot = [  # a lock table is one row: its hottest stripes, their holders and waiters
         f"{r['segment']}/{r['name']}: hottest stripes {hottest_text(r, 5)}"
-        for r in rows
+        for r in shown
         if "stripes" in r
     ]
     return [head, "", *table(headers, body).splitlines()] + hot + [f"note: {n}" for n in notes]
@@ -377,7 +382,7 @@ def live(names: list[str] | None, interval: float, out: TextIO) -> int:
             rows = rates(cur, prev, now - t_prev)
             prev, t_prev = cur, now
             size = shutil.get_terminal_size()
-            lines = [ln[: size.columns] for ln in render(rows, notes, interval)]
+            lines = [ln[: size.columns] for ln in render(rows, notes, interval, size.lines)]
             out.write("\x1b[H\x1b[2J" + "\n".join(lines[: max(1, size.lines - 1)]))
             out.flush()
             deadline = now + interval
