@@ -11,6 +11,7 @@ import os
 import resource
 import signal
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -279,3 +280,37 @@ def busy_wait_ns(ns: int, clock: Any = time.perf_counter_ns) -> None:
     end = clock() + ns
     while clock() < end:
         pass
+
+
+def own_autogroup(nice: int, log=None) -> str:
+    """Go on in a new session, so in a new scheduler autogroup (Linux makes one per session)
+    set to ``nice``; workers forked after are in it. Where autogroup is on, the workers of a
+    run share their session's one CPU share, so on a busy machine P=4 may get less than one
+    CPU; -19 (root) lets them have the CPUs for a short run. The session this was started in
+    (its shell, and whatever else shares its autogroup) is left as it was: a process that
+    leads its process group cannot make a session, so a child does, and this one waits for
+    it and exits with its status. Returns the autogroup's line; OSError if this kernel has
+    no autogroup."""
+    if os.getsid(0) != os.getpid():
+        try:
+            os.setsid()
+        except PermissionError:
+            pid = os.fork()
+            if pid:
+                sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+            os.setsid()
+    with open("/proc/self/autogroup", "w") as f:
+        f.write(str(nice))
+    with open("/proc/self/autogroup") as f:
+        line = f.read().strip()
+    if log is not None:
+        log(f"autogroup: {line}")
+    return line
+
+
+AUTOGROUP_HELP = (
+    "run in a scheduler autogroup of its own at nice N (Linux autogroup; a negative N needs "
+    "root): where autogroup is on, the workers share their session's one CPU share, so on a "
+    "busy machine P=4 may get less than one CPU; -19 lets them have the CPUs (for a short "
+    "run: it takes them from everyone else)"
+)

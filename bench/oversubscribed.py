@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import adapters
 import contended
-from common import BenchError
+from common import AUTOGROUP_HELP, BenchError, own_autogroup
 
 PROCS = (1, 2, 3, 4, 8)
 ANCHORS = ("multiprocessing.Lock", "posix_ipc.Semaphore")
@@ -195,6 +195,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="DIR",
         help="write oversubscribed.md, oversubscribed.json and oversubscribed.png there",
     )
+    p.add_argument("--autogroup-nice", type=int, metavar="N", help=AUTOGROUP_HELP)
     p.add_argument("--smoke", action="store_true", help="P = 1, 2, 3 for 0.05 s: every path")
     return p.parse_args([a for a in (sys.argv[1:] if argv is None else argv) if a != "--"])
 
@@ -221,11 +222,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"bench/oversubscribed.py: error: unknown lock(s) {bad}", file=sys.stderr)
             return 2
         locks = [n for n in adapters.NAMES if n in want or n == adapters.REFERENCE]
+    if args.autogroup_nice is not None:
+        own_autogroup(args.autogroup_nice, log)
     raw, problems, notes = run(locks, procs, args.seconds, args.repeats)
     s = summarize(raw)
     head = (
         f"## Oversubscribed: {os.cpu_count()} CPUs, {args.seconds:g} s a cell, "
         f"{args.repeats} run(s), load average {os.getloadavg()[0]:.1f}"
+        + (f", autogroup nice {args.autogroup_nice}" if args.autogroup_nice is not None else "")
     )
     md = markdown(s, procs, head)
     b = bars(s)

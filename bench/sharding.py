@@ -45,6 +45,8 @@ import timeit
 from multiprocessing import shared_memory
 from typing import Any
 
+from common import AUTOGROUP_HELP, own_autogroup
+
 import shmlocks
 
 KEYS = 10_000
@@ -408,26 +410,6 @@ def plot(s: dict, procs: list[int], path: str) -> str | None:
     return None
 
 
-def _own_autogroup(nice: int) -> None:
-    """Go on in a new session, so in a new autogroup (the kernel makes one per session),
-    set to ``nice``; the workers, forked after, are in it. The session this was started in
-    (its shell, and whatever else shares its autogroup) is left as it was: a process that
-    leads its process group cannot make a session, so a child does, and this one waits
-    for it and exits with its status. OSError if this kernel has no autogroup."""
-    if os.getsid(0) != os.getpid():
-        try:
-            os.setsid()
-        except PermissionError:
-            pid = os.fork()
-            if pid:
-                sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
-            os.setsid()
-    with open("/proc/self/autogroup", "w") as f:
-        f.write(str(nice))
-    with open("/proc/self/autogroup") as f:
-        log(f"autogroup: {f.read().strip()}")
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/sharding.py", description=__doc__.split("\n")[0])
     p.add_argument("--procs", default=",".join(map(str, PROCS)), help="worker counts")
@@ -444,15 +426,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0.0,
         help="µs of work (a spin) inside each section (default 0: the increment only)",
     )
-    p.add_argument(
-        "--autogroup-nice",
-        type=int,
-        metavar="N",
-        help="run in a scheduler autogroup of its own at nice N (Linux autogroup; a "
-        "negative N needs root): where autogroup is on, the P workers share their session's "
-        "one CPU share, so on a busy machine P=4 may get less than one CPU; -19 lets them "
-        "have the CPUs (for a short run: it takes them from everyone else)",
-    )
+    p.add_argument("--autogroup-nice", type=int, metavar="N", help=AUTOGROUP_HELP)
     p.add_argument("--smoke", action="store_true", help="P = 2, N = 4, 64, 0.05 s: every path")
     return p.parse_args([a for a in (sys.argv[1:] if argv is None else argv) if a != "--"])
 
@@ -464,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [x.strip() for x in a.kinds.split(",") if x.strip()]
     seconds, reps = a.seconds, a.repeats
     if a.autogroup_nice is not None:
-        _own_autogroup(a.autogroup_nice)
+        own_autogroup(a.autogroup_nice, log)
     global WORK_NS
     WORK_NS = int(a.work_us * 1000)
     if a.smoke:

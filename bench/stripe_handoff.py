@@ -26,7 +26,10 @@ import sys
 import time
 from multiprocessing import shared_memory
 
-import shmlocks
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import AUTOGROUP_HELP, own_autogroup  # noqa: E402
+
+import shmlocks  # noqa: E402
 
 
 def _worker(kind: str, name: str, stripe: bool, shm_name: str, idx: int, start) -> None:
@@ -97,14 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", default="futex,robust,pi")
     p.add_argument("--seconds", type=float, default=1.0)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--autogroup-nice", type=int, metavar="N")
+    p.add_argument("--autogroup-nice", type=int, metavar="N", help=AUTOGROUP_HELP)
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.autogroup_nice is not None:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from sharding import _own_autogroup
-
-        _own_autogroup(a.autogroup_nice)
+        print(own_autogroup(a.autogroup_nice), file=sys.stderr)
     procs = [int(x) for x in a.procs.split(",") if x]
     kinds = [x for x in a.kinds.split(",") if x]
     cells = [(k, s, n) for n in procs for k in kinds for s in (False, True)]
