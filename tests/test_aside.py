@@ -25,10 +25,12 @@ ASIDE_KINDS = ("ticket", "mcs")
 ASIDE_S = 0.2
 
 
-def _waiter(lock, idx, order, pos, ready, spin_s):
+def _waiter(lock, idx, order, pos, ready, spin_s, aside_s=ASIDE_S):
+    """One seat; spins spin_s (holding the seat that long), stays aside aside_s; records
+    its place in the order it is served."""
     if spin_s:
         _core._wait_policy(spin_ns=int(spin_s * 1e9))  # hold a spinner seat that long
-    _core._aside_init(1, int(ASIDE_S * 1e9))
+    _core._aside_init(1, int(aside_s * 1e9))
     ready.send(1)
     if lock.acquire(timeout=30):
         order[pos.value] = idx
@@ -99,17 +101,6 @@ def _voluntary_switches(pid: int) -> int:
     raise AssertionError("no voluntary_ctxt_switches in /proc/<pid>/status")
 
 
-def _patient_waiter(lock, idx, order, pos, ready, spin_s, aside_s):
-    if spin_s:
-        _core._wait_policy(spin_ns=int(spin_s * 1e9))  # hold the seat that long
-    _core._aside_init(1, int(aside_s * 1e9))
-    ready.send(1)
-    if lock.acquire(timeout=30):
-        order[pos.value] = idx
-        pos.value += 1
-        lock.release()
-
-
 @pytest.mark.skipif(
     _core.WAIT_MODE != "futex_waitv",
     reason="the sliced fallback (no futex_waitv, or SHMLOCKS_WAIT=sliced) wakes every 5 ms",
@@ -133,9 +124,7 @@ def test_waiters_aside_sleep_until_their_turn(procs, new_lock, kind):
         for i in range(4):
             r, w = ctx.Pipe(duplex=False)
             spin, aside = (3.0, 0.001) if i == 0 else (0, 4.0 if i == 1 else 0.001)
-            children.append(
-                procs.start(_patient_waiter, lock, i, order, pos, w, spin, aside, ctx=ctx)
-            )
+            children.append(procs.start(_waiter, lock, i, order, pos, w, spin, aside, ctx=ctx))
             assert r.poll(20)
             r.recv()
             end = time.monotonic() + 10
