@@ -336,12 +336,6 @@ def test_a_waiter_aside_sees_the_death_it_watches_at_once(procs, new_lock, kind)
     assert raw["vip"] == 0 and raw["seats"] == [0] * len(raw["seats"]), raw
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 40 follow-up: the waiter aside woken by the death of the one ahead skips "
-    "it (aside_ahead believes live marks only) and never recovers it, though "
-    "docs/design.md §7.0 says it does; the dead one's record stays WAITING, its mark set",
-)
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("kind", ASIDE_KINDS)
 def test_a_dead_waiter_aside_is_recovered_by_the_one_behind_it(procs, new_lock, kind):

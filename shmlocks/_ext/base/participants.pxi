@@ -1076,8 +1076,10 @@ cdef inline bint _aside_live(rmap_t* rm, shm_body* b, uint32_t x) noexcept nogil
 
 
 cdef int aside_ahead(rmap_t* rm, shm_body* b, uint32_t me, uint64_t since) noexcept nogil:
-    """The slot of the live waiter aside just ahead of (me, since) in arrival order (by
-    arrival, then slot), or -1: none is (me is the oldest). me = b.P and since = the
+    """The slot of the waiter aside just ahead of (me, since) in arrival order (by arrival,
+    then slot), live or dead, or -1: none is (me is the oldest). A dead one is returned so
+    that the one behind it, watching its token (wait.pxi aside_sleep), recovers it: its
+    recovery clears its mark, and the next look goes past it. me = b.P and since = the
     largest u64 ask for the youngest of all; see aside_kick for the oldest."""
     cdef uint32_t x, n = rmap_hwm(rm)
     cdef uint64_t v, best_v = 0
@@ -1092,7 +1094,8 @@ cdef int aside_ahead(rmap_t* rm, shm_body* b, uint32_t me, uint64_t since) noexc
             continue                                 # not aside, or behind me
         if best >= 0 and (v < best_v or (v == best_v and <int>x < best)):
             continue                                 # further ahead than the best so far
-        if _aside_live(rm, b, x):
+        if _aside_live(rm, b, x) or (participant_state(rm, x) == 2 and ld32_acq(
+                &rm.part[x].op_step) != SHM_OP_QUARANTINED):   # (no recovery comes)
             best, best_v = <int>x, v
     return best
 
