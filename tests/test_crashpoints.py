@@ -51,8 +51,8 @@ import pytest
 from support import ROBUST_KINDS, USERSPACE_KINDS, join_all, uniq, wait_stopped
 from support.crashcase import (
     CHILD_AT,
-    CHILD_BUDGET,
     CHILD_SEQ,
+    CHILD_WALL,
     DIED_N,
     FIRST_THREAD,
     GO,
@@ -147,7 +147,7 @@ def run_case(case: Case, kind: str, point: str, order: str) -> None:
         case.free_low_slot()
     t_go = time.monotonic_ns()
     case.a[GO] = 1
-    t_death = case.run_victims() if recovery else case.child_died_within(CHILD_BUDGET + 1)
+    t_death = case.run_victims() if recovery else case.child_died_within(CHILD_WALL + 1)
     t_death = case.check_death(t_death)
     lag = case.survivors_acquire_after(t_death)
     print(
