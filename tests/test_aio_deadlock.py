@@ -28,13 +28,11 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
-from support import KINDS, uniq
+from support import KINDS, run_lockdep, uniq
 
 import shmlocks
 from shmlocks import _aio, _core
@@ -289,17 +287,6 @@ def graph():
         os.unlink(path)
 
 
-def _run(code, graph, *args):
-    env = dict(os.environ, SHMLOCKS_LOCKDEP="1", SHMLOCKS_LOCKDEP_GRAPH=graph)
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 A_THEN_B_TASK = """
 import asyncio, sys, shmlocks
 a, b = shmlocks.FutexMutex.open(sys.argv[1]), shmlocks.MCSLock.open(sys.argv[2])
@@ -345,10 +332,10 @@ def test_lockdep_sees_the_lock_order_of_tasks(first, graph, new_lock):
     another, holding b, awaits a: LockOrderError before it waits (a is held here, so a
     wait would block), naming both orders and the tasks' call sites."""
     a, b = new_lock("futex"), new_lock("mcs")
-    r = _run(A_THEN_B_TASK if first == "task" else A_THEN_B_THREAD, graph, a.name, b.name)
+    r = run_lockdep(A_THEN_B_TASK if first == "task" else A_THEN_B_THREAD, graph, a.name, b.name)
     assert r.returncode == 0, r.stderr
     with a:
-        r = _run(B_THEN_A_TASK, graph, a.name, b.name)
+        r = run_lockdep(B_THEN_A_TASK, graph, a.name, b.name)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert f"acquiring {a.name!r} while holding {b.name!r}" in out, out
@@ -402,7 +389,7 @@ def test_lockdep_no_false_order_for_tasks(graph, new_lock):
     t = shmlocks.LockTable(size=8, kind="futex", name=uniq("ld-table"))
     u = shmlocks.LockTable(size=8, kind="mcs", name=uniq("ld-table"))
     try:
-        r = _run(ONE_LOCK_EACH, graph, a.name, b.name, t.name, u.name)
+        r = run_lockdep(ONE_LOCK_EACH, graph, a.name, b.name, t.name, u.name)
         assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
         with open(graph) as f:
             recs = [json.loads(x) for x in f if x.strip()]

@@ -8,10 +8,10 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 from conftest import SHM_DIR, uniq
+from support import run_lockdep
 from support.privshm import requires_private_shm, run_private
 
 import shmlocks
@@ -26,19 +26,6 @@ def graph():
     yield path
     if os.path.exists(path):
         os.unlink(path)
-
-
-def run(code, graph, mode="1", **extra):
-    env = dict(os.environ, SHMLOCKS_LOCKDEP=mode, SHMLOCKS_LOCKDEP_GRAPH=graph, **extra)
-    if mode is None:
-        del env["SHMLOCKS_LOCKDEP"]
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
 
 
 def cli(graph, *args):
@@ -69,7 +56,7 @@ def _ab(code, a, b):
 
 def test_an_inversion_across_processes_raises_before_blocking(graph, new_lock):
     a, b = new_lock("ticket"), new_lock("futex")
-    r = run(_ab(A_THEN_B, a, b), graph)
+    r = run_lockdep(_ab(A_THEN_B, a, b), graph)
     assert r.returncode == 0, r.stderr
     b_then_a = """
     import os, time, shmlocks, sys
@@ -88,7 +75,7 @@ def test_an_inversion_across_processes_raises_before_blocking(graph, new_lock):
     take_b_then_a()
     """
     with a:  # a is held here: a wait for it would block, the error must come first
-        r = run(_ab(b_then_a, a, b), graph)
+        r = run_lockdep(_ab(b_then_a, a, b), graph)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert f"acquiring {a.name!r} while holding {b.name!r}" in out
@@ -101,7 +88,7 @@ def test_an_inversion_across_processes_raises_before_blocking(graph, new_lock):
 def test_warn_mode_warns_and_goes_on(graph, new_lock):
     a, b = new_lock("mcs"), new_lock("clh")
     first = _ab(A_THEN_B, a, b).replace("TicketLock", "MCSLock").replace("FutexMutex", "CLHLock")
-    assert run(first, graph).returncode == 0
+    assert run_lockdep(first, graph).returncode == 0
     code = """
     import warnings, shmlocks, sys
     a, b = shmlocks.MCSLock.open(sys.argv[1]), shmlocks.CLHLock.open(sys.argv[2])
@@ -114,7 +101,7 @@ def test_warn_mode_warns_and_goes_on(graph, new_lock):
     ws = [x for x in w if issubclass(x.category, shmlocks.LockOrderWarning)]
     print(len(ws), issubclass(shmlocks.LockOrderWarning, RuntimeWarning))
     """
-    r = run(_ab(code, a, b), graph, mode="warn")
+    r = run_lockdep(_ab(code, a, b), graph, mode="warn")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["1", "True"], "warned once for the chain, the acquires went on"
     rep = json.loads(cli(graph, "--json").stdout)
@@ -133,7 +120,7 @@ def test_a_non_blocking_acquire_records_no_order_but_counts_as_held(graph, new_l
         pass
     b.release(); a.release()
     """
-    r = run(code, graph)
+    r = run_lockdep(code, graph)
     assert r.returncode == 0, r.stderr
     rep = json.loads(cli(graph, "--json").stdout)
     assert sorted((o["from"], o["to"]) for o in rep["orders"]) == sorted(
@@ -161,14 +148,14 @@ def test_a_full_graph_turns_validation_off_with_one_warning(graph, new_region):
                 pass
     print(len([x for x in w if "full" in str(x.message)]), ld.enabled())
     """
-    r = run(code, graph)
+    r = run_lockdep(code, graph)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["1", "None"]
 
 
 def test_cli_lists_orders_and_reset_clears_them(graph, new_lock):
     a, b = new_lock("ticket"), new_lock("futex")
-    assert run(_ab(A_THEN_B, a, b), graph).returncode == 0
+    assert run_lockdep(_ab(A_THEN_B, a, b), graph).returncode == 0
     r = cli(graph)
     assert r.returncode == 0
     row = next(ln for ln in r.stdout.splitlines() if a.name in ln)
@@ -181,7 +168,7 @@ def test_cli_lists_orders_and_reset_clears_them(graph, new_lock):
 
 def test_lockdep_off_makes_no_graph(graph, new_lock):
     a, b = new_lock("ticket"), new_lock("futex")
-    r = run(_ab(A_THEN_B, a, b), graph, mode=None)
+    r = run_lockdep(_ab(A_THEN_B, a, b), graph, mode=None)
     assert r.returncode == 0, r.stderr
     assert not os.path.exists(graph)
     assert shmlocks.LockOrderError.__mro__[1] is shmlocks.DeadlockError
@@ -220,7 +207,7 @@ def test_a_thread_that_reuses_an_ident_holds_nothing(graph, new_lock):
             A.mark_consistent()
             A.release()
     """
-    r = run(code, graph)
+    r = run_lockdep(code, graph)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "reused", "the scenario needs a reused ident (glibc reuses it)"

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import traceback
@@ -43,6 +44,7 @@ __all__ = [
     "kill",
     "me",
     "outcome",
+    "run_lockdep",
     "run_python",
     "shm_entries",
     "shm_exists",
@@ -214,18 +216,31 @@ def join_all(processes, timeout: float) -> list:
     return [p for p in processes if p.is_alive()]
 
 
-def run_python(code: str, *args: str, timeout: float = 60.0, **kwargs):
-    """Run a fresh interpreter on ``code`` with ``sys.argv[1:] = args``; the caller checks
-    returncode, stdout and stderr (a CompletedProcess)."""
-    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+def run_python(code: str, *args: str, timeout: float = 60.0, env=None, **kwargs):
+    """Run a fresh interpreter on ``code`` (dedented) with ``sys.argv[1:] = args`` and
+    ``env`` over this process's environment (a None value removes the variable); the
+    caller checks returncode, stdout and stderr (a CompletedProcess)."""
+    full = dict(os.environ, PYTHONFAULTHANDLER="1")
+    for k, v in (env or {}).items():
+        if v is None:
+            full.pop(k, None)
+        else:
+            full[k] = v
     return subprocess.run(
-        [sys.executable, "-c", code, *args],
+        [sys.executable, "-c", textwrap.dedent(code), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
+        env=full,
         **kwargs,
     )
+
+
+def run_lockdep(code: str, graph: str, *args: str, mode: str | None = "1", **env):
+    """run_python with lock-order validation (SHMLOCKS_LOCKDEP=mode; None: off) and its
+    graph file; ``env`` adds variables."""
+    env = {"SHMLOCKS_LOCKDEP": mode, "SHMLOCKS_LOCKDEP_GRAPH": graph, **env}
+    return run_python(code, *args, timeout=60.0, env=env)
 
 
 def until(pred, timeout: float = 10.0, what: str = "condition") -> None:
