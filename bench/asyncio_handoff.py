@@ -17,9 +17,14 @@ epoll) is the same round trip with no lock: the two loops pass the turn through 
 futex word, each asleep on it in an io_uring FUTEX_WAITV of its thread's ring whose
 eventfd the loop watches (what a cohort's wait is), woken by the other's FUTEX_WAKE: two
 such wake-ups per round trip, measured in the same run; "x floor" is each round trip over
-it (with io_uring only: AIO_MODE "thread" adds its waiter thread's hop). "mp+executor" serializes the tasks of a
-process with an asyncio.Lock and waits for a multiprocessing.Lock in the loop's default
-executor (one thread blocked at a time per process).
+it (with io_uring only: AIO_MODE "thread" adds its waiter thread's hop). "waited/turn":
+the round trip's holds that had to wait (the lock's statistics, ``contended``) per turn
+passed: near 1, each turn was a hand-off to a waiting loop (or thread); near 0, the two
+took the free lock in turns without waiting for each other. A worker that finds the
+turn is not its own yields (``_not_my_turn``) before it takes the lock again.
+"mp+executor" serializes the tasks of a process with an asyncio.Lock and waits for a
+multiprocessing.Lock in the loop's default executor (one thread blocked at a time per
+process).
 """
 
 from __future__ import annotations
@@ -73,17 +78,32 @@ class MpExecutorLock:
 # --------------------------------------------------------------------------- round trip
 
 
+async def _not_my_turn() -> None:
+    """A worker that took the lock when the turn was not its own lets the other one go on.
+    An acquire_async of a free lock completes without yielding, so without this a loop
+    woken by the other's release (on the same CPU, it preempts the releaser inside its
+    FUTEX_WAKE) would take and release the free lock alone until a scheduler tick gives
+    the CPU back (4 ms at 250 Hz): the median would count ticks, not hand-offs. The
+    loop runs its callbacks (asyncio.sleep(0)) and the CPU goes to the other worker if it
+    is runnable here (sched_yield), as a task with nothing to do would await something."""
+    os.sched_yield()
+    await asyncio.sleep(0)
+
+
 def _turns_async(lock: Any, me: int, shared: Any, n: int, out: Any) -> None:
     async def main() -> None:
         stamps = []
         flips = 0
         while flips < n:
             async with lock:
-                if shared[0] == me:
+                mine = shared[0] == me
+                if mine:
                     shared[0] = 1 - me
                     flips += 1
                     if me == 0:
                         stamps.append(time.perf_counter_ns())
+            if not mine:
+                await _not_my_turn()
         if me == 0:
             out.put([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
 
@@ -150,11 +170,14 @@ def _turns_sync(lock: Any, me: int, shared: Any, n: int, out: Any) -> None:
     flips = 0
     while flips < n:
         with lock:
-            if shared[0] == me:
+            mine = shared[0] == me
+            if mine:
                 shared[0] = 1 - me
                 flips += 1
                 if me == 0:
                     stamps.append(time.perf_counter_ns())
+        if not mine:
+            os.sched_yield()  # (as _not_my_turn: the other worker may be on this CPU)
     if me == 0:
         out.put([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
 
@@ -241,8 +264,8 @@ def main() -> None:
             f"floor (two loop wake-ups, io_uring + eventfd): {floor:.1f} µs median, p99 {fp99:.1f}"
         )
     print(f"AIO_MODE {shmlocks._core.AIO_MODE}")
-    print("| lock | API | round trip median | x floor | p99 | sections/s |")
-    print("|---|---|---|---|---|---|")
+    print("| lock | API | round trip median | x floor | p99 | waited/turn | sections/s |")
+    print("|---|---|---|---|---|---|---|")
     rows: list[tuple[str, Any, list[tuple[str, Any, Any]]]] = []
     for kind in a.kinds.split(","):
         rows.append(
@@ -269,13 +292,18 @@ def main() -> None:
         for api, turns, count in apis:
             lock = make()
             try:
+                if hasattr(lock, "reset_stats"):
+                    lock.reset_stats()
                 med, p99 = round_trip(lock, turns, a.turns)
+                waited = "-"
+                if hasattr(lock, "stats"):  # the holds that waited, per turn passed
+                    waited = f"{lock.stats()['contended'] / (2 * a.turns):.2f}"
                 tput = throughput(lock, count, a.tasks, a.seconds)
             finally:
                 lock.close()
             x = f"{med / floor:.2f}" if floor and api == "async with" else "-"
             print(
-                f"| {name} | {api} | {med:.1f} µs | {x} | {p99:.1f} µs | {tput:,.0f} |",
+                f"| {name} | {api} | {med:.1f} µs | {x} | {p99:.1f} µs | {waited} | {tput:,.0f} |",
                 flush=True,
             )
 
