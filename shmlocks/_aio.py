@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import collections
 import itertools
 import os
 import sys
@@ -62,8 +61,6 @@ polls = 0  # re-entries of cohorts' waits (tests: a wait behind a live holder ma
 _URING = _core.AIO_MODE == "io_uring"
 _CANCEL_BIT = 1 << 63
 _LABEL_MAX = 40  # bytes of a task's name in its cohort's record (shm_layout.h label)
-_CUT_MIN_S = 0.005  # a cut recovery is polled again after this, doubling ...
-_CUT_MAX_S = 0.2  # ... up to this (the loop thread's time is not the recovery's)
 _DL_RECHECK_S = 0.5  # a task waiting past the deadlock timeout walks again this often
 _DL_POKED_MIN_S = 0.005  # a poked task walks again at most this often (as a thread)
 walks = 0  # chain walks of tasks (tests)
@@ -102,17 +99,8 @@ def _ended(task: asyncio.Task[Any]) -> bool:
     return task.done() or task.get_loop().is_closed()
 
 
-class _Entry:
-    """A task waiting behind its cohort."""
-
-    __slots__ = ("fut", "task", "t0", "timer", "done")
-
-    def __init__(self, fut: asyncio.Future[bool], task: asyncio.Task[Any], t0: int) -> None:
-        self.fut = fut
-        self.task = task
-        self.t0 = t0
-        self.timer: asyncio.TimerHandle | None = None
-        self.done = False
+#: A task waiting behind its cohort: fut, task, t0 (when it began, ns), timer, done.
+_Entry = _core._CohortEntry
 
 
 class _DLWait:
@@ -140,89 +128,21 @@ class _Poked:
         self.d.poked(self.task, ud)
 
 
-class _Cohort:
+class _Cohort(_core._CohortCore):
     """One lock's participant for the tasks of one event loop thread (the module's
-    docstring has its invariant)."""
+    docstring has its invariant). Its state and its hot path are ``_core._CohortCore``'s
+    (lockbase.pxi): a task's uncontended acquire and release (``take``, ``hold``,
+    ``release``), the hand-off to the next task of the loop (``grant``), a wait's sleep and
+    wake-up (``_sleep``, ``woken``, ``poll``) and the record (``_show``). Here: a task's
+    leaving (timeout, cancellation, deadlock), errors, and a new place after them. Fields:
+    d (its driver), lock, agent (``_core._Agent``), q (a deque of _Entry), nwait (live
+    entries in q), holder (a task or None), state (IDLE, WAITING, HOLDING), ud (the sleep
+    in flight: a ring's user_data, a waiter's arm id), timer (a poll due without a
+    wake-up), backoff, linked (the record carries a wait link of its holder's)."""
 
-    __slots__ = (
-        "d",
-        "lock",
-        "agent",
-        "q",
-        "nwait",
-        "holder",
-        "state",
-        "ud",
-        "timer",
-        "backoff",
-        "shown",
-        "linked",
-        "__weakref__",
-    )
+    __slots__ = ()
 
-    def __init__(self, d: _Driver, lock: Any) -> None:
-        self.d = d
-        self.lock = lock
-        self.agent = _core._Agent(lock, len(d.cohorts))
-        self.q: collections.deque[_Entry] = collections.deque()
-        self.nwait = 0  # live entries in q
-        self.holder: asyncio.Task[Any] | None = None
-        self.state = IDLE
-        self.ud = 0  # the sleep in flight (a ring's user_data, a waiter's arm id)
-        self.timer: asyncio.TimerHandle | None = None  # a poll due without a wake-up
-        self.backoff = 0.0
-        self.shown: tuple[int, int] = (0, -1)  # (task id, tasks) the record shows
-        self.linked = False  # the record carries a wait link of its holder's
-
-    # -- the record (inspect; the wait-for graph) --------------------------------------
-
-    def _show(self) -> None:
-        """The record names the task the cohort acts for (its holder, else its first
-        waiter) and counts the tasks waiting behind it."""
-        q = self.q
-        while q and q[0].done:
-            q.popleft()
-        task = self.holder if self.holder is not None else (q[0].task if q else None)
-        tid = _task_id(task) if task is not None else 0
-        if (tid, self.nwait) == self.shown:
-            return
-        if tid != self.shown[0]:
-            self.agent.record(tid, _label(task), self.nwait)
-        else:
-            self.agent.count(self.nwait)
-        self.shown = (tid, self.nwait)
-
-    # -- taking a place and waiting -----------------------------------------------------
-
-    def take(self) -> bool:
-        """Take the lock's place for the tasks that wait (IDLE only): True if the lock is
-        held now (the caller hands it on), else the cohort waits (its sleep armed)."""
-        agent = self.agent
-        if agent.take() or agent.poll():  # (the first entry: held, or its watch set)
-            self.state = HOLDING
-            return True
-        self.state = WAITING
-        self._sleep()
-        return False
-
-    def _sleep(self) -> None:
-        """Hand the would-be sleep to the driver, and a timer if the wait must look
-        again by a time (a deadline of the kind's, a recovery cut short: backed off)."""
-        d = self.d
-        self.ud = d.arm(self)
-        until = self.agent.until_ns
-        if until >= 0 or self.agent.cut:
-            delay = max(0.0, (until - time.monotonic_ns()) / 1e9) if until >= 0 else 0.0
-            if self.agent.cut:
-                self.backoff = min(_CUT_MAX_S, max(_CUT_MIN_S, self.backoff * 2))
-                delay = max(delay, self.backoff)
-            else:
-                self.backoff = 0.0
-            loop = d.loop
-            assert loop is not None  # (a cohort sleeps only for its loop's tasks)
-            self.timer = loop.call_later(delay, self._due)
-        else:
-            self.backoff = 0.0
+    # -- waiting (_sleep, woken, poll: _core._CohortCore) -------------------------------
 
     def _unsleep(self) -> None:
         if self.ud:
@@ -237,36 +157,6 @@ class _Cohort:
         if self.state == WAITING:
             self._unsleep()
             self.poll()
-
-    def woken(self, ud: int) -> None:
-        """The sleep `ud` ended (a word changed or was woken, a death): look again."""
-        if ud != self.ud or self.state != WAITING:
-            return
-        self.ud = 0
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        self.poll()
-
-    def poll(self) -> None:
-        global polls
-        polls += 1
-        try:
-            got = self.agent.poll()
-        except BaseException as e:
-            # the wait ended without the lock (not recoverable, corrupt, a signal
-            # handler's exception): the first task gets it; the others take a new place
-            self.state = IDLE
-            if isinstance(e, Exception) and self._fail_first(e):
-                self._again()
-                return
-            self._again()
-            raise
-        if got:
-            self.state = HOLDING
-            self.grant()
-        else:
-            self._sleep()
 
     def _fail_first(self, e: BaseException) -> bool:
         """A wait or a take that ended in error ``e``: the first waiting task gets it
@@ -305,64 +195,7 @@ class _Cohort:
                 return e
         return None
 
-    # -- the lock comes, and goes -------------------------------------------------------
-
-    def grant(self) -> None:
-        """The cohort holds the lock (HOLDING, no holder yet): the first task waiting gets
-        it; with none left, it is passed on (owner_died handed on)."""
-        q = self.q
-        while q:
-            e = q.popleft()
-            if e.done:
-                continue
-            e.done = True
-            self.nwait -= 1
-            if e.timer is not None:
-                e.timer.cancel()
-            if e.fut.done():  # cancelled, its task not yet back to say so (_drop)
-                self.d.unlinked(e.task)
-                continue
-            self.holder = e.task
-            self.d.held.setdefault(e.task, []).append(self)
-            self.agent.waited(time.monotonic_ns() - e.t0)
-            self.d.unlinked(e.task)
-            e.fut.set_result(True)
-            self._show()
-            return
-        self.state = IDLE
-        self.agent.pass_on()
-        _count_passed_on()
-        self._show()
-        self.d.idle(self)
-
-    def hold(self, task: asyncio.Task[Any]) -> None:
-        """The lock taken at once for `task` (no wait)."""
-        self.holder = task
-        self.d.held.setdefault(task, []).append(self)
-        self._show()
-
-    def release(self, handing_on: bool = False) -> None:
-        """The holding task's release: the lock goes back to the shared queue; the tasks
-        waiting (if any) take a new place at once."""
-        task = self.holder
-        self.agent.release(handing_on)
-        self.holder = None
-        self.state = IDLE
-        if task is not None:
-            self.d.unheld(task, self)
-        if self.nwait > 0:
-            try:
-                if self.take():
-                    self.grant()
-                    return
-            except Exception as e:
-                self._fail_first(e)
-                self._again()
-                return
-            self._show()
-            return
-        self._show()
-        self.d.idle(self)
+    # -- the lock comes (grant, hold), and goes (release): _core._CohortCore ------------
 
     def _drop(self, e: _Entry) -> None:
         """A waiting task leaves (timeout, cancellation, deadlock, error): with no task
@@ -394,9 +227,6 @@ class _Cohort:
         self._drop(e)
         self.agent.timed_out()
         e.fut.set_result(False)
-
-    def idle(self) -> bool:
-        return self.state == IDLE and self.holder is None and self.nwait == 0
 
 
 def _count_passed_on() -> None:
@@ -536,17 +366,6 @@ class _Driver:
                 c.woken(ud)
 
     # -- the tasks' holds, links and deadlocks ------------------------------------------
-
-    def unheld(self, task: asyncio.Task[Any], c: _Cohort) -> None:
-        hs = self.held.get(task)
-        if hs is not None:
-            if c in hs:
-                hs.remove(c)
-            if not hs:
-                del self.held[task]
-        if c.linked:
-            c.linked = False
-            c.agent.link(b"", 0, 0)
 
     def linked(self, task: asyncio.Task[Any], c: _Cohort, e: _Entry) -> None:
         """`task` (which holds locks through cohorts) waits behind c: each cohort that
@@ -789,6 +608,16 @@ async def acquire(lock: Any, deadline: int) -> bool:
                 f"its own event loop (through {names}), each holding what the next awaits; "
                 "it gave up its wait and keeps its locks"
             )
+    return await _wait(c, deadline)
+
+
+async def _wait(c: _Cohort, deadline: int) -> bool:
+    """The calling task waits behind cohort c (its place in the lock's queue taken, or
+    to be taken when the tasks ahead are served): True once it holds the lock, False at
+    its deadline."""
+    d = c.d
+    task = _current()
+    assert task is not None
     loop = d.loop
     assert loop is not None
     e = _Entry(loop.create_future(), task, time.monotonic_ns())

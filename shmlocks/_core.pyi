@@ -1,5 +1,7 @@
 """Type stubs for the compiled core (shmlocks._core)."""
 
+import asyncio
+import collections
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, ClassVar, Literal, Self, TypedDict, TypeVar, overload
@@ -199,6 +201,42 @@ class _Ring:
 
 def _pi_async_state(lock: PIMutex) -> dict[str, Any]: ...
 def _aio_bind(module: object) -> None: ...
+def _aio_forked() -> None: ...
+
+class _CohortEntry:
+    """A task waiting behind its cohort (shmlocks/_aio.py _Entry)."""
+
+    fut: asyncio.Future[bool]
+    task: asyncio.Task[Any]
+    t0: int
+    timer: asyncio.TimerHandle | None
+    done: bool
+    def __init__(self, fut: asyncio.Future[bool], task: asyncio.Task[Any], t0: int) -> None: ...
+
+class _CohortCore:
+    """The state and hot path of an asyncio cohort (shmlocks/_aio.py _Cohort)."""
+
+    d: Any
+    lock: Any
+    agent: _Agent
+    q: collections.deque[_CohortEntry]
+    nwait: int
+    holder: asyncio.Task[Any] | None
+    state: int
+    ud: int
+    timer: asyncio.TimerHandle | None
+    backoff: float
+    linked: bool
+    def __init__(self, d: Any, lock: _Lock) -> None: ...
+    def _show(self) -> None: ...
+    def _sleep(self) -> None: ...
+    def woken(self, ud: int) -> None: ...
+    def poll(self) -> None: ...
+    def take(self) -> bool: ...
+    def hold(self, task: asyncio.Task[Any]) -> None: ...
+    def grant(self) -> None: ...
+    def release(self, handing_on: bool = False) -> None: ...
+    def idle(self) -> bool: ...
 
 # Every kind stands in for threading.Lock (README: "a drop-in for threading.Lock"), and
 # threading.Condition(lock) works with each. Typeshed types Condition's lock, and every

@@ -175,6 +175,7 @@ cdef class _Lock:
     cdef uint32_t _lock1
     cdef object __weakref__           # caches keyed by lock (WeakKeyDictionary)
     cdef str _ldcls                   # its lockdep class, once asked (diag/lockdep.pxi)
+    cdef object _coh                  # the asyncio cohort its tasks used last (lockbase.pxi)
 
     # (This order is the vtable's, kept as it was before this file: _bind, _me, _me_by, the
     # hooks, the rest; a method added since, as _held_by_tid, goes last. The fast path's

@@ -5,6 +5,7 @@
 # NotOwnerError), owner_died/mark_consistent/not-recoverable, pickling, close.
 
 import time as _time
+from collections import deque as _deque
 from weakref import ref as _weakref_ref
 
 cdef object _NEG1 = -1
@@ -56,10 +57,28 @@ cdef int64_t _deadline_of(blocking, timeout) except -2:
 # asked by release(), mark_consistent() and _is_owned() when the calling thread holds
 # nothing (docs/design.md §14). None: no task ever held a lock in this process.
 cdef object g_aio = None
+# bumped in a forked child: no asyncio agent or cohort of its parent's is its (a cheaper
+# question than getpid(), a system call, on every step of a task's hold)
+cdef unsigned long g_aio_gen = 0
+
+
+def _aio_forked():
+    global g_aio_gen
+    g_aio_gen += 1
+
+
+_os.register_at_fork(after_in_child=_aio_forked)
 
 
 def _aio_bind(module):
-    global g_aio
+    global g_aio, g_get_loop, g_cur_task
+    import asyncio
+    g_get_loop = asyncio.events._get_running_loop
+    current = asyncio.current_task
+    tasks = getattr(asyncio.tasks, "_current_tasks", None)
+    if not isinstance(current, type(len)) and isinstance(tasks, dict):
+        current = tasks.get                  # (the dict the C tasks enter themselves in)
+    g_cur_task = current
     g_aio = module
 
 
@@ -591,8 +610,13 @@ cdef class _Lock:
         cdef reg_t* r = reg_lookup(self.rm)
         cdef int rc
         if r == NULL or ld32_rlx(&self.b.ctl.holder) != r.hid:
-            if g_aio is not None and g_aio._release(self):
-                return 0                             # a task's hold (docs/design.md §14)
+            if g_aio is not None:                    # a task's hold (docs/design.md §14)?
+                c = _aio_holding(self)
+                if c is not None:
+                    (<_CohortCore>c).release(False)
+                    return 0
+                if g_aio._release(self):
+                    return 0
             if self._closed or self.rm.closed:
                 raise ValueError(f"lock {self._name!r} is closed")
             self._not_owner(r)
@@ -728,16 +752,18 @@ cdef class _Lock:
         asyncio.timeout(), asyncio.wait_for) leaves no hold and no place in the queue."""
         cdef int64_t deadline = _deadline_of(blocking, timeout)
         self._check()
-        return _aio_module().acquire(self, deadline)
+        _aio_module()
+        return _aio_acquire(self, deadline)
 
     def __aenter__(self):
         """async with lock: acquire_async() without timeout; the exit releases."""
-        cdef int64_t deadline = -1
         self._check()
-        return _aio_module().aenter(self, deadline)
+        _aio_module()
+        return _aio_enter(self)
 
     def __aexit__(self, t, v, tb):
-        return _aio_module().aexit(self, t)
+        _aio_module()
+        return _aio_exit(self, t)
 
     def _lockdep_cls(self):
         """The lock's lockdep class (not API: the asyncio side's validation of a task's
@@ -1006,6 +1032,7 @@ cdef class _Agent:
     cdef watch_t pk                  # its poke word, watched for the task it holds for
     cdef int _active                 # 1 while a wait is in progress (a place taken)
     cdef int pid
+    cdef unsigned long gen           # g_aio_gen when made (its process's)
     cdef unsigned long owner
 
     def __cinit__(self):
@@ -1013,6 +1040,7 @@ cdef class _Agent:
         self._active = 0
         self.ws.n = 0
         self.pid = getpid()
+        self.gen = g_aio_gen
         self.owner = PyThread_get_thread_ident()
 
     def __init__(self, _Lock lock, int others=0):
@@ -1024,7 +1052,7 @@ cdef class _Agent:
     cdef int _mine(self) except -1:
         if self.r == NULL:
             raise ValueError("the lock's asyncio agent is closed")
-        if self.pid != getpid():
+        if self.gen != g_aio_gen:
             raise ValueError("an asyncio agent made before fork() is not the child's")
         if PyThread_get_thread_ident() != self.owner:
             raise RuntimeError("an asyncio agent is used by the thread that made it only")
@@ -1066,11 +1094,15 @@ cdef class _Agent:
     def take(self):
         """Take the lock's place: True (held now; owner_died as for acquire()) or False (a
         wait is in progress)."""
+        self._mine()
+        return self._take()
+
+    cdef object _take(self):
+        # take() on the agent's own thread, in its own process (the cohort checked)
         cdef _Lock lk = self.lk
         cdef reg_t* r
         cdef shm_participant* p
         cdef int rc
-        self._mine()
         lk._check()
         if self._active:
             raise RuntimeError("a wait is in progress already")
@@ -1109,9 +1141,12 @@ cdef class _Agent:
 
     def poll(self):
         """Re-enter the wait: True (held), False (it would sleep on the watch set)."""
+        self._mine()
+        return self._poll()
+
+    cdef object _poll(self):
         cdef _Lock lk = self.lk
         cdef int rc
-        self._mine()
         if not self._active:
             raise RuntimeError("no wait in progress")
         with nogil:
@@ -1191,10 +1226,13 @@ cdef class _Agent:
     def release(self, bint handing_on=False):
         """Release the agent's hold (handing_on: keep owner_died for the next holder, as
         __exit__ does when an exception leaves the block before mark_consistent())."""
+        self._mine()
+        self._release(handing_on)
+
+    cdef int _release(self, bint handing_on) except -1:
         cdef reg_t* r = self.r
         cdef _Lock lk = self.lk
         cdef int rc
-        self._mine()
         # (closed or not: the agent keeps the mapping while it holds, and a hold begun
         # before close() is released through the closed object, as a thread's is)
         if ld32_rlx(&lk.b.ctl.holder) != r.hid:
@@ -1212,6 +1250,7 @@ cdef class _Agent:
             shm_op_set(r.op, 0, 0)
         if rc < 0:
             _raise_code(lk, rc)
+        return 0
 
     def pass_on(self):
         """Release a hold no task saw (granted as its task was cancelled, or with no task
@@ -1238,11 +1277,14 @@ cdef class _Agent:
     def record(self, uint64_t task_id, bytes label, uint32_t tasks):
         """What the record shows (inspect): the task the cohort acts for now (0: none),
         its name (UTF-8, cut to 40 bytes by the caller), and the tasks waiting behind."""
-        cdef shm_participant* p
-        cdef Py_ssize_t n = min(len(label), <Py_ssize_t>sizeof(p.label))
         if self.r == NULL or self.pid != getpid():
             return
-        p = &self.lk.rm.part[self.r.slot]
+        self._record(task_id, label, tasks)
+
+    cdef void _record(self, uint64_t task_id, bytes label, uint32_t tasks) noexcept:
+        # record() on the agent's own thread, in its own process, its slot held
+        cdef shm_participant* p = &self.lk.rm.part[self.r.slot]
+        cdef Py_ssize_t n = min(len(label), <Py_ssize_t>sizeof(p.label))
         st64_rlx(&p.task_id, task_id)
         memset(p.label, 0, sizeof(p.label))
         memcpy(p.label, <char*>label, n)
@@ -1578,6 +1620,341 @@ cdef int _nb_pass_on(_Lock lk, reg_t* r) except -1:
     if rc < 0:
         _raise_code(lk, rc)
     return 0
+
+
+# -- asyncio: the cohort's hot path (shmlocks/_aio.py; docs/design.md §14) ----------------
+# A task's uncontended acquire_async()/async with, its release, and the hand-off from one
+# task of a loop to the next (a cohort's release that takes the lock's place again, and
+# the grant to the first waiting task) run here, without a frame of Python; everything
+# else (waits, timeouts, cancellation, deadlocks, lockdep, a new loop or thread) is
+# shmlocks/_aio.py's, which the fast path calls as soon as it meets anything but the
+# plain case. _aio.py's _Cohort and _Entry are these classes' subclasses, so both sides
+# see one state: the invariant is the module's docstring's.
+
+cdef enum:
+    CO_IDLE = 0
+    CO_WAITING = 1
+    CO_HOLDING = 2
+
+cdef double CO_CUT_MIN_S = 0.005   # a cut recovery is polled again after this, doubling ...
+cdef double CO_CUT_MAX_S = 0.2     # ... up to this (the loop thread's time is not the recovery's)
+cdef object g_get_loop = None      # asyncio's _get_running_loop (None: no loop running)
+cdef object g_cur_task = None      # the running loop -> its current task, or None
+
+
+cdef class _CohortEntry:
+    """A task waiting behind its cohort (shmlocks/_aio.py _Entry)."""
+    cdef public object fut
+    cdef public object task
+    cdef public int64_t t0
+    cdef public object timer
+    cdef public bint done
+
+    def __init__(self, fut, task, int64_t t0):
+        self.fut = fut
+        self.task = task
+        self.t0 = t0
+        self.timer = None
+        self.done = False
+
+
+cdef class _CohortCore:
+    """One lock's participant for the tasks of one event loop thread: the state and the
+    hot path of shmlocks/_aio.py's _Cohort (its subclass, which has the rest)."""
+    cdef public object d             # its _Driver (the loop thread's)
+    cdef public object lock
+    cdef public _Agent agent
+    cdef public object q             # a deque of _Entry: the tasks waiting, in call order
+    cdef public int nwait            # live entries in q
+    cdef public object holder        # the task it holds the lock for, or None
+    cdef public int state            # CO_IDLE, CO_WAITING (a place taken), CO_HOLDING
+    cdef public uint64_t ud          # the sleep in flight (a ring's user_data, an arm id)
+    cdef public object timer         # a poll due without a wake-up
+    cdef public double backoff
+    cdef public bint linked          # the record carries a wait link of its holder's
+    cdef dict held                   # its driver's: a task -> the cohorts it holds through
+    cdef dict waits                  # its driver's: a holding task -> the wait it makes
+    cdef unsigned long ident         # its thread
+    cdef unsigned long gen           # g_aio_gen when made
+    cdef uint64_t shown_tid          # what the record shows: the task's id ...
+    cdef int shown_n                 # ... and the tasks waiting (-1: nothing yet)
+    cdef object ltask                # (a weak reference to) the task whose id and label
+                                     # were looked up last
+    cdef object lname                # its name then
+    cdef uint64_t ltid
+    cdef bytes llabel
+    cdef object __weakref__
+
+    def __init__(self, d, _Lock lock):
+        self.d = d
+        self.lock = lock
+        self.agent = _Agent(lock, len(d.cohorts))
+        self.q = _deque()
+        self.nwait = 0
+        self.holder = None
+        self.state = CO_IDLE
+        self.ud = 0
+        self.timer = None
+        self.backoff = 0.0
+        self.linked = False
+        self.held = d.held
+        self.waits = d.waits
+        self.ident = PyThread_get_thread_ident()
+        self.gen = g_aio_gen
+        self.shown_tid = 0
+        self.shown_n = -1
+
+    # -- the record (inspect; the wait-for graph) ---------------------------------------
+
+    cpdef _show(self):
+        """The record names the task the cohort acts for (its holder, else its first
+        waiter) and counts the tasks waiting behind it."""
+        cdef uint64_t tid = 0
+        q = self.q
+        while q and (<_CohortEntry>q[0]).done:
+            q.popleft()
+        task = self.holder
+        if task is None and q:
+            task = (<_CohortEntry>q[0]).task
+        if task is not None:
+            name = task.get_name()
+            if self.ltask is None or self.ltask() is not task or name != self.lname:
+                self.ltid = g_aio._task_id(task)
+                self.llabel = g_aio._label(task)
+                self.ltask = _weakref_ref(task)
+                self.lname = name
+            tid = self.ltid
+        if tid == self.shown_tid and self.nwait == self.shown_n:
+            return
+        if self.agent.r == NULL or self.gen != g_aio_gen:
+            return
+        if tid != self.shown_tid:
+            self.agent._record(tid, self.llabel if tid != 0 else b"", <uint32_t>self.nwait)
+        else:
+            st32_rel(&self.agent.lk.rm.part[self.agent.r.slot].tasks, <uint32_t>self.nwait)
+        self.shown_tid = tid
+        self.shown_n = self.nwait
+
+    # -- taking a place, waiting, holding, releasing ----------------------------------------
+
+    cpdef _sleep(self):
+        """Hand the would-be sleep to the driver, and a timer if the wait must look
+        again by a time (a deadline of the kind's, a recovery cut short: backed off)."""
+        cdef _Agent a = self.agent
+        cdef int64_t until = a.w.nb_until if a._active else -1
+        cdef bint cut = a._active and a.w.rec.cut
+        cdef double delay = 0.0
+        d = self.d
+        self.ud = d.arm(self)
+        if until >= 0 or cut:
+            if until >= 0:
+                delay = max(0.0, (until - shm_now_ns()) / 1e9)
+            if cut:
+                self.backoff = min(CO_CUT_MAX_S, max(CO_CUT_MIN_S, self.backoff * 2))
+                delay = max(delay, self.backoff)
+            else:
+                self.backoff = 0.0
+            self.timer = d.loop.call_later(delay, self._due)
+        else:
+            self.backoff = 0.0
+
+    cpdef woken(self, uint64_t ud):
+        """The sleep `ud` ended (a word changed or was woken, a death): look again."""
+        if ud != self.ud or self.state != CO_WAITING:
+            return
+        self.ud = 0
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.poll()
+
+    cpdef poll(self):
+        """Re-enter the wait: held (the first task gets it), or asleep again."""
+        g_aio.polls += 1
+        try:
+            got = self.agent._poll()
+        except BaseException as e:
+            # the wait ended without the lock (not recoverable, corrupt, a signal
+            # handler's exception): the first task gets it; the others take a new place
+            self.state = CO_IDLE
+            if isinstance(e, Exception) and self._fail_first(e):
+                self._again()
+                return
+            self._again()
+            raise
+        if got:
+            self.state = CO_HOLDING
+            self.grant()
+        else:
+            self._sleep()
+
+    cpdef bint take(self) except -1:
+        """Take the lock's place for the tasks that wait (IDLE only): True if the lock is
+        held now (the caller hands it on), else the cohort waits (its sleep armed)."""
+        cdef _Agent a = self.agent
+        if a._take() or a._poll():         # (the first entry: held, or its watch set)
+            self.state = CO_HOLDING
+            return True
+        self.state = CO_WAITING
+        self._sleep()
+        return False
+
+    cpdef hold(self, task):
+        """The lock taken for `task` (at once, or granted)."""
+        cdef list hs
+        self.holder = task
+        hs = self.held.get(task)
+        if hs is None:
+            self.held[task] = [self]
+        else:
+            hs.append(self)
+        self._show()
+
+    cdef _unheld(self, task):
+        cdef list hs = self.held.get(task)
+        if hs is not None:
+            if self in hs:
+                hs.remove(self)
+            if not hs:
+                del self.held[task]
+        if self.linked:
+            self.linked = False
+            self.agent.link(b"", 0, 0)
+
+    cpdef grant(self):
+        """The cohort holds the lock (HOLDING, no holder yet): the first task waiting gets
+        it; with none left, it is passed on (owner_died handed on)."""
+        cdef _CohortEntry e
+        q = self.q
+        while q:
+            e = <_CohortEntry>q.popleft()
+            if e.done:
+                continue
+            e.done = True
+            self.nwait -= 1
+            if e.timer is not None:
+                e.timer.cancel()
+            if e.fut.done():  # cancelled, its task not yet back to say so (_drop)
+                if e.task in self.waits:
+                    self.d.unlinked(e.task)
+                continue
+            stats_waited(self.agent.lk.b.ctl, shm_now_ns() - e.t0)
+            if e.task in self.waits:
+                self.d.unlinked(e.task)
+            self.hold(e.task)
+            e.fut.set_result(True)
+            return
+        self.state = CO_IDLE
+        self.agent.pass_on()
+        g_aio._count_passed_on()
+        self._show()
+        self.d.idle(self)
+
+    cpdef release(self, bint handing_on=False):
+        """The holding task's release: the lock goes back to the shared queue; the tasks
+        waiting (if any) take a new place at once."""
+        task = self.holder
+        self.agent._release(handing_on)
+        self.holder = None
+        self.state = CO_IDLE
+        if task is not None:
+            self._unheld(task)
+        if self.nwait > 0:
+            try:
+                if self.take():
+                    self.grant()
+                    return
+            except Exception as e:
+                self._fail_first(e)
+                self._again()
+                return
+            self._show()
+            return
+        self._show()
+        if self.agent.lk._closed or self.agent.lk.rm.closed:
+            self.d.idle(self)
+
+    def idle(self):
+        return self.state == CO_IDLE and self.holder is None and self.nwait == 0
+
+
+cdef inline _CohortCore _aio_last(_Lock lk):
+    """The cohort the lock's tasks used last (a weak reference: a cohort lives as long as
+    its driver keeps it, as without this cache), or None."""
+    return None if lk._coh is None else <_CohortCore>lk._coh()
+
+
+cdef _CohortCore _aio_cohort(_Lock lk, object loop):
+    """The calling thread's cohort of lk, its driver bound to the running loop: the one the
+    lock's tasks used last if it is that, else _aio.py's (made or bound there)."""
+    cdef _CohortCore c = _aio_last(lk)
+    if (c is None or c.ident != PyThread_get_thread_ident() or c.gen != g_aio_gen
+            or c.agent.r == NULL or c.d.loop is not loop):
+        c = <_CohortCore?>g_aio._driver().cohort(lk)
+        lk._coh = _weakref_ref(c)
+    return c
+
+
+cdef object _aio_fast(_Lock lk, int64_t deadline):
+    """acquire_async's fast path (a blocking or timed acquire, run by the awaiting task):
+    True when the task holds the lock now; a cohort whose place was taken, which the task
+    waits behind (_aio.py _wait); None when _aio.py's acquire must decide (no task, a task
+    of the loop holds or waits for the lock already, lockdep on)."""
+    cdef _CohortCore c
+    if deadline == 0 or g_lockdep is not None:
+        return None
+    loop = g_get_loop()
+    if loop is None:
+        return None
+    task = g_cur_task(loop)
+    if task is None:
+        return None
+    c = _aio_cohort(lk, loop)
+    if c.holder is not None or c.state != CO_IDLE or c.nwait != 0:
+        return None
+    if c.take():
+        c.hold(task)
+        return True
+    return c
+
+
+cdef _CohortCore _aio_holding(_Lock lk):
+    """The cohort through which the calling task holds lk, if the lock's tasks used it
+    last (else None: _aio.py's _mine decides)."""
+    cdef _CohortCore c = _aio_last(lk)
+    if (c is None or c.holder is None or c.ident != PyThread_get_thread_ident()
+            or c.gen != g_aio_gen or c.agent.r == NULL):
+        return None
+    loop = g_get_loop()
+    if loop is None or c.holder is not g_cur_task(loop):
+        return None
+    return c
+
+
+async def _aio_acquire(_Lock lk, int64_t deadline):
+    r = _aio_fast(lk, deadline)
+    if r is True:
+        return True
+    if r is None:
+        return await g_aio.acquire(lk, deadline)
+    return await g_aio._wait(r, deadline)
+
+
+async def _aio_enter(_Lock lk):
+    r = _aio_fast(lk, -1)
+    if r is None:
+        await g_aio.acquire(lk, -1)
+    elif r is not True:
+        await g_aio._wait(r, -1)
+    return lk
+
+
+async def _aio_exit(_Lock lk, t):
+    cdef _CohortCore c = _aio_holding(lk)
+    if c is None:
+        return await g_aio.aexit(lk, t)
+    c.release(t is not None and ld32_acq(&lk.b.ctl.flags) & SHM_F_OWNER_DIED != 0)
+    return False
 
 
 cdef object _lock_bind(type cls, object region, uint32_t index, object name):
