@@ -1059,3 +1059,165 @@ def test_a_holding_task_walks_the_chain_never_the_whole_graph(new_lock, monkeypa
         t.join(20)
     assert got is False
     assert 2 <= walks <= 4, walks  # at once, at 0.5 s and 1.0 s (a late timer may skip one)
+
+
+# --------------------------------------------------------------------------- the fast path
+# A task's uncontended acquire and release run in the core (lockbase.pxi _CohortCore),
+# through the cohort the lock's tasks used last: these check that what it caches (the
+# cohort, the task's id and name) never outlives what it stands for.
+
+
+def _thread_of_tasks(lock, state, tasks, rounds, errors):
+    try:
+        asyncio.run(_contend_into(lock, state, tasks, rounds))
+    except BaseException as e:  # noqa: BLE001 - reported by the test
+        errors.append(e)
+
+
+async def _contend_into(lock, state, tasks, rounds):
+    async def worker():
+        for _ in range(rounds):
+            async with lock:
+                with state["guard"]:
+                    state["inside"] += 1
+                    if state["inside"] != 1:
+                        state["overlap"] += 1
+                await asyncio.sleep(0)
+                with state["guard"]:
+                    state["n"] += 1
+                    state["inside"] -= 1
+            await lock.acquire_async()
+            with state["guard"]:
+                state["n"] += 1
+            lock.release()
+
+    await asyncio.gather(*(worker() for _ in range(tasks)))
+
+
+@pytest.mark.timeout(120)
+def test_one_lock_object_shared_by_the_loops_of_two_threads(kind, new_lock):
+    """One lock object, awaited by the tasks of two threads' loops at once (each thread's
+    cohort in turn the one the lock's tasks used last): exclusion, exact counts, and a
+    task of one loop cannot release the other loop's hold."""
+    lock = new_lock(kind)
+    state = {"n": 0, "inside": 0, "overlap": 0, "guard": threading.Lock()}
+    errors: list[BaseException] = []
+    ts = [
+        threading.Thread(target=_thread_of_tasks, args=(lock, state, 4, 50, errors))
+        for _ in range(2)
+    ]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(100)
+    assert not errors, errors
+    assert (state["n"], state["overlap"]) == (2 * 4 * 50 * 2, 0)
+    assert lock.stats()["acquisitions"] == 2 * 4 * 50 * 2
+
+    held = threading.Event()
+    done = threading.Event()
+
+    async def holder():
+        async with lock:
+            held.set()
+            await asyncio.get_running_loop().run_in_executor(None, done.wait, 30)
+
+    async def other():
+        with pytest.raises(shmlocks.NotOwnerError):
+            lock.release()
+        assert await lock.acquire_async(blocking=False) is False
+
+    t = threading.Thread(target=asyncio.run, args=(holder(),))
+    t.start()
+    try:
+        assert held.wait(30)
+        asyncio.run(other())
+    finally:
+        done.set()
+        t.join(30)
+    assert_free(lock)
+
+
+def test_a_task_renamed_between_holds_is_shown_by_its_new_name(kind, new_lock, loop_factory):
+    """The record names the holding task by its name at the hold (inspect), even when the
+    same task holds again after set_name(), and names another task after it."""
+    lock = new_lock(kind)
+
+    async def main():
+        me = asyncio.current_task()
+        me.set_name("first-name")
+        async with lock:
+            assert lock._describe()["holder"]["task"] == "first-name"
+        me.set_name("second-name")
+        await lock.acquire_async()
+        assert lock._describe()["holder"]["task"] == "second-name"
+        lock.release()
+
+        async def other():
+            async with lock:
+                return lock._describe()["holder"]["task"]
+
+        assert await asyncio.create_task(other(), name="other-task") == "other-task"
+
+    run(loop_factory, main())
+    assert_free(lock)
+
+
+def _child_tasks(lock, out):
+    async def main():
+        state = await _contend(lock, 4, 25)
+        async with lock:
+            state["holder"] = lock._describe()["holder"]["pid"]
+        return state
+
+    out.put(asyncio.run(main()))
+
+
+def test_a_forked_child_takes_the_lock_through_cohorts_of_its_own(kind, new_lock, procs):
+    """A child forked after its parent's tasks took the lock (the parent's cohort cached
+    on the lock object) takes it through cohorts of its own, with exact counts; the parent
+    goes on through its own."""
+    lock = new_lock(kind)
+
+    async def parent():
+        async with lock:
+            pass
+        return await _contend(lock, 2, 10)
+
+    assert asyncio.run(parent()) == {"n": 20, "inside": 0, "overlap": 0}
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    p = procs.start(_child_tasks, lock, out, ctx=ctx)
+    state = out.get(timeout=60)
+    p.join(60)
+    assert p.exitcode == 0
+    assert state == {"n": 100, "inside": 0, "overlap": 0, "holder": p.pid}
+    assert asyncio.run(parent()) == {"n": 20, "inside": 0, "overlap": 0}
+    assert lock.stats()["acquisitions"] == 1 + 20 + 101 + 1 + 20
+    assert_free(lock)
+
+
+def test_loops_one_after_another_in_one_thread(kind, new_lock, loop_factory):
+    """A thread's second event loop (asyncio.run again) takes and releases the lock
+    through its thread's cohort, rebound to the new loop; a hold left by a task of the
+    closed loop is released by a task of the new one."""
+    lock = new_lock(kind)
+
+    async def hold_and_leave():
+        await lock.acquire_async()
+
+    async def contend():
+        return await _contend(lock, 3, 10)
+
+    for _ in range(3):
+        assert run(loop_factory, contend()) == {"n": 30, "inside": 0, "overlap": 0}
+    run(loop_factory, hold_and_leave())
+    assert lock.locked()
+
+    async def release_it():
+        lock.release()
+        return await contend()
+
+    assert run(loop_factory, release_it()) == {"n": 30, "inside": 0, "overlap": 0}
+    settle()
+    assert_free(lock)
