@@ -7,6 +7,10 @@ beside the sync API and beside what asyncio programs use today across processes:
 - **round trip**: two processes, each an event loop with one task, pass a turn through the
   lock (bench/handoff.py's protocol: {acquire; if the turn is mine, flip it; release});
   the time per turn that comes back is one round trip (two hand-offs). Median and p99.
+  So that each turn is a hand-off to a waiter, as the floor's is a wake-up of a sleeper,
+  a worker that flips the turn keeps the lock until the other one says it is about to
+  wait for it (or has made its turns), and a worker that took the lock when the turn was
+  not its own yields before it takes it again (``_not_my_turn``).
 - **throughput**: 2 processes x T tasks (T threads for the sync API) loop
   {acquire; counter += 1; release} for S seconds: sections/s, and the counter must equal
   the sections counted (the exclusion held).
@@ -19,9 +23,8 @@ eventfd the loop watches (what a cohort's wait is), woken by the other's FUTEX_W
 such wake-ups per round trip, measured in the same run; "x floor" is each round trip over
 it (with io_uring only: AIO_MODE "thread" adds its waiter thread's hop). "waited/turn":
 the round trip's holds that had to wait (the lock's statistics, ``contended``) per turn
-passed: near 1, each turn was a hand-off to a waiting loop (or thread); near 0, the two
-took the free lock in turns without waiting for each other. A worker that finds the
-turn is not its own yields (``_not_my_turn``) before it takes the lock again.
+passed: near 1, each turn was a hand-off to a waiting loop (or thread), as meant; below
+1, some turns were taken free (the other worker's release raced its announced wait).
 "mp+executor" serializes the tasks of a process with an asyncio.Lock and waits for a
 multiprocessing.Lock in the loop's default executor (one thread blocked at a time per
 process).
@@ -78,6 +81,20 @@ class MpExecutorLock:
 # --------------------------------------------------------------------------- round trip
 
 
+TURN, WANT, DONE = 0, 1, 3  # the shared words: the turn; WANT + w: worker w is about to
+# wait for the lock; DONE + w: worker w made its turns
+
+
+def _hand_off(shared: Any, me: int) -> None:
+    """The worker that flipped the turn keeps the lock until the other one is about to
+    wait for it (or has made its turns): its release is then a hand-off to a waiter (the
+    waiter asleep in its loop, or its thread), what the round trip measures; without
+    this the other one may be elsewhere, and take the lock free later."""
+    other = 1 - me
+    while not shared[WANT + other] and not shared[DONE + other]:
+        os.sched_yield()
+
+
 async def _not_my_turn() -> None:
     """A worker that took the lock when the turn was not its own lets the other one go on.
     An acquire_async of a free lock completes without yielding, so without this a loop
@@ -95,15 +112,19 @@ def _turns_async(lock: Any, me: int, shared: Any, n: int, out: Any) -> None:
         stamps = []
         flips = 0
         while flips < n:
+            shared[WANT + me] = 1
             async with lock:
-                mine = shared[0] == me
+                shared[WANT + me] = 0
+                mine = shared[TURN] == me
                 if mine:
-                    shared[0] = 1 - me
+                    shared[TURN] = 1 - me
                     flips += 1
                     if me == 0:
                         stamps.append(time.perf_counter_ns())
+                    _hand_off(shared, me)
             if not mine:
                 await _not_my_turn()
+        shared[DONE + me] = 1
         if me == 0:
             out.put([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
 
@@ -169,21 +190,25 @@ def _turns_sync(lock: Any, me: int, shared: Any, n: int, out: Any) -> None:
     stamps = []
     flips = 0
     while flips < n:
+        shared[WANT + me] = 1
         with lock:
-            mine = shared[0] == me
+            shared[WANT + me] = 0
+            mine = shared[TURN] == me
             if mine:
-                shared[0] = 1 - me
+                shared[TURN] = 1 - me
                 flips += 1
                 if me == 0:
                     stamps.append(time.perf_counter_ns())
+                _hand_off(shared, me)
         if not mine:
             os.sched_yield()  # (as _not_my_turn: the other worker may be on this CPU)
+    shared[DONE + me] = 1
     if me == 0:
         out.put([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
 
 
 def round_trip(lock: Any, body: Any, n: int) -> tuple[float, float]:
-    shared = CTX.Array("i", [0], lock=False)
+    shared = CTX.Array("i", [0] * 5, lock=False)  # TURN, WANT x 2, DONE x 2
     out = CTX.Queue()
     ps = [CTX.Process(target=body, args=(lock, me, shared, n, out)) for me in (0, 1)]
     for p in ps:
