@@ -23,7 +23,7 @@ import errno
 import os
 import pwd
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 TRUST_ENV = "SHMLOCKS_TRUST_UIDS"
 # The two facts a reader needs before the compiled core exists (.ci/run loads this file by
@@ -160,6 +160,7 @@ def walk(
     visit: Callable[[str, int, os.stat_result, bytes], None],
     directory: str = SHM_DIR,
     head: int = len(MAGIC),
+    skip: Container[str] = (),
 ) -> list[str]:
     """Call ``visit(name, fd, st, data)`` for every shmlocks segment in ``directory``, while
     its file is open: ``fd`` read-only (``visit`` may pread it; it is closed after),
@@ -173,7 +174,8 @@ def walk(
     user (``check``); a segment (the shmlocks magic at its start) of an untrusted user is
     left out with a note saying so (its first 8 bytes read by pread to tell: nothing
     else). Nothing else is reported: /dev/shm holds other programs' files too. What
-    ``visit`` raises is the caller's."""
+    ``visit`` raises is the caller's. The names in ``skip`` are not opened (the caller
+    read them already)."""
     trusted = trusted_uids()
     notes: list[str] = []
     try:
@@ -181,6 +183,8 @@ def walk(
     except OSError:
         return notes
     for e in listing:
+        if e.name in skip:
+            continue
         try:
             if not e.is_file(follow_symlinks=False):
                 continue

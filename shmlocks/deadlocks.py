@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shmlocks import waitgraph
+from shmlocks import _segment, waitgraph
 
 EXIT_NONE = 0
 EXIT_CYCLE = 3
@@ -51,11 +51,12 @@ def units(n: int) -> str:
     return f"{n} unit" if n == 1 else f"{n} units"
 
 
-def annotate(d: dict[str, Any]) -> dict[str, Any]:
+def annotate(d: dict[str, Any], seg: _segment.Segment | None = None) -> dict[str, Any]:
     """Add to ``Region._describe()``'s participants what each holds and waits for, over
-    every segment (``holds``, ``waits_for``, ``waiting_s``; None: not waiting)."""
+    every segment (``holds``, ``waits_for``, ``waiting_s``; None: not waiting). ``seg``:
+    the copy ``d`` describes, if read already (the look uses it, not a read of its own)."""
     name = d["name"]
-    g = waitgraph.snapshot(threads_of=name)
+    g = waitgraph.snapshot(threads_of=seg if seg is not None else name)
     here: dict[int, list[str]] = {}
     for lk in d.get("locks", []):
         h = lk.get("holder")

@@ -344,7 +344,10 @@ def _waits(h: _segment.Head) -> bool:
 
 
 def snapshot(
-    names: list[str] | None = None, *, waits_only: bool = False, threads_of: str | None = None
+    names: list[str] | None = None,
+    *,
+    waits_only: bool = False,
+    threads_of: str | _segment.Segment | None = None,
 ) -> Graph:
     """Read every shmlocks segment (or those named) into one wait-for graph: each from a
     private copy read with pread (shmlocks/_segment.py), never a mapping, through one open
@@ -355,16 +358,25 @@ def snapshot(
     cycle, and the threads waiting) only of the segments where a live participant
     waits; ``threads_of`` (``shmlocks inspect``: what the threads of one segment hold and
     wait for, across segments) only of that segment and the segments where one of its
-    live threads has a slot; by default, of every segment. A segment named by a wait link
-    of a segment read is read too. A segment left at its head is still validated as the
-    full read validates it (``_segment.check_head``): it is skipped with a note exactly
-    when it would be. The segments are added to the graph in name order, as before."""
+    live threads has a slot; by default, of every segment. ``threads_of`` may be that
+    segment read already (a ``_segment.Segment``: ``inspect`` describes it and looks
+    from the same copy, so its file is opened once, not again by the walk). A segment
+    named by a wait link of a segment read is read too. A segment left at its head is
+    still validated as the full read validates it (``_segment.check_head``): it is
+    skipped with a note exactly when it would be. The segments are added to the graph in
+    name order, as before."""
     g = Graph(taken_ns=time.monotonic_ns())
     segs: dict[str, _segment.Segment] = {}
     skipped: dict[str, str] = {}
     left: set[str] = set()  # read and validated, but only to its head
     keys: set[ThreadKey] | None = None
-    if threads_of is not None:
+    own: _segment.Segment | None = None
+    if isinstance(threads_of, _segment.Segment):  # read already: its threads, itself
+        own = threads_of
+        threads_of = own.name
+        segs[own.name] = own
+        keys = {_key(p) for p in own.in_use() if p.state == 1}
+    elif threads_of is not None:
         try:
             keys = {_key(p) for p in _segment.read(threads_of, SHM_DIR).in_use() if p.state == 1}
         except (OSError, ValueError):
@@ -407,10 +419,12 @@ def snapshot(
             os.close(fd)
 
     if names is None:
-        g.notes.extend(_shmread.walk(visit, SHM_DIR, _segment.HEADER_SIZE))
+        skip = () if own is None else (own.name,)
+        g.notes.extend(_shmread.walk(visit, SHM_DIR, _segment.HEADER_SIZE, skip=skip))
     else:
         for name in names:
-            visit_name(name)
+            if own is None or name != own.name:
+                visit_name(name)
     # the segments the wait links of those read name, if not read yet
     linked = {
         link[0]

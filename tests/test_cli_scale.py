@@ -224,6 +224,10 @@ def test_ls_and_deadlocks_show_hostile_segments_as_the_full_read_does(
     g = waitgraph.snapshot(threads_of="h-op-lock")
     assert g.notes == full.notes
     assert all(t.waits is None for t in g.threads.values())
+    # and from the copy inspect describes (its file not opened again)
+    g2 = waitgraph.snapshot(threads_of=_segment.read("h-op-lock", root))
+    assert g2.notes == g.notes and g2.threads.keys() == g.threads.keys()
+    assert all(t.waits is None for t in g2.threads.values())
 
 
 @pytest.mark.timeout(120)
@@ -308,3 +312,48 @@ def test_top_decodes_again_only_what_changed(new_region, new_lock):
         assert not freed[(locks[1].name, "lock")]["locked"]
     finally:
         top.locks_stats = real
+
+
+def test_inspect_reads_its_segment_once(new_region, tmp_path, monkeypatch, capsys):
+    """``inspect NAME`` opened its segment three times (the magic check, the read it
+    describes, the look's read of its threads) and the walk a fourth: now once, the look
+    made from the copy it describes. What it prints is what it printed: the description
+    annotated by a look that reads the segment itself."""
+    from shmlocks.deadlocks import annotate
+
+    region = new_region(max_locks=len(shmlocks.KINDS) + 2, max_participants=8)
+    for kind in shmlocks.KINDS:
+        region.create_lock(kind, kind)
+    region.create_semaphore("sem", 2)
+    held = region.open_lock("futex")
+    held.acquire()
+    table = shmlocks.LockTable(16, "mcs")
+    stripe = table[3]
+    stripe.acquire()
+    try:
+        for name in (region.name, table.name):
+            want = annotate(_segment.describe(_segment.read(name)))
+            reads = Reads(monkeypatch, SHM_DIR)
+            assert shmlocks_cli.main(["inspect", name, "--json"]) == 0
+            got = json.loads(capsys.readouterr().out)
+            monkeypatch.undo()
+            assert reads.opens[name] == 1, reads.opens[name]
+            assert {k: got[k] for k in want} == json.loads(json.dumps(want))
+            assert any(p["holds"] for p in got["participants"]), got["participants"]
+    finally:
+        stripe.release()
+        held.release()
+        table.close()
+    # the errors before the read, as they were: not a segment, missing, a FIFO
+    root = str(tmp_path)
+    monkeypatch.setattr(_common, "SHM_DIR", type(_common.SHM_DIR)(root))
+    with open(os.path.join(root, "plain"), "wb") as f:
+        f.write(b"not a segment at all")
+    os.mkfifo(os.path.join(root, "fifo"))
+    for name, says in (
+        ("plain", "is not a shmlocks segment"),
+        ("missing", "no shared-memory segment named"),
+        ("fifo", "refused, not a regular file (a FIFO)"),
+    ):
+        assert shmlocks_cli.main(["inspect", name]) == 1
+        assert says in capsys.readouterr().err

@@ -6,6 +6,7 @@ and the formatting of holders and creators.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,33 @@ def require_region(name: str) -> Path:
     if head != _shmread.MAGIC:
         raise CliError(f"{name!r} is not a shmlocks segment (no shmlocks magic at its start)")
     return path
+
+
+def read_region(name: str) -> _segment.Segment:
+    """Segment ``name``, read once (one open): the checks and errors of
+    ``require_region``, then the validated private copy ``describe`` reads
+    (shmlocks/_segment.py ``read_fd``, through the same open file)."""
+    path = SHM_DIR / name
+    try:
+        fd, st = _shmread.open_file(str(path))
+    except FileNotFoundError:
+        raise CliError(f"no shared-memory segment named {name!r}") from None
+    except _shmread.Refused as e:
+        raise CliError(f"{name!r}: refused, {e.why}") from None
+    except PermissionError:
+        raise CliError(f"{name!r}: permission denied") from None
+    except OSError as e:
+        raise CliError(f"{name!r}: {e.strerror or e}") from None
+    try:
+        try:
+            first = os.pread(fd, _segment.HEADER_SIZE, 0)
+        except OSError as e:
+            raise CliError(f"{name!r}: {e.strerror or e}") from None
+        if first[: len(_shmread.MAGIC)] != _shmread.MAGIC:
+            raise CliError(f"{name!r} is not a shmlocks segment (no shmlocks magic at its start)")
+        return _segment.read_fd(fd, st, name, first)
+    finally:
+        os.close(fd)
 
 
 def required_regions(raws: list[str]) -> list[str]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from shmlocks import _segment
 from shmlocks._table import emit, human_size, table
 from shmlocks.cli._common import (
     EXIT_OK,
     creator,
-    describe,
     flags,
-    require_region,
+    read_region,
     segment_name,
     who,
 )
@@ -23,9 +23,8 @@ STRIPES_SHOWN = 10
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    name = segment_name(args.name)
-    require_region(name)
-    d = annotate(describe(name))
+    seg = read_region(segment_name(args.name))  # once: described, and looked from
+    d = annotate(_segment.describe(seg), seg)
     state, alive = creator(d)
     emit(dict(d, creator_alive=alive, creator_state=state), args.json, _render_inspect)
     return EXIT_OK
