@@ -248,6 +248,23 @@ def _fields(parts: bytes | memoryview, n: int) -> tuple[list[int], list[int], li
     return [r[0] for r in recs], [r[4] for r in recs], [r[7] for r in recs]  # pragma: no cover
 
 
+def state_words(parts: bytes | memoryview, n: int) -> bytes:
+    """The words of the ``n`` participant records in ``parts`` that say whether a slot
+    may be in use and in what state (``_fields``: each token word, op_step and pending),
+    as bytes: where they read the same, so do ``busy_slots`` and ``_states``."""
+    if _LITTLE:
+        w = PART_SIZE // 4
+        mv = memoryview(parts)[: n * PART_SIZE].cast("I")
+        return b"".join(
+            (
+                mv[_P_WORD // 4 :: w].tobytes(),
+                mv[_P_STEP // 4 :: w].tobytes(),
+                mv[_P_PENDING // 4 :: w].tobytes(),
+            )
+        )
+    return bytes(parts[: n * PART_SIZE])  # pragma: no cover
+
+
 def busy_slots(parts: bytes | memoryview, n: int) -> list[int]:
     """The slots that may be in use (a word, a pending recovery or a quarantined step),
     ascending: every slot whose state is not 0 is among them (most slots are free)."""
@@ -390,8 +407,9 @@ def read_fd(
 
 def read_head(fd: int, st: os.stat_result, name: str, first: bytes | None = None) -> Head:
     """The header (validated as ``Region.open`` validates a mapping), the directory and the
-    participants provisioned of the file open as ``fd`` (fstat ``st``): two preads, or one
-    if ``first`` (its first bytes, read already) holds the header. Raises as ``read``."""
+    participants provisioned of the file open as ``fd`` (fstat ``st``): two preads, one
+    if ``first`` (its first bytes, read already) holds the header, none if it holds them
+    all. Raises as ``read``."""
     size = st.st_size
     if size < HEADER_SIZE:
         raise CorruptRegionError(f"segment {name!r} is too small ({size} bytes) to be a region")
@@ -430,7 +448,11 @@ def read_head(fd: int, st: os.stat_result, name: str, first: bytes | None = None
             )
         _core._validate_header(head, size, name)  # everything below is in bounds of `size`
         # (and 1 <= H <= P: the participants provisioned, the only ones ever read)
-        table = pread_exact(fd, dir_off, part_off - dir_off + H * PART_SIZE)
+        end = part_off + H * PART_SIZE
+        if first is not None and len(first) >= end:  # read already (a walk's read-ahead)
+            table = first[dir_off:end]
+        else:
+            table = pread_exact(fd, dir_off, end - dir_off)
     except _shmread.Shrunk:
         raise _shmread.Shrunk(f"segment {name!r} shrank while it was read") from None
     start = part_off - dir_off

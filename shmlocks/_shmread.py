@@ -23,7 +23,7 @@ import errno
 import os
 import pwd
 import stat
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable, Mapping
 
 TRUST_ENV = "SHMLOCKS_TRUST_UIDS"
 # The two facts a reader needs before the compiled core exists (.ci/run loads this file by
@@ -156,39 +156,61 @@ def entries(
     return found, notes
 
 
+def listing(directory: str = SHM_DIR) -> list[str]:
+    """The names of the entries of ``directory`` that readdir says are regular files (a
+    FIFO, a symlink, a directory never are), sorted: the entries ``walk`` opens. [] if
+    the directory cannot be read."""
+    names = []
+    try:
+        with os.scandir(directory) as it:
+            for e in it:
+                try:
+                    if e.is_file(follow_symlinks=False):
+                        names.append(e.name)
+                except OSError:
+                    continue  # gone since (a file system whose readdir gives no type)
+    except OSError:
+        return []
+    names.sort()
+    return names
+
+
 def walk(
     visit: Callable[[str, int, os.stat_result, bytes], None],
     directory: str = SHM_DIR,
     head: int = len(MAGIC),
     skip: Container[str] = (),
+    names: Iterable[str] | None = None,
+    heads: Mapping[str, int] | None = None,
 ) -> list[str]:
-    """Call ``visit(name, fd, st, data)`` for every shmlocks segment in ``directory``, while
-    its file is open: ``fd`` read-only (``visit`` may pread it; it is closed after),
-    ``st`` its fstat, ``data`` its first ``head`` bytes (the magic checked). One open per
-    entry, so a command that reads the segments reads each through this one open (the
-    machine-wide commands at 10,000 segments). Returns the notes.
+    """Call ``visit(name, fd, st, data)`` for every shmlocks segment in ``directory``, in
+    name order, while its file is open: ``fd`` read-only (``visit`` may pread it; it is
+    closed after), ``st`` its fstat, ``data`` its first ``head`` bytes (fewer if the file
+    is shorter; the magic checked). One open per entry, so a command that reads the
+    segments reads each through this one open (the machine-wide commands at 10,000
+    segments). Returns the notes.
 
-    An entry is opened only if readdir says it is a regular file (a FIFO never is), with
-    ``O_NOFOLLOW|O_NONBLOCK`` (replaced meanwhile by a symlink or a FIFO: it fails, or does
-    not block), and read only if its fstat says it is a regular file owned by a trusted
-    user (``check``); a segment (the shmlocks magic at its start) of an untrusted user is
-    left out with a note saying so (its first 8 bytes read by pread to tell: nothing
-    else). Nothing else is reported: /dev/shm holds other programs' files too. What
-    ``visit`` raises is the caller's. The names in ``skip`` are not opened (the caller
-    read them already)."""
+    An entry is opened only if readdir says it is a regular file (``listing``: a FIFO
+    never is), with ``O_NOFOLLOW|O_NONBLOCK`` (replaced meanwhile by a symlink or a FIFO:
+    it fails, or does not block), and read only if its fstat says it is a regular file
+    owned by a trusted user (``check``); a segment (the shmlocks magic at its start) of an
+    untrusted user is left out with a note saying so (its first 8 bytes read by pread to
+    tell: nothing else). Nothing else is reported: /dev/shm holds other programs' files
+    too. What ``visit`` raises is the caller's. The names in ``skip`` are not opened (the
+    caller read them already). ``names``: the entries to open, from an earlier
+    ``listing`` of ``directory`` that the caller knows to be current (``shmlocks top``:
+    the directory unchanged since), instead of listing it again. ``heads``: how much to
+    read of the named entries, instead of ``head`` (what the caller read of each
+    before)."""
     trusted = trusted_uids()
     notes: list[str] = []
-    try:
-        listing = list(os.scandir(directory))
-    except OSError:
-        return notes
-    for e in listing:
-        if e.name in skip:
+    prefix = os.path.join(directory, "")
+    magic, nmagic = MAGIC, len(MAGIC)
+    for name in listing(directory) if names is None else names:
+        if name in skip:
             continue
         try:
-            if not e.is_file(follow_symlinks=False):
-                continue
-            fd = os.open(e.path, _OPEN_FLAGS)
+            fd = os.open(prefix + name, _OPEN_FLAGS)
         except OSError:
             continue  # gone, unreadable, or replaced by a symlink or a socket since
         try:
@@ -199,15 +221,16 @@ def walk(
                 ok = st.st_uid in trusted
                 # an untrusted owner's file is read only to tell a segment from other
                 # files (for the note): its first 8 bytes, by pread
-                data = os.pread(fd, head if ok else len(MAGIC), 0)
+                n = head if heads is None else heads.get(name, head)
+                data = os.pread(fd, n if ok else nmagic, 0)
             except OSError:
                 continue
-            if data[: len(MAGIC)] != MAGIC:
+            if not data.startswith(magic):
                 continue
             if ok:
-                visit(e.name, fd, st, data)
+                visit(name, fd, st, data)
             else:
-                notes.append(f"skipped {e.name}: {check(st, trusted)}")
+                notes.append(f"skipped {name}: {check(st, trusted)}")
         finally:
             os.close(fd)
     return notes

@@ -44,39 +44,92 @@ from shmlocks.stats import (
 NO_SEGMENTS = "no shmlocks segments"
 
 
-#: the kinds whose row is a function of their body's first three lines (ctl, words A and B)
-#: and of the participants in use or named as holder: a segment of only these is decoded
-#: again only when those bytes changed (``Sampler``)
+#: the kinds whose rows are a function of their segment's header, directory and
+#: participants provisioned and of their body's first three lines (ctl, words A and B):
+#: a segment of only these is decoded again only when those bytes changed (``Sampler``)
 _PLAIN = frozenset(_core.KINDS[k].kind_code for k in ("ticket", "mcs", "futex", "robust", "pi"))
 _SLOT_MASK = (1 << _segment.HOLDER_SLOT_BITS) - 1
 _HOLDER = struct.Struct("<I")  # the ctl line's holder record (after kind and flags)
+#: a listing of the directory is used again while the directory's (device, inode, mtime)
+#: are what they were when it was listed, and that mtime was at least this old then: a
+#: change within the file system's timestamp granularity of the one before might leave
+#: the mtime as it was (coarse clocks: a tick, at most 10 ms)
+_DIR_SETTLED_NS = 100_000_000
+#: and the directory is listed again this often whatever its times say
+_RELIST_S = 10.0
+#: the lock bodies of a segment are read at once if they lie within this many bytes
+_BODIES_AT_ONCE = 65536
 
 
 class _Seen(NamedTuple):
-    """What a segment's rows were computed from, to tell at the next sample that nothing
-    it shows changed without decoding it again."""
+    """What a plain segment's rows were computed from, to tell at the next sample that
+    nothing they show changed without decoding it again: the file (device, inode, size),
+    and the bytes of it the rows depend on, as read: the header and the directory, the
+    words that say which participant slots may be in use (``_segment.state_words``), the
+    records of those slots and of the slots a holder record names, the first three lines
+    of each lock's body. Its first ``span`` bytes (header, directory, participants) are
+    read at once."""
 
-    first: bytes  # its header, as read
+    dev: int
+    ino: int
     size: int
-    dir_off: int
-    directory: bytes
+    span: int
+    part_off: int
     provisioned: int
-    body_offs: list[int]
-    key: tuple[Any, ...]  # _key
+    words: bytes
+    ranges: tuple[tuple[int, bytes], ...]  # (offset, the bytes there), header first
     rows: list[dict[str, Any]]
 
 
-def _key(parts: bytes | memoryview, n: int, bodies: list[bytes]) -> tuple[Any, ...]:
-    """The bytes a plain segment's rows are computed from: the lock bodies' three lines and
-    the records of the participant slots that may be in use or are named by a holder
-    record (``_segment.busy_slots``: a superset of those in use)."""
-    slots = _segment.busy_slots(parts, n)
-    for b in bodies:
+def _same(fd: int, first: bytes, c: _Seen) -> bool:
+    """Does the segment read as it did when ``c`` was made? ``first``: its first bytes,
+    read already (its ranges within them are compared there, the others read by pread:
+    a short read differs)."""
+    n = len(first)
+    if n < c.span:
+        return False
+    for off, old in c.ranges:
+        if off + len(old) <= n:
+            if not first.startswith(old, off):
+                return False
+        elif os.pread(fd, len(old), off) != old:
+            return False
+    return _segment.state_words(memoryview(first)[c.part_off : c.span], c.provisioned) == c.words
+
+
+def _seen(
+    st: os.stat_result,
+    first: bytes,
+    h: _segment.Head,
+    bodies: list[bytes],
+    ranges: list[tuple[int, bytes]],
+    rows: list[dict[str, Any]],
+) -> _Seen:
+    """The ``_Seen`` of a plain segment decoded from ``h`` and ``bodies`` (read as
+    ``ranges``)."""
+    n, ps = h.provisioned, _segment.PART_SIZE
+    part_off = h.dir_off + len(h.directory)
+    slots = set(_segment.busy_slots(h.parts, n))
+    for b in bodies:  # the slots the holder records name (their generation is compared)
         s1 = _HOLDER.unpack_from(b, 8)[0] & _SLOT_MASK
-        if 1 <= s1 <= n and s1 - 1 not in slots:
-            slots = sorted([*slots, s1 - 1])
-    ps = _segment.PART_SIZE
-    return (tuple(slots), tuple(bytes(parts[x * ps : (x + 1) * ps]) for x in slots), *bodies)
+        if 1 <= s1 <= n:
+            slots.add(s1 - 1)
+    return _Seen(
+        st.st_dev,
+        st.st_ino,
+        st.st_size,
+        part_off + n * ps,
+        part_off,
+        n,
+        _segment.state_words(h.parts, n),
+        (
+            (0, first[: _segment.HEADER_SIZE]),
+            (h.dir_off, h.directory),
+            *((part_off + x * ps, h.parts[x * ps : (x + 1) * ps]) for x in sorted(slots)),
+            *ranges,
+        ),
+        rows,
+    )
 
 
 def _tagged(name: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -84,28 +137,48 @@ def _tagged(name: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [dict(lk, segment=name) for lk in rows]
 
 
-def _pread(fd: int, offset: int, n: int) -> bytes:
-    b = os.pread(fd, n, offset)
-    return b if len(b) == n else _shmread.pread_exact(fd, offset, n)
-
-
 class Sampler:
     """Samples the locks of the named segments (all when None), each refresh through one
-    open of each file (shmlocks/_shmread.py ``walk``): a segment of plain locks whose
-    header, directory, lock bodies and participants in use read as they did at the last
-    sample keeps its rows; only what changed is decoded again (``shmlocks top`` at
-    10,000 segments). The check is on the bytes read, never on a file's times."""
+    open of each file (shmlocks/_shmread.py ``walk``). A segment of plain locks that is
+    the same file (device, inode, size) and whose header, directory, participants and
+    lock bodies read as they did at the last sample keeps its rows; only what changed is
+    decoded again (``shmlocks top`` at 10,000 segments). The check of a segment is on
+    its bytes, never on a file's times; only the listing of the directory (which names
+    exist) is used again while the directory's mtime says nothing was added, removed or
+    renamed (``_DIR_SETTLED_NS``), and made anew every ``_RELIST_S`` at the latest."""
 
     def __init__(self, names: list[str] | None) -> None:
         self.names = names
         self.seen: dict[str, _Seen] = {}
+        self._heads: dict[str, int] = {}  # {name: how much to read of it at once}
+        self._dir: tuple[str, int, int, int] | None = None  # (path, dev, ino, mtime_ns)
+        self._listing: list[str] = []
+        self._listed_at = 0.0
+
+    def _names(self, directory: str) -> list[str]:
+        """The regular files of ``directory`` (``_shmread.listing``): the last listing if
+        the directory has not changed since, else a new one."""
+        try:
+            st = os.stat(directory)
+        except OSError:
+            self._dir = None
+            return _shmread.listing(directory)
+        key = (directory, st.st_dev, st.st_ino, st.st_mtime_ns)
+        now = time.monotonic()
+        if key == self._dir and now - self._listed_at < _RELIST_S:
+            return self._listing
+        settled = time.time_ns() - st.st_mtime_ns >= _DIR_SETTLED_NS
+        self._listing = _shmread.listing(directory)  # after the stat: a change since shows
+        self._dir = key if settled else None
+        self._listed_at = now
+        return self._listing
 
     def __call__(self) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
         """{(segment, lock): record}, and notes on the segments that could not be read."""
         got: dict[str, list[dict[str, Any]] | str] = {}
         seen: dict[str, _Seen] = {}
 
-        def visit(name: str, fd: int, st: os.stat_result, first: bytes | None) -> None:
+        def visit(name: str, fd: int, st: os.stat_result, first: bytes) -> None:
             try:
                 got[name] = self._rows(name, fd, st, first, seen)
             except FileNotFoundError:
@@ -115,7 +188,9 @@ class Sampler:
                 got[name] = f"{name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
 
         if self.names is None:
-            _shmread.walk(visit, _shmread.SHM_DIR, _segment.HEADER_SIZE)
+            directory = _shmread.SHM_DIR
+            names = self._names(directory)
+            _shmread.walk(visit, directory, _segment.HEADER_SIZE, names=names, heads=self._heads)
         else:
             for name in self.names:
                 try:
@@ -127,14 +202,16 @@ class Sampler:
                     got[name] = f"{name}: {str(e).splitlines()[0] if str(e) else 'OSError'}"
                     continue
                 try:
-                    visit(name, fd, st, None)
+                    visit(
+                        name, fd, st, os.pread(fd, self._heads.get(name, _segment.HEADER_SIZE), 0)
+                    )
                 finally:
                     os.close(fd)
         self.seen = seen
+        self._heads = {name: c.span for name, c in seen.items()}
         notes: list[str] = []
         out: dict[tuple[str, str], dict[str, Any]] = {}
-        for name in got if self.names is not None else sorted(got):
-            rows = got[name]
+        for name, rows in got.items():  # the walk's order is the names'
             if isinstance(rows, str):
                 notes.append(rows)
                 continue
@@ -143,40 +220,42 @@ class Sampler:
         return out, notes
 
     def _rows(
-        self, name: str, fd: int, st: os.stat_result, first: bytes | None, seen: dict[str, _Seen]
+        self, name: str, fd: int, st: os.stat_result, first: bytes, seen: dict[str, _Seen]
     ) -> list[dict[str, Any]]:
         c = self.seen.get(name)
-        try:
-            if first is None:
+        if (
+            c is not None
+            and c.ino == st.st_ino
+            and c.dev == st.st_dev
+            and c.size == st.st_size
+            and _same(fd, first, c)
+        ):
+            seen[name] = c
+            return c.rows
+        if len(first) < _segment.HEADER_SIZE:
+            try:
                 first = _shmread.pread_exact(fd, 0, _segment.HEADER_SIZE)
-            if c is not None and c.first == first and c.size == st.st_size:
-                nd = len(c.directory)
-                dp = _pread(fd, c.dir_off, nd + c.provisioned * _segment.PART_SIZE)
-                if dp.startswith(c.directory):
-                    bodies = [_pread(fd, o, _segment._BODY_READ) for o in c.body_offs]
-                    if _key(memoryview(dp)[nd:], c.provisioned, bodies) == c.key:
-                        seen[name] = c
-                        return c.rows
-        except _shmread.Shrunk:
-            raise _shmread.Shrunk(f"segment {name!r} shrank while it was read") from None
+            except _shmread.Shrunk:
+                raise _shmread.Shrunk(f"segment {name!r} shrank while it was read") from None
         h = _segment.read_head(fd, st, name, first)
         if not all(k in _PLAIN for _i, k, _r in h.entries):
             return _tagged(name, locks_stats(_segment.read_fd(fd, st, name, h)))
+        offs = [h.locks_off + i * h.stride for i, _k, _r in h.entries]
+        n = _segment._BODY_READ
         try:
-            bodies = _segment.read_bodies(fd, h)
+            if len(offs) > 1 and offs[-1] + n - offs[0] <= _BODIES_AT_ONCE:
+                # the bodies of a region of small ones: one read of them all, compared
+                # as one range at the next sample
+                blob = _shmread.pread_exact(fd, offs[0], offs[-1] + n - offs[0])
+                bodies = [blob[o - offs[0] : o - offs[0] + n] for o in offs]
+                ranges = [(offs[0], blob)]
+            else:
+                bodies = _segment.read_bodies(fd, h)
+                ranges = list(zip(offs, bodies, strict=True))
         except _shmread.Shrunk:
             raise _shmread.Shrunk(f"segment {name!r} shrank while it was read") from None
         rows = _tagged(name, locks_stats(_segment.read_fd(fd, st, name, h, bodies)))
-        seen[name] = _Seen(
-            first[: _segment.HEADER_SIZE],
-            st.st_size,
-            h.dir_off,
-            h.directory,
-            h.provisioned,
-            [h.locks_off + i * h.stride for i, _k, _r in h.entries],
-            _key(h.parts, h.provisioned, bodies),
-            rows,
-        )
+        seen[name] = _seen(st, first, h, bodies, ranges, rows)
         return rows
 
 
@@ -218,29 +297,56 @@ def _busy(w: dict[str, Any]) -> tuple[Any, ...]:
     return (-per_s, -waiters, -acq, w["segment"])
 
 
+def _row(r: dict[str, Any], p: dict[str, Any] | None, since: float | None) -> dict[str, Any]:
+    """A lock's row: its record ``r`` and its rates since ``p`` (``rates``)."""
+    row = dict(r)
+    keys = ("acquires_s", "timeouts_s", "contended_pct", "wait_mean_s")
+    row.update(zip(keys, _side_rates(r, p, since), strict=True))
+    row["handoffs_s"] = None if since is None else _delta(r, p, "handoffs") / since
+    if "reads" in r:
+        o = p["reads"] if p is not None and "reads" in p else None
+        keys = ("reads_s", "read_timeouts_s", "read_contended_pct", "read_wait_mean_s")
+        row.update(zip(keys, _side_rates(r["reads"], o, since), strict=True))
+    return row
+
+
 def rates(
     cur: dict[tuple[str, str], dict[str, Any]],
     prev: dict[tuple[str, str], dict[str, Any]] | None,
     dt: float,
+    kept: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any], tuple[Any, ...]]]
+    | None = None,
 ) -> list[dict[str, Any]]:
     """One row per lock with the rates over the last ``dt`` seconds (None: no earlier
     sample yet), busiest first. An RWLock's row has its reads' rates too (``reads_s``,
-    ``read_contended_pct``, ``read_wait_mean_s``, ``read_timeouts_s``)."""
-    rows = []
+    ``read_contended_pct``, ``read_wait_mean_s``, ``read_timeouts_s``).
+
+    ``kept`` (the live view's, across refreshes): a lock whose record in ``cur`` is the
+    very one of ``prev`` (its segment read the same: ``Sampler`` kept its rows) counted
+    nothing since, so its rates do not depend on ``dt``: its row and sort key are made
+    once and kept there while that lasts, not made again at every refresh."""
+    since = None if prev is None or dt <= 0 else dt
+    rows: list[dict[str, Any]] = []
+    order: list[tuple[Any, ...]] = []
+    fresh: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any], tuple[Any, ...]]] = {}
     for key, r in cur.items():
         p = prev.get(key) if prev is not None else None
-        since = None if prev is None or dt <= 0 else dt
-        row = dict(r)
-        keys = ("acquires_s", "timeouts_s", "contended_pct", "wait_mean_s")
-        row.update(zip(keys, _side_rates(r, p, since), strict=True))
-        row["handoffs_s"] = None if since is None else _delta(r, p, "handoffs") / since
-        if "reads" in r:
-            o = p["reads"] if p is not None and "reads" in p else None
-            keys = ("reads_s", "read_timeouts_s", "read_contended_pct", "read_wait_mean_s")
-            row.update(zip(keys, _side_rates(r["reads"], o, since), strict=True))
+        if kept is not None and p is r and since is not None:
+            k = kept.get(key)
+            if k is None or k[0] is not r:
+                row = _row(r, p, since)
+                k = (r, row, _busy(row))
+            fresh[key] = k
+            rows.append(k[1])
+            order.append(k[2])
+            continue
+        row = _row(r, p, since)
         rows.append(row)
-    rows.sort(key=_busy)
-    return rows
+        order.append(_busy(row))
+    if kept is not None:
+        kept.clear()
+        kept.update(fresh)
+    return [rows[i] for i in sorted(range(len(rows)), key=order.__getitem__)]
 
 
 def _rate(v: float | None) -> str:
@@ -376,10 +482,11 @@ def live(names: list[str] | None, interval: float, out: TextIO) -> int:
         prev: dict[tuple[str, str], dict[str, Any]] | None = None
         t_prev = time.monotonic()
         sampler = Sampler(names)
+        kept: dict[tuple[str, str], Any] = {}
         while True:
             cur, notes = sampler()
             now = time.monotonic()
-            rows = rates(cur, prev, now - t_prev)
+            rows = rates(cur, prev, now - t_prev, kept)
             prev, t_prev = cur, now
             size = shutil.get_terminal_size()
             lines = [ln[: size.columns] for ln in render(rows, notes, interval, size.lines)]

@@ -357,3 +357,176 @@ def test_inspect_reads_its_segment_once(new_region, tmp_path, monkeypatch, capsy
     ):
         assert shmlocks_cli.main(["inspect", name]) == 1
         assert says in capsys.readouterr().err
+
+
+def _full_top(root: str) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
+    """What a sample of ``top`` shows of the segments in ``root``, from the full read of
+    each (the reference): every lock's record, and a note per segment it cannot read."""
+    from shmlocks.stats import locks_stats
+
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    notes = []
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if os.path.islink(path) or not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
+            if f.read(len(_shmread.MAGIC)) != _shmread.MAGIC:
+                continue
+        try:
+            locks = locks_stats(_segment.read(name, root))
+        except (shmlocks.ShmLockError, OSError, ValueError) as e:
+            notes.append(f"{name}: {str(e).splitlines()[0]}")
+            continue
+        for lk in locks:
+            rows[(name, lk["name"])] = dict(lk, segment=name)
+    return rows, notes
+
+
+def _plain_segments(new_region, tmp_path) -> tuple[str, list[str]]:
+    """A region of the plain kinds (a lock of each, named by its kind, the futex lock at
+    index 0 and held by this thread), copied ten times into ``tmp_path``; and a lock
+    table's segment copied once."""
+    region = new_region(max_locks=5, max_participants=8)
+    for kind in ("futex", "ticket", "mcs", "robust", "pi"):
+        region.create_lock(kind, kind)
+    held = region.open_lock("futex")
+    held.acquire()
+    root = str(tmp_path)
+    names = [_copy(region.name, root, f"seg-{i}") for i in range(10)]
+    held.release()
+    table = shmlocks.LockTable(16, "mcs")
+    try:
+        names.append(_copy(table.name, root, "table"))
+    finally:
+        table.close()
+    return root, names
+
+
+def _bump(path: str, body: int = 0, by: int = 1) -> None:
+    """Add ``by`` to the acquisitions of the lock at index ``body`` of the segment file
+    ``path``, in place (the file, its inode and size stay; the directory is untouched)."""
+    with open(path, "r+b") as f:
+        head = f.read(64)
+        locks_off, stride = struct.unpack_from("<QQ", head, _LOCKS_OFF)
+        off = locks_off + body * stride + 16  # the ctl line: kind .. magic, acquisitions
+        f.seek(off)
+        (acq,) = struct.unpack("<Q", f.read(8))
+        f.seek(off)
+        f.write(struct.pack("<Q", acq + by))
+
+
+def _settle(root: str, mtime_ns: int | None = None) -> int:
+    """Set the directory's mtime to ``mtime_ns`` (default: 2 s ago), as if nothing had
+    been added, removed or renamed in it since; returns it."""
+    if mtime_ns is None:
+        mtime_ns = time.time_ns() - 2_000_000_000
+    os.utime(root, ns=(mtime_ns, mtime_ns))
+    return mtime_ns
+
+
+def test_top_refresh_lists_nothing_and_reads_an_unchanged_segment_in_two_preads(
+    new_region, tmp_path, monkeypatch
+):
+    """A refresh of ``top`` listed /dev/shm and read each segment with three preads (the
+    header, the directory and participants, each lock body) to find it unchanged: now,
+    while the directory is unchanged, it lists nothing and reads an unchanged plain
+    segment with two (its header, directory and participants; its lock bodies), and
+    shows what the full read shows."""
+    from shmlocks import top
+
+    root, names = _plain_segments(new_region, tmp_path)
+    monkeypatch.setattr(_shmread, "SHM_DIR", root)
+    _settle(root)
+    s = top.Sampler(None)
+    first = s()
+    assert first == _full_top(root) and len(first[0]) == 10 * 5 + 1
+    listed = []
+    real_scandir = os.scandir
+
+    def counted_scandir(path="."):
+        listed.append(os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", counted_scandir)
+    reads = Reads(monkeypatch, root)
+    assert s() == first
+    assert listed == []
+    assert reads.opens == {n: 1 for n in names}
+    plain = [n for n in names if n != "table"]  # a lock table is decoded at every sample
+    for n in plain:  # its head (header, directory, participants), then its lock bodies
+        with open(os.path.join(root, n), "rb") as f:
+            (locks_off,) = struct.unpack_from("<Q", f.read(64), _LOCKS_OFF)
+        offs = [off for name, off in reads.preads if name == n]
+        assert len(offs) == 2 and offs[0] == 0 and offs[1] >= locks_off, (n, offs)
+    # a change in place (same file, the directory untouched) is seen
+    _bump(os.path.join(root, "seg-3"), by=7)
+    got = s()
+    assert got == _full_top(root) and got != first
+    assert got[0][("seg-3", "futex")]["acquisitions"] == (
+        first[0][("seg-3", "futex")]["acquisitions"] + 7
+    )
+    assert listed == []
+
+
+def test_top_cached_listing_never_shows_a_replaced_or_removed_segment(
+    new_region, tmp_path, monkeypatch
+):
+    """The listing ``top`` keeps while the directory's mtime says nothing changed, put to
+    the test: segments replaced under their name (by another segment, a FIFO, a symlink),
+    removed, or cut short in place, with the directory's mtime set back each time (as if
+    it said nothing changed). Each sample is what the full read shows: never the old
+    segment's rows, nothing of a removed one, no hang. A new segment appears once the
+    directory's mtime says so."""
+    from shmlocks import top
+
+    root, names = _plain_segments(new_region, tmp_path)
+    monkeypatch.setattr(_shmread, "SHM_DIR", root)
+    mtime = _settle(root)
+    s = top.Sampler(None)
+    assert s() == _full_top(root)
+    # seg-4 replaced by another segment (seg-3's bytes, its counters bumped), renamed over
+    other = os.path.join(root, ".tmp")
+    shutil.copyfile(os.path.join(root, "seg-3"), other)
+    _bump(other, by=1000)
+    os.replace(other, os.path.join(root, "seg-4"))
+    _settle(root, mtime)
+    got = s()
+    assert got == _full_top(root)
+    assert got[0][("seg-4", "futex")]["acquisitions"] >= 1000
+    # removed; replaced by a FIFO; by a symlink; cut short in place
+    os.unlink(os.path.join(root, "seg-5"))
+    os.unlink(os.path.join(root, "seg-6"))
+    os.mkfifo(os.path.join(root, "seg-6"))
+    os.unlink(os.path.join(root, "seg-7"))
+    os.symlink(os.path.join(root, "seg-0"), os.path.join(root, "seg-7"))
+    os.truncate(os.path.join(root, "seg-8"), 4096)
+    _settle(root, mtime)
+    t0 = time.monotonic()
+    rows, notes = s()
+    assert time.monotonic() - t0 < 10
+    assert (rows, notes) == _full_top(root)
+    assert not {k for k in rows if k[0] in ("seg-5", "seg-6", "seg-7", "seg-8")}
+    assert [n.split(":")[0] for n in notes] == ["seg-8"], notes
+    # a segment added: the directory's mtime moves, and it is listed
+    shutil.copyfile(os.path.join(root, "seg-0"), os.path.join(root, "seg-new"))
+    rows, notes = s()
+    assert (rows, notes) == _full_top(root) and ("seg-new", "futex") in rows
+
+
+def test_top_shows_hostile_segments_as_the_full_read_does(new_region, tmp_path, monkeypatch):
+    """``top``'s samples over the hostile files (the first, which decodes, and the next,
+    which keeps what read the same): every row and note as the full read gives it."""
+    from shmlocks import top
+
+    root, names = _segments(new_region, tmp_path)
+    _hostile(root, names[0], "table")
+    monkeypatch.setattr(_shmread, "SHM_DIR", root)
+    _settle(root)
+    want = _full_top(root)
+    assert len(want[1]) >= 9, want[1]
+    s = top.Sampler(None)
+    t0 = time.monotonic()
+    assert s() == want
+    assert s() == want
+    assert time.monotonic() - t0 < 20
