@@ -94,7 +94,7 @@ def _same(fd: int, first: bytes, c: _Seen) -> bool:
                 return False
         elif os.pread(fd, len(old), off) != old:
             return False
-    return _segment.state_words(memoryview(first)[c.part_off : c.span], c.provisioned) == c.words
+    return _segment.state_words(first, c.part_off, c.provisioned) == c.words
 
 
 def _seen(
@@ -121,7 +121,7 @@ def _seen(
         part_off + n * ps,
         part_off,
         n,
-        _segment.state_words(h.parts, n),
+        _segment.state_words(h.parts, 0, n),
         (
             (0, first[: _segment.HEADER_SIZE]),
             (h.dir_off, h.directory),

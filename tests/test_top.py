@@ -17,6 +17,7 @@ import time
 
 import pytest
 from support import RWSide, kill
+from support.privshm import requires_private_shm, run_private
 from test_cli import cli, lock_line
 
 from shmlocks import _shmread
@@ -299,3 +300,78 @@ def test_top_in_a_pty_shows_an_rwlock_readers(new_region, procs):
         os.close(slave)
         for r in readers:
             kill(r)
+
+
+LIVE_CHURN = r"""
+import fcntl, json, os, re, select, signal, struct, subprocess, sys, termios, time
+import shmlocks
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+a = shmlocks.FutexMutex(name="top-a", persist=True)
+b = shmlocks.FutexMutex(name="top-b", persist=True)
+a.acquire()  # held by this process: HOLDER "pid N alive"
+master, slave = os.openpty()
+fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))
+env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+p = subprocess.Popen([sys.executable, "-m", "shmlocks", "top", "--interval", "0.2"],
+                     stdin=slave, stdout=slave, stderr=slave, start_new_session=True, env=env)
+screen = b""
+
+def frame_until(ok, seconds=30):
+    global screen
+    deadline = time.monotonic() + seconds
+    rows = {}
+    while time.monotonic() < deadline:
+        if select.select([master], [], [], 0.2)[0]:
+            screen += os.read(master, 65536)
+        frames = screen.decode("utf-8", "replace").split("\x1b[2J")
+        if len(frames) < 3:
+            continue
+        rows = {ln.split()[0]: re.split(r"\s{2,}", ln.strip())
+                for ln in ANSI.sub("", frames[-2]).splitlines() if ln.startswith("top-")}
+        if ok(rows):
+            return rows, True
+    return rows, False
+
+out = {}
+try:
+    out["before"], out["before_ok"] = frame_until(
+        lambda r: "top-a" in r and "alive" in r["top-a"][-2] and "top-b" in r)
+    # top-a replaced under its name by a free lock; top-b removed; top-c added
+    os.unlink("/dev/shm/top-a")
+    shmlocks.FutexMutex(name="top-a", persist=True).close()
+    os.unlink("/dev/shm/top-b")
+    shmlocks.FutexMutex(name="top-c", persist=True).close()
+    out["after"], out["after_ok"] = frame_until(
+        lambda r: "top-a" in r and r["top-a"][-2] == "-" and "top-b" not in r and "top-c" in r)
+    # a change in place (the directory untouched): top-c taken by this process
+    c = shmlocks.FutexMutex.open("top-c")
+    c.acquire()
+    out["held"], out["held_ok"] = frame_until(
+        lambda r: "top-c" in r and "alive" in r["top-c"][-2])
+    c.release()
+    os.write(master, b"q")
+    out["rc"] = p.wait(10)
+finally:
+    if p.poll() is None:
+        p.kill()
+        p.wait(10)
+a.release()
+print(json.dumps(out))
+"""
+
+
+@requires_private_shm
+@pytest.mark.timeout(150)
+def test_top_live_view_follows_segments_replaced_removed_and_added():
+    """The live view (no NAME: every segment of /dev/shm, a private tmpfs here) in a real
+    pseudo-terminal, with the listing it keeps while /dev/shm is unchanged: a segment
+    replaced under its name by another shows the new one (free, not its old holder), a
+    removed one disappears, a new one appears, and a change in place is seen."""
+    r = run_private(LIVE_CHURN, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["before_ok"], out
+    assert out["after_ok"], out
+    assert out["held_ok"], out
+    assert out["rc"] == 0, out
