@@ -65,8 +65,9 @@ def _cycle_member(first, second, ready, stop) -> None:
     stop.wait(600)
 
 
-def _waiter(lock, stop) -> None:
+def _waiter(lock, ready, stop) -> None:
     shmlocks.set_deadlock_timeout(None)
+    ready.wait()  # once the members hold their first locks: it waits, never takes it first
     lock.acquire(timeout=600)
     stop.wait(600)
 
@@ -77,12 +78,12 @@ class Cycle:
     def __init__(self) -> None:
         ctx = mp.get_context("fork")
         self.a, self.b = shmlocks.FutexMutex(), shmlocks.FutexMutex()
-        ready, self.stop = ctx.Barrier(2), ctx.Event()
+        ready, self.stop = ctx.Barrier(3), ctx.Event()
         self.ps = [
             ctx.Process(target=_cycle_member, args=(x, y, ready, self.stop), daemon=True)
             for x, y in ((self.a, self.b), (self.b, self.a))
         ]
-        self.ps.append(ctx.Process(target=_waiter, args=(self.a, self.stop), daemon=True))
+        self.ps.append(ctx.Process(target=_waiter, args=(self.a, ready, self.stop), daemon=True))
         for p in self.ps:
             p.start()
         time.sleep(1.0)  # each waits
