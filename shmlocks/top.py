@@ -76,7 +76,7 @@ class _Seen(NamedTuple):
     span: int
     part_off: int
     provisioned: int
-    words: bytes
+    words: tuple[int, ...]
     ranges: tuple[tuple[int, bytes], ...]  # (offset, the bytes there), header first
     rows: list[dict[str, Any]]
 
@@ -109,7 +109,8 @@ def _seen(
     ``ranges``)."""
     n, ps = h.provisioned, _segment.PART_SIZE
     part_off = h.dir_off + len(h.directory)
-    slots = set(_segment.busy_slots(h.parts, n))
+    words = _segment.state_words(h.parts, 0, n)
+    slots = set(_segment.busy_slots(h.parts, n)) if any(words) else set()
     for b in bodies:  # the slots the holder records name (their generation is compared)
         s1 = _HOLDER.unpack_from(b, 8)[0] & _SLOT_MASK
         if 1 <= s1 <= n:
@@ -121,7 +122,7 @@ def _seen(
         part_off + n * ps,
         part_off,
         n,
-        _segment.state_words(h.parts, 0, n),
+        words,
         (
             (0, first[: _segment.HEADER_SIZE]),
             (h.dir_off, h.directory),
