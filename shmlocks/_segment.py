@@ -248,19 +248,35 @@ def _fields(parts: bytes | memoryview, n: int) -> tuple[list[int], list[int], li
     return [r[0] for r in recs], [r[4] for r in recs], [r[7] for r in recs]  # pragma: no cover
 
 
-_STATE_WORDS: dict[int, struct.Struct] = {}  # {n: the Struct of state_words}
+#: {n: the Struct of state_words for n records}, n <= _STATE_STRUCT_MAX (a header names
+#: up to its cap of slots: Structs for every count it could give are not kept)
+_STATE_WORDS: dict[int, struct.Struct] = {}
+_STATE_STRUCT_MAX = 128
 
 
-def state_words(buf: bytes, off: int, n: int) -> tuple[int, ...]:
+def state_words(buf: bytes, off: int, n: int) -> tuple[int, ...] | bytes:
     """The words of the ``n`` participant records at ``off`` in ``buf`` that say whether a
     slot may be in use and in what state (``_fields``: each token word, op_step and
-    pending), in one unpack: where they read the same, so do ``busy_slots`` and
-    ``_states``."""
-    s = _STATE_WORDS.get(n)
-    if s is None:
-        rec = f"I{_P_STEP - _P_WORD - 4}xI{_P_PENDING - _P_STEP - 4}xI{PART_SIZE - _P_PENDING - 4}x"
-        s = _STATE_WORDS[n] = struct.Struct("<" + rec * n)
-    return s.unpack_from(buf, off)
+    pending): where they read the same, so do ``busy_slots`` and ``_states``. One unpack
+    (a tuple) for up to ``_STATE_STRUCT_MAX`` records, else three strided copies (bytes);
+    all zero where no slot can be in use."""
+    if n <= _STATE_STRUCT_MAX:
+        s = _STATE_WORDS.get(n)
+        if s is None:
+            rec = (
+                f"I{_P_STEP - _P_WORD - 4}x"
+                f"I{_P_PENDING - _P_STEP - 4}x"
+                f"I{PART_SIZE - _P_PENDING - 4}x"
+            )
+            s = _STATE_WORDS[n] = struct.Struct("<" + rec * n)
+        return s.unpack_from(buf, off)
+    w = PART_SIZE // 4
+    mv = memoryview(buf)[off : off + n * PART_SIZE].cast("I")
+    return (
+        mv[_P_WORD // 4 :: w].tobytes()
+        + mv[_P_STEP // 4 :: w].tobytes()
+        + mv[_P_PENDING // 4 :: w].tobytes()
+    )
 
 
 def busy_slots(parts: bytes | memoryview, n: int) -> list[int]:

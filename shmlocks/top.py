@@ -76,7 +76,7 @@ class _Seen(NamedTuple):
     span: int
     part_off: int
     provisioned: int
-    words: tuple[int, ...]
+    words: tuple[int, ...] | bytes
     ranges: tuple[tuple[int, bytes], ...]  # (offset, the bytes there), header first
     rows: list[dict[str, Any]]
 

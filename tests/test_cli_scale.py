@@ -530,3 +530,22 @@ def test_top_shows_hostile_segments_as_the_full_read_does(new_region, tmp_path, 
     assert s() == want
     assert s() == want
     assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.parametrize("n", [1, 32, 128, 129, 300])
+def test_state_words_change_exactly_with_the_slot_states(n):
+    """``top``'s check of the participants (``_segment.state_words``, one unpack up to 128
+    slots, strided copies past that): it changes when a slot's token word, op_step or
+    pending changes, and not when another field of a record does."""
+    ps = _segment.PART_SIZE
+    base = bytearray(os.urandom(64 + n * ps))
+    words = _segment.state_words(bytes(base), 64, n)
+    assert len(words) in (3 * n, 12 * n)
+    for x in {0, n // 2, n - 1}:
+        for field, counts in ((0, True), (140, True), (160, True), (4, False), (200, False)):
+            b = bytearray(base)
+            b[64 + x * ps + field] ^= 0xFF
+            changed = _segment.state_words(bytes(b), 64, n) != words
+            assert changed == counts, (x, field)
+            fields = _segment._fields(memoryview(b)[64:], n)
+            assert (fields != _segment._fields(memoryview(base)[64:], n)) == counts
