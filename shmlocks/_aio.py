@@ -133,8 +133,9 @@ class _Cohort(_core._CohortCore):
     docstring has its invariant). Its state and its hot path are ``_core._CohortCore``'s
     (lockbase.pxi): a task's uncontended acquire and release (``take``, ``hold``,
     ``release``), the hand-off to the next task of the loop (``grant``), a wait's sleep and
-    wake-up (``_sleep``, ``woken``, ``poll``) and the record (``_show``). Here: a task's
-    leaving (timeout, cancellation, deadlock), errors, and a new place after them. Fields:
+    wake-up (``_sleep``, ``woken``, ``poll``), the record (``_show``), and a task's wait
+    behind it (``_core._aio_wait``). Here: a task's leaving (timeout, cancellation,
+    deadlock), errors, and a new place after them. Fields:
     d (its driver), lock, agent (``_core._Agent``), q (a deque of _Entry), nwait (live
     entries in q), holder (a task or None), state (IDLE, WAITING, HOLDING), ud (the sleep
     in flight: a ring's user_data, a waiter's arm id), timer (a poll due without a
@@ -608,41 +609,7 @@ async def acquire(lock: Any, deadline: int) -> bool:
                 f"its own event loop (through {names}), each holding what the next awaits; "
                 "it gave up its wait and keeps its locks"
             )
-    return await _wait(c, deadline)
-
-
-async def _wait(c: _Cohort, deadline: int) -> bool:
-    """The calling task waits behind cohort c (its place in the lock's queue taken, or
-    to be taken when the tasks ahead are served): True once it holds the lock, False at
-    its deadline."""
-    d = c.d
-    task = _current()
-    assert task is not None
-    loop = d.loop
-    assert loop is not None
-    e = _Entry(loop.create_future(), task, time.monotonic_ns())
-    c.q.append(e)
-    c.nwait += 1
-    if deadline > 0:
-        e.timer = loop.call_later(max(0.0, (deadline - e.t0) / 1e9), c.expire, e)
-    if task in d.held:
-        d.linked(task, c, e)
-    c._show()
-    try:
-        return await e.fut
-    except asyncio.CancelledError:
-        if e.fut.done() and not e.fut.cancelled() and e.fut.exception() is None:
-            if e.fut.result() and c.holder is task:
-                # granted as it was cancelled: nobody saw the grant (nor its owner_died)
-                c.release(handing_on=c.agent.owner_died)
-                _count_passed_on()
-        elif not e.done:
-            c._drop(e)
-            c.agent.timed_out()  # (a wait given up: statistics count it as a timeout)
-        raise
-    finally:
-        if not e.done:
-            c._drop(e)
+    return await _core._aio_wait(c, task, deadline)  # (its wait: lockbase.pxi)
 
 
 def _lockdep_before(d: _Driver, task: asyncio.Task[Any], lock: Any) -> None:

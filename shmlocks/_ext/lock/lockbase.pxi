@@ -71,7 +71,7 @@ _os.register_at_fork(after_in_child=_aio_forked)
 
 
 def _aio_bind(module):
-    global g_aio, g_get_loop, g_cur_task
+    global g_aio, g_get_loop, g_cur_task, g_cancelled
     import asyncio
     g_get_loop = asyncio.events._get_running_loop
     current = asyncio.current_task
@@ -79,6 +79,7 @@ def _aio_bind(module):
     if not isinstance(current, type(len)) and isinstance(tasks, dict):
         current = tasks.get                  # (the dict the C tasks enter themselves in)
     g_cur_task = current
+    g_cancelled = asyncio.CancelledError
     g_aio = module
 
 
@@ -1640,6 +1641,7 @@ cdef double CO_CUT_MIN_S = 0.005   # a cut recovery is polled again after this, 
 cdef double CO_CUT_MAX_S = 0.2     # ... up to this (the loop thread's time is not the recovery's)
 cdef object g_get_loop = None      # asyncio's _get_running_loop (None: no loop running)
 cdef object g_cur_task = None      # the running loop -> its current task, or None
+cdef object g_cancelled = None     # asyncio.CancelledError
 
 
 cdef class _CohortEntry:
@@ -1931,13 +1933,48 @@ cdef _CohortCore _aio_holding(_Lock lk):
     return c
 
 
+async def _aio_wait(_CohortCore c, task, int64_t deadline):
+    """The task waits behind cohort c (its place in the lock's queue taken, or to be
+    taken when the tasks ahead are served): True once it holds the lock (a grant), False
+    at its deadline (c.expire). Cancelled, it leaves nothing: its entry is dropped (the
+    place withdrawn with the last task), or a grant that came as it was cancelled is
+    released at once, owner_died handed on (nobody saw it)."""
+    cdef _CohortEntry e
+    d = c.d
+    loop = d.loop
+    e = _CohortEntry(loop.create_future(), task, shm_now_ns())
+    c.q.append(e)
+    c.nwait += 1
+    if deadline > 0:
+        e.timer = loop.call_later(max(0.0, (deadline - e.t0) / 1e9), c.expire, e)
+    if task in c.held:
+        d.linked(task, c, e)
+    c._show()
+    try:
+        return await e.fut
+    except g_cancelled:
+        fut = e.fut
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            if fut.result() and c.holder is task:
+                # granted as it was cancelled: nobody saw the grant (nor its owner_died)
+                c.release(ld32_acq(&c.agent.lk.b.ctl.flags) & SHM_F_OWNER_DIED != 0)
+                g_aio._count_passed_on()
+        elif not e.done:
+            c._drop(e)
+            c.agent.timed_out()  # (a wait given up: statistics count it as a timeout)
+        raise
+    finally:
+        if not e.done:
+            c._drop(e)
+
+
 async def _aio_acquire(_Lock lk, int64_t deadline):
     r = _aio_fast(lk, deadline)
     if r is True:
         return True
     if r is None:
         return await g_aio.acquire(lk, deadline)
-    return await g_aio._wait(r, deadline)
+    return await _aio_wait(<_CohortCore>r, g_cur_task(g_get_loop()), deadline)
 
 
 async def _aio_enter(_Lock lk):
@@ -1945,7 +1982,7 @@ async def _aio_enter(_Lock lk):
     if r is None:
         await g_aio.acquire(lk, -1)
     elif r is not True:
-        await g_aio._wait(r, -1)
+        await _aio_wait(<_CohortCore>r, g_cur_task(g_get_loop()), -1)
     return lk
 
 
