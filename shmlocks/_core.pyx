@@ -179,9 +179,13 @@ _CRASHPOINTS = {
     "clh.abort.stepped_out": ("clh",),      # tail given back, own node not yet reclaimed
     "clh.release.freed": ("clh",),          # own node freed, predecessor's not yet adopted
     "clh.recover.flagged": ("clh",),        # recoverer set owner_died, before the release
+    "clh.aside.left": ("clh",),             # own node ASIDE (place kept), not yet marked aside
+    "clh.aside.passed": ("clh",),           # passed a node aside at its turn, before the wake
+    "clh.aside.back": ("clh",),             # own node taken back from ASIDE, before the wait
+    "clh.aside.adopt": ("clh",),            # back from aside, passed over: pred not yet adopted
     # a queue kind's waiter that stepped aside (base/wait.pxi, docs/design.md §7.0)
-    "aside.marked": ("ticket", "mcs"),      # place left, aside mark set, before its sleep
-    "aside.vip": ("ticket", "mcs"),         # took the VIP turn, not yet rejoined
+    "aside.marked": ("ticket", "mcs", "clh"),   # place left or kept, aside mark set, before its sleep
+    "aside.vip": ("ticket", "mcs", "clh"),  # took the VIP turn, not yet rejoined
     "futex.wait.announced": ("futex",),     # waiter set the W bit, before sleeping
     "futex.release.swapped": ("futex",),    # word swapped to 0, before the wake
     "futex.recover.flagged": ("futex",),    # recoverer set owner_died, before the release

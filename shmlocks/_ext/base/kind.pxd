@@ -251,3 +251,9 @@ cdef class _Lock:
     #    calling thread's loop hold or await the lock (the slow path, rm.agents > 0)?
     cdef bint _task_of_mine(self, reg_t* r) noexcept nogil
     cdef int _wait_aside(self, uint32_t me, int rc, wait_t* w) noexcept nogil
+    # HOOK _aside_end(me, rc): (a kind that steps aside, docs/design.md §7.0) its waiter's
+    #   sleep aside ended with rc: R_CONT (its VIP turn: rejoin; R_PENDING or R_BUSY for
+    #   _wait to go on, or what _fast returned), else R_TIMEOUT / R_SIGNAL (the wait is
+    #   over: a place it kept while aside is left; R_ACQ if granted meanwhile). Default:
+    #   _fast on R_CONT (ticket, mcs left their place as they stepped aside).
+    cdef int _aside_end(self, uint32_t me, int rc) noexcept nogil

@@ -376,11 +376,11 @@ cdef enum:
 
 
 cdef inline bint kind_steps_aside(uint32_t code) noexcept nogil:
-    """Does a lock of kind `code` step aside (docs/design.md §7.0)? ticket and mcs, whose
-    abandoned places stay queued until a release passes them, so that a waiter aside can
-    take its place back. Not clh: there the waiter behind an abandoned node splices it out
-    at once (clh.pxi), so a waiter aside would lose its place while the lock is held."""
-    return code == SHM_KIND_TICKET or code == SHM_KIND_MCS
+    """Does a lock of kind `code` step aside (docs/design.md §7.0)? The queue kinds: ticket
+    and mcs, whose abandoned places stay queued until a release passes them, and clh,
+    whose place aside stays queued until a waiter behind passes it at its turn; so that a
+    waiter aside can take its place back."""
+    return code == SHM_KIND_TICKET or code == SHM_KIND_MCS or code == SHM_KIND_CLH
 
 
 cdef inline uint32_t* aside_words(shm_body* b) noexcept nogil:

@@ -18,9 +18,10 @@
 #          served first; MCS, CLH: its predecessor waits too, or (MCS) left its place) yields
 #          instead of spinning, for up to FAR_YIELD_NS: on an oversubscribed machine the next
 #          holder may need this CPU;
-#   aside  (ticket, mcs: docs/design.md §7.0) a queued waiter first takes a spinner seat;
-#          with none free and others ahead of it, it steps aside (park returns R_ASIDE):
-#          out of the queue, asleep, back on its VIP turn (aside_sleep);
+#   aside  (the queue kinds: docs/design.md §7.0) a queued waiter first takes a spinner
+#          seat; with none free and others ahead of it, it steps aside (park returns
+#          R_ASIDE): out of the queue (clh: its place kept), asleep, back on its VIP turn
+#          (aside_sleep);
 #   yield  sched_yield a few times (lets a descheduled holder run on an oversubscribed box);
 #          while no yield lets another task run (this CPU has nothing else to do), go on
 #          yielding for up to YIELD_IDLE_NS before parking: the holder may itself be waking

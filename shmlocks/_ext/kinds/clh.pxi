@@ -19,6 +19,8 @@
 #   qnode[i]  state  FREE 0 (released) | BUSY 1 (owner waiting or holding)
 #                    | ABANDONED 2 (owner left; its successor must wait on node.pred)
 #                    | RECLAIMING 3 -> RECLAIMED 4 (the successor took note, gave it back)
+#                    | ASIDE | round (owner waits aside, docs/design.md §7.0: its place
+#                    stays queued; below)
 #             pred   predecessor node, UNKNOWN until published (by its owner, or by the
 #                    next joiner from the tail word it replaced)
 #             left_gen  generation of the participant (thread) that abandoned it: only that
@@ -32,6 +34,19 @@
 #                    already the next owner's; the round can.
 #   prec[p]   mine   the node p owns;  pred: the node p waits on and adopts at release
 #             round  the round of `mine` as p enqueued it
+#
+# Stepping aside (docs/design.md §7.0): a queued waiter that steps aside publishes its pred
+# and sets its node ASIDE | round (C_ASIDE with the low 30 bits of its round, so that a CAS
+# from it names one passage of the node: nodes travel). Its place stays queued. A waiter
+# behind looks through waiters aside to the first node that is not aside (_clh_look):
+# when that one is FREE, the turn of the node aside right above it has come, and it passes
+# it, ASIDE -> FREE: a hand-off on its owner's behalf, as an acquire and a release at once.
+# The owner, back from aside, finds its node passed (FREE, or a later round) and adopts its
+# own pred's node, which that pass left FREE for it alone, as a release adopts it; or finds
+# it still ASIDE and takes it back, ASIDE -> BUSY: in its old place (its VIP turn), or to
+# leave it (a timeout aside: then abandoned as below). One CAS decides between the pass and
+# the taking back. An abandoned node under a node aside is handed back only by the owner
+# of the one aside (its successor) when it comes back: a waiter behind waits for that.
 #
 # Abandonment (Scott & Scherer, PPoPP 2001, "CLH-try"): if p is last, CAS the tail back to
 # its predecessor and keep its node; else publish pred, then ABANDONED. The successor that
@@ -49,20 +64,57 @@ cdef enum:
     C_ABANDONED = 2
     C_RECLAIMING = 3
     C_RECLAIMED = 4
+    C_ASIDE = 0x40000000      # | round & C_ASIDE_MASK: its owner waits aside (§7.0)
+    C_ASIDE_MASK = 0x3fffffff
     C_UNKNOWN = SHM_ID_UNKNOWN
-    C_QUEUED = (1 << C_BUSY) | (1 << C_ABANDONED) | (1 << C_RECLAIMING)  # still in the queue
+    # still in the queue (every state from 30 up is bit 30: queue.pxd queue_state_in)
+    C_QUEUED = (1 << C_BUSY) | (1 << C_ABANDONED) | (1 << C_RECLAIMING) | (1 << 30)
 
 
-cdef int _clh_not_busy(void* c) noexcept nogil:
-    """READY once the node we wait on is not BUSY; FAR while its own predecessor is BUSY
-    too (its owner waits: someone is ahead of us)."""
-    cdef node_wait_t* x = <node_wait_t*>c        # x.n: the node we wait on
-    cdef uint32_t pp
-    if ld32_seq(&x.n.state) != C_BUSY:
+cdef inline uint32_t _clh_aside_st(uint32_t rnd) noexcept nogil:
+    """The state of a node whose owner waits aside in the passage of round rnd."""
+    return C_ASIDE | (rnd & C_ASIDE_MASK)
+
+
+cdef inline bint _clh_is_aside(uint32_t st) noexcept nogil:
+    return (st >> 30) == 1
+
+
+cdef struct clh_wait_t:   # a CLH waiter's ready context: what its last look saw (_clh_look)
+    shm_qnode* n          # the node it waits on: its pred, or the first one not aside below
+    uint32_t n_st         # the waiters aside ahead; n's state then (BUSY; under a node aside
+                          # also ABANDONED or RECLAIMING: that one's owner hands it back)
+    shm_qnode* top        # the node aside right above n (NULL: n is its pred)
+    uint32_t top_st       # its state then (an aside state)
+    uint32_t dep          # the node whose owner it depends on: n if BUSY, else top
+    shm_body* b
+    uint32_t own          # the lock's own node id (P + 1)
+
+
+cdef enum:
+    LOOK_FREE = 0         # its pred is FREE: it holds the lock
+    LOOK_ABANDONED = 1    # its pred is abandoned: reclaim it
+    LOOK_WAIT = 2         # wait on what the context says
+    LOOK_CORRUPT = 3
+
+
+cdef int _clh_ready(void* c) noexcept nogil:
+    """READY once what the last look saw changed (look again); FAR while someone else is
+    ahead: the node we wait on waits itself (its pred BUSY or aside), or it is an abandoned
+    node under a node aside (whose owner must come back to hand it back)."""
+    cdef clh_wait_t* x = <clh_wait_t*>c
+    cdef uint32_t pp, st
+    if ld32_seq(&x.n.state) != x.n_st:
         return Q_READY
-    pp = ld32_rlx(&x.n.pred)                        # a hint: bounds-checked, never trusted
-    if queue_node_ok(x.b, pp, x.own) and ld32_rlx(&x.b.qnodes[pp - 1].state) == C_BUSY:
+    if x.top != NULL and ld32_seq(&x.top.state) != x.top_st:
+        return Q_READY
+    if x.n_st != C_BUSY:
         return Q_FAR
+    pp = ld32_rlx(&x.n.pred)                        # a hint: bounds-checked, never trusted
+    if queue_node_ok(x.b, pp, x.own):
+        st = ld32_rlx(&x.b.qnodes[pp - 1].state)
+        if st == C_BUSY or _clh_is_aside(st):
+            return Q_FAR
     return Q_NEAR
 
 
@@ -155,6 +207,92 @@ cdef inline void _clh_release_as(shm_body* b, uint32_t q, bint armed) noexcept n
         st32_rel(&r.mine, r.pred)                    # adopt the predecessor's node
 
 
+cdef int _clh_look(shm_body* b, uint32_t p, clh_wait_t* c, bint armed) noexcept nogil:
+    """Where a waiter behind node p (its pred) stands, looking through the waiters aside
+    ahead of it (docs/design.md §7.0) down to the first node that is not aside. A FREE one
+    there is the turn of the node aside right above it: pass that one (ASIDE -> FREE, a
+    hand-off on its owner's behalf, who adopts its own pred as after a release) and look
+    again. LOOK_FREE: p is FREE; LOOK_ABANDONED: p is abandoned; LOOK_WAIT: c says on what
+    to wait; LOOK_CORRUPT. A pass is decided by one CAS from the state the look read: the
+    round in it names the passage, whose pred cannot change, and that pred, FREE, stays so
+    until the owner of the node aside adopts it."""
+    cdef uint32_t n, nx, st, steps, looks = 0
+    cdef uint32_t top_st = 0, top_id = 0
+    cdef uint32_t lim = body_hwm(b) + 2
+    cdef shm_qnode* top
+    cdef bint broken
+    while True:
+        looks += 1
+        if looks > 8 * lim + 64:                     # a node ahead changes only so often
+            return LOOK_CORRUPT
+        n = p
+        top = NULL
+        broken = 0
+        steps = 0
+        st = ld32_seq(&b.qnodes[n - 1].state)
+        while _clh_is_aside(st):
+            top = &b.qnodes[n - 1]
+            top_st = st
+            top_id = n
+            nx = ld32_acq(&top.pred)                 # published before it went aside
+            steps += 1
+            if not _clh_ok(nx, b) or nx == n or steps > lim:
+                broken = 1
+                break
+            n = nx
+            st = ld32_seq(&b.qnodes[n - 1].state)
+        c.n = &b.qnodes[n - 1]
+        c.n_st = st
+        c.top = top
+        c.top_st = top_st
+        c.dep = n
+        if top == NULL:
+            if st == C_FREE:
+                return LOOK_FREE
+            if st == C_ABANDONED:
+                return LOOK_ABANDONED
+            return LOOK_WAIT if st == C_BUSY else LOOK_CORRUPT
+        if not broken:
+            if st == C_FREE:
+                if cas32(&top.state, top_st, C_FREE):    # its turn: pass it
+                    trace("clh.aside.pass", top_id, n, top_st)
+                    crashpoint_at(armed, "clh.aside.passed")
+                    # a waiter parked on it itself; one that looks through it (_clh_dep
+                    # watches its state uncounted) was woken by n's release already
+                    wake_if_parked(&top.state, &top.parked)
+                continue
+            if st == C_BUSY:
+                return LOOK_WAIT
+            if st == C_ABANDONED or st == C_RECLAIMING:
+                c.dep = top_id                       # its owner hands it back, once back
+                return LOOK_WAIT
+        if ld32_seq(&top.state) != top_st:
+            continue                                 # it moved while we looked: again
+        return LOOK_CORRUPT
+
+
+cdef int _clh_step_aside(shm_body* b, uint32_t q, bint armed) noexcept nogil:
+    """Queued participant q steps aside (docs/design.md §7.0): its node says ASIDE with its
+    round, its place stays queued (R_ASIDE). R_ACQ if it was granted as it left (the node
+    taken back, unless a waiter behind passed it first: then it is aside, passed)."""
+    cdef shm_prec* r = &b.precs[q]
+    cdef uint32_t X = r.mine
+    cdef uint32_t p = r.pred
+    cdef shm_qnode* x = &b.qnodes[X - 1]
+    cdef uint32_t v = _clh_aside_st(r.round)
+    if ld32_seq(&b.qnodes[p - 1].state) == C_FREE:
+        return R_ACQ
+    st32_rel(&x.pred, p)
+    st32_seq(&x.state, v)                            # a waiter behind looks through us now
+    trace("clh.aside", q, X, p)
+    crashpoint_at(armed, "clh.aside.left")
+    wake_if_parked(&x.state, &x.parked)
+    if ld32_seq(&b.qnodes[p - 1].state) == C_FREE and cas32(&x.state, v, C_BUSY):
+        wake_if_parked(&x.state, &x.parked)         # (one looking through us: p woke it)
+        return R_ACQ
+    return R_ASIDE
+
+
 cdef uint32_t _clh_succ_of(shm_body* b, uint32_t X) noexcept nogil:
     """The queued node waiting on node X (QUEUE_NONE if none): one naming X as its pred,
     else found by the walk back from the tail (the successor's pred is not published)."""
@@ -219,7 +357,7 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexce
     cdef uint32_t lock1 = b.index + 1
     cdef uint32_t op = participant_op(rm, q, lock1)
     cdef uint32_t X = ld32_acq(&r.mine)
-    cdef uint32_t p, guard, st
+    cdef uint32_t p, guard, st, av
     cdef uint64_t t, v
     cdef shm_qnode* xn
     trace("clh.recover", q | (<uint64_t>op << 32), X | (<uint64_t>r.pred << 32),
@@ -240,8 +378,18 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexce
             st32_rel(&r.mine, r.pred)                # [C1] [C2] adopt the predecessor's node
         holder_forget(rm, b, q)
         return
-    st = ld32_seq(&xn.state)  # [C3]
-    if st == C_FREE or ld32_acq(&xn.round) != ld32_acq(&r.round):
+    st = ld32_seq(&xn.state)
+    av = _clh_aside_st(ld32_acq(&r.round))
+    if st == av and ld32_acq(&xn.round) == ld32_acq(&r.round):   # [C9]
+        # it waited aside, its place queued: take it back for it (unless a waiter behind
+        # passes it first: then [C3]), then decide as for a waiter in its place
+        if cas32(&xn.state, av, C_BUSY):
+            trace("clh.recover.unaside", q, X, r.pred)
+            shm_futex_wake(&xn.state, 0x7fffffff)
+            st = C_BUSY
+        else:
+            st = ld32_seq(&xn.state)
+    if st == C_FREE or ld32_acq(&xn.round) != ld32_acq(&r.round):  # [C3]
         # X left its passage: freed by a release made on q's behalf (a recoverer's, who
         # died before adopting the predecessor's node: finish it, or q would keep a node
         # that its successor adopts too), or idle since q's own release (mine == pred).
@@ -307,20 +455,38 @@ cdef void _clh_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexce
 cdef int _clh_check_owner(rmap_t* rm, shm_body* b, uint32_t pn, watch_t* ws,
                           bint arm) noexcept nogil:
     """The owner of node pn, which we wait on: recovered if dead (DEP_CHANGED, by ws.rec),
-    else its token armed (arm: DEP_ARMED). DEP_UNKNOWN if no participant owns pn now."""
-    cdef uint32_t y
-    for y in range(body_hwm(b)):
+    else its token armed (arm: DEP_ARMED). DEP_UNKNOWN if no participant owns pn now. Two
+    may name pn as theirs for a while: a node passed over aside travels on before its
+    owner, asleep aside, adopts its pred (§7.0); the owner of its passage is the one whose
+    round is the node's."""
+    cdef uint32_t y, h = body_hwm(b)
+    cdef uint32_t rnd = ld32_acq(&b.qnodes[pn - 1].round)
+    cdef int found = -1
+    for y in range(h):
         if ld32_acq(&b.precs[y].mine) == pn:
-            if participant_dead(rm, y):
-                participant_try_recover(rm, y, ws.rec)
-                return DEP_CHANGED
-            return watch_participant(rm, y, ws) if arm else DEP_UNKNOWN
-    return DEP_UNKNOWN
+            if ld32_acq(&b.precs[y].round) == rnd:
+                found = <int>y
+                break
+            if found < 0:
+                found = <int>y
+    if found < 0:
+        return DEP_UNKNOWN
+    y = <uint32_t>found
+    if participant_dead(rm, y):
+        participant_try_recover(rm, y, ws.rec)
+        return DEP_CHANGED
+    return watch_participant(rm, y, ws) if arm else DEP_UNKNOWN
 
 
 cdef int _clh_dep(park_t* pk, watch_t* ws) noexcept nogil:
-    """park()'s dependency: the owner of the node we wait on (pk.arg), whose state is the
-    word we sleep on (its owner leaving changes it and wakes us: _clh_abort_as)."""
+    """park()'s dependency: the owner of the node we depend on (pk.arg: the one we wait on,
+    whose state is the word we sleep on, its owner leaving changes it and wakes us:
+    _clh_abort_as, _clh_step_aside; or, for an abandoned node under a node aside, the node
+    aside), and the state of the node aside right above the one we wait on (pk.ctx: its
+    pass, its owner's return or leaving wake us: _clh_look, CLHLock._aside_end)."""
+    cdef clh_wait_t* c = <clh_wait_t*>pk.ctx
+    if c.top != NULL and not watch_word(ws, &c.top.state, c.top_st):
+        return DEP_UNKNOWN
     return _clh_check_owner(pk.rm, pk.b, pk.arg, ws, 1)
 
 
@@ -412,7 +578,16 @@ cdef class CLHLock(_Lock):
 
     cdef int _try(self, uint32_t me) noexcept nogil:
         cdef int rc = self._fast(me, shm_crash_armed)
+        cdef clh_wait_t cw
+        cdef uint32_t p
         if rc == R_PENDING:
+            # only waiters aside ahead, whose turns have come: pass them (§7.0)
+            p = ld32_rlx(&self.b.precs[me].pred)
+            cw.b = &self.b
+            cw.own = self.b.P + 1
+            if (_clh_ok(p, &self.b) and _clh_is_aside(ld32_acq(&self.b.qnodes[p - 1].state))
+                    and _clh_look(&self.b, p, &cw, shm_crash_armed) == LOOK_FREE):
+                return R_ACQ
             rc = _clh_abort_as(self.rm, &self.b, me, 0)
             return R_ACQ if rc == R_ACQ else R_BUSY
         return rc
@@ -422,14 +597,13 @@ cdef class CLHLock(_Lock):
         cdef uint32_t X = ld32_rlx(&r.mine)
         cdef uint32_t p, st
         cdef shm_qnode* x
-        cdef shm_qnode* pn
-        cdef node_wait_t ctx
+        cdef clh_wait_t cw
         cdef park_t pk
-        cdef int res
+        cdef int res, look
         if not _clh_ok(X, &self.b):
             return R_CORRUPT
-        ctx.b = &self.b
-        ctx.own = self.b.P + 1
+        cw.b = &self.b
+        cw.own = self.b.P + 1
         x = &self.b.qnodes[X - 1]
         pk.rm = self.rm
         pk.b = &self.b
@@ -439,7 +613,7 @@ cdef class CLHLock(_Lock):
                     and cas32(&x.state, C_ABANDONED, C_BUSY)):
                 st32_rlx(&r.pred, ld32_acq(&x.pred))     # back in our old place
                 trace("clh.rejoin", me, X, r.pred)
-            elif st == C_BUSY:
+            elif st == C_BUSY or _clh_is_aside(st):
                 return R_CORRUPT
             else:
                 if st == C_RECLAIMING or st == C_ABANDONED:   # not yet handed back
@@ -457,36 +631,85 @@ cdef class CLHLock(_Lock):
                 rc = self._enqueue(me, X, shm_crash_armed)
                 if rc != R_PENDING:
                     return rc
-        pk.ready = _clh_not_busy
-        pk.ctx = &ctx
+        pk.ready = _clh_ready
+        pk.ctx = &cw
         pk.dep = _clh_dep
         while True:
             p = ld32_rlx(&r.pred)
             if not _clh_ok(p, &self.b):
                 return R_CORRUPT
-            pn = &self.b.qnodes[p - 1]
-            ctx.n = pn
-            pk.word = &pn.state                      # we park on our predecessor's node
-            pk.parked = &pn.parked
-            pk.arg = p
-            res = park(&pk, w)
-            if res != R_ACQ:
-                if res == R_WOULDBLOCK:
-                    w.resume_rc = R_PENDING          # queued: waits on prec.pred again
-                    return res
-                rc = _clh_abort_as(self.rm, &self.b, me, 0)
-                if rc == R_TIMEOUT:
-                    return res                       # R_TIMEOUT or R_SIGNAL
-                return rc
-            st = ld32_acq(&pn.state)
-            if st == C_FREE:
+            look = _clh_look(&self.b, p, &cw, shm_crash_armed)
+            if look == LOOK_FREE:
                 trace("clh.acq", me, X, p)
                 return R_ACQ
-            if st == C_ABANDONED:
+            if look == LOOK_ABANDONED:
                 _clh_reclaim(self.rm, &self.b, me, p)
                 continue
-            if st != C_BUSY:
+            if look != LOOK_WAIT:
                 return R_CORRUPT
+            pk.word = &cw.n.state                    # we park on our predecessor's node (or
+            pk.parked = &cw.n.parked                 # the first below the waiters aside)
+            pk.arg = cw.dep
+            w.aside_ok = 1                           # queued: may step aside (§7.0)
+            res = park(&pk, w)
+            w.aside_ok = 0
+            if res == R_ACQ:
+                continue                             # what we looked at changed: again
+            if res == R_WOULDBLOCK:
+                w.resume_rc = R_PENDING              # queued: waits on prec.pred again
+                return res
+            if res == R_ASIDE:
+                res = _clh_step_aside(&self.b, me, shm_crash_armed)
+                if res == R_ACQ:
+                    trace("clh.acq", me, X, p)
+                return res                           # R_ASIDE: its place stays queued
+            rc = _clh_abort_as(self.rm, &self.b, me, 0)
+            if rc == R_TIMEOUT:
+                return res                           # R_TIMEOUT or R_SIGNAL
+            return rc
+
+    cdef int _aside_end(self, uint32_t me, int rc) noexcept nogil:
+        """Back from aside (docs/design.md §7.0): on the VIP turn (rc R_CONT) take our
+        place back if it is still queued (R_PENDING: _wait goes on behind prec.pred), or,
+        passed over at its turn, adopt our pred's node as after a release and join anew
+        (_fast); leaving (R_TIMEOUT, R_SIGNAL) our place is left as at a timeout (R_ACQ if
+        granted meanwhile)."""
+        cdef shm_prec* r = &self.b.precs[me]
+        cdef uint32_t X = ld32_rlx(&r.mine)
+        cdef uint32_t v, st
+        cdef shm_qnode* x
+        cdef int rc2
+        if not _clh_ok(X, &self.b) or not _clh_ok(r.pred, &self.b):
+            return R_CORRUPT
+        x = &self.b.qnodes[X - 1]
+        v = _clh_aside_st(r.round)
+        while True:
+            st = ld32_seq(&x.state)
+            if st == v and ld32_acq(&x.round) == r.round:
+                if not cas32(&x.state, v, C_BUSY):
+                    continue                         # passed as we came back
+                trace("clh.aside.back", me, X, r.pred)
+                crashpoint("clh.aside.back")
+                if rc == R_CONT:
+                    wake_if_parked(&x.state, &x.parked)
+                    return R_PENDING                 # in our old place
+                # leaving: a waiter behind that waits (through us) for an abandoned node
+                # under us to be handed back must look again (it watches us uncounted)
+                shm_futex_wake(&x.state, 0x7fffffff)
+                rc2 = _clh_abort_as(self.rm, &self.b, me, 0)
+                return rc if rc2 == R_TIMEOUT else rc2
+            if X != r.pred and (st == C_FREE or ld32_acq(&x.round) != r.round):
+                # passed over at our turn: the node we waited on is ours, FREE (nobody
+                # else adopts it), as after a release; ours travelled on
+                dassert(ld32_acq(&self.b.qnodes[r.pred - 1].state) == C_FREE,
+                        "clh: a waiter passed over aside adopts a FREE node")
+                trace("clh.aside.adopt", me, X, r.pred)
+                crashpoint("clh.aside.adopt")
+                st32_rel(&r.mine, r.pred)
+                if rc != R_CONT:
+                    return rc
+                return self._fast(me, shm_crash_armed)
+            return R_CORRUPT
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef shm_prec* r = &self.b.precs[me]

@@ -12,6 +12,12 @@ cdef enum:
     QUEUE_UNKNOWN = SHM_ID_UNKNOWN  # a pred not yet published (M_UNKNOWN, C_UNKNOWN)
 
 
+cdef inline bint queue_state_in(uint32_t st, uint32_t queued) noexcept nogil:
+    """Is node state st in the bitmask `queued` (bit st)? Every state from 30 up is bit
+    30: CLH's waiter-aside states, which carry their round (clh.pxi C_ASIDE)."""
+    return (queued >> (st if st < 30 else 30)) & 1
+
+
 cdef uint32_t queue_named_succ(shm_body* b, uint32_t own,
                                uint32_t target, uint32_t queued) noexcept nogil
 cdef uint32_t queue_succ_of(uint64_t* tail, shm_body* b, uint32_t own,

@@ -27,7 +27,7 @@ cdef uint32_t queue_named_succ(shm_body* b, uint32_t own,
         if x + 1 == target:
             continue
         st = ld32_acq(&nodes[x].state)
-        if st < 32 and (queued >> st) & 1 and ld32_acq(&nodes[x].pred) == target:
+        if queue_state_in(st, queued) and ld32_acq(&nodes[x].pred) == target:
             return x + 1
     return QUEUE_NONE
 
@@ -49,7 +49,7 @@ cdef uint32_t queue_succ_of(uint64_t* tail, shm_body* b, uint32_t own,
             if id == target or not queue_node_ok(b, id, own):
                 return QUEUE_NONE                # (reached target: it is last)
             st = ld32_acq(&nodes[id - 1].state)
-            if st >= 32 or not ((queued >> st) & 1):
+            if not queue_state_in(st, queued):
                 return QUEUE_NONE
             link = queue_link(&nodes[id - 1])
             if link == target:

@@ -471,20 +471,26 @@ cdef class _Lock:
 
     cdef int _wait_aside(self, uint32_t me, int rc, wait_t* w) noexcept nogil:
         """_wait, and for a FIFO kind the waits aside (docs/design.md §7.0): a kind's _wait
-        that returns R_ASIDE has left its place as at a timeout; the waiter sleeps aside
-        until it takes the VIP turn, then rejoins (in place if its place is still queued:
-        _fast, then _wait, as any acquire after a timeout does)."""
+        that returns R_ASIDE has left its place as at a timeout (ticket, mcs) or marked it
+        aside (clh); the waiter sleeps aside until it takes the VIP turn, then rejoins (in
+        place if its place is still queued: _aside_end, then _wait)."""
         rc = self._wait(me, rc, w)
         while rc == R_ASIDE:
-            rc = aside_sleep(w)
-            if rc != R_CONT:
-                break
-            rc = self._fast(me, shm_crash_armed)
+            rc = self._aside_end(me, aside_sleep(w))
             if rc == R_PENDING or rc == R_BUSY:
                 rc = self._wait(me, rc, w)
         if w.aside != NULL:
             aside_done(w)
         return rc
+
+    cdef int _aside_end(self, uint32_t me, int rc) noexcept nogil:
+        """The sleep aside ended with rc: on the VIP turn (R_CONT) rejoin as any acquire
+        after a timeout does (ticket and mcs left their place as they stepped aside, and
+        take it back while it is queued); else the wait is over. clh overrides it: its
+        place stays queued while its waiter is aside (kinds/clh.pxi)."""
+        if rc != R_CONT:
+            return rc
+        return self._fast(me, shm_crash_armed)
 
     cdef object _acquire_slow(self, reg_t* r, int rc, int64_t deadline):
         cdef wait_t w

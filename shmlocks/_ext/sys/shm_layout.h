@@ -264,9 +264,9 @@ typedef struct shm_prec {
     uint32_t round;            /* CLH: the round of `mine` as this participant enqueued it */
     uint64_t omark;            /* ticket: the abandon marker of its ticket, kept here when the
                                   ticket's slot marker was taken (as shm_tslot.abandoned) */
-    uint64_t aside_since;      /* ticket, mcs: while it waits aside (docs/design.md §7.0),
+    uint64_t aside_since;      /* the queue kinds: while aside (docs/design.md §7.0),
                                   when its wait began (its arrival); 0 = not aside */
-    uint32_t aside_wake;       /* ticket, mcs: what it sleeps on while aside; whoever makes
+    uint32_t aside_wake;       /* the queue kinds: what it sleeps on aside; whoever makes
                                   it the oldest waiter aside, or frees the VIP turn for it,
                                   bumps it and wakes it (docs/design.md §7.0) */
     char     _pad[SHM_LINE - 60];
