@@ -19,23 +19,26 @@ import shmlocks
 from shmlocks import _core
 
 UNSET = -9
-#: the kinds that step aside (clh does not: docs/design.md §7.0)
-ASIDE_KINDS = ("ticket", "mcs")
+#: the kinds that step aside: the queue kinds (docs/design.md §7.0)
+ASIDE_KINDS = ("ticket", "mcs", "clh")
 #: a waiter aside stays aside this long in the tests that watch it (ms scale in production)
 ASIDE_S = 0.2
 
 
-def _waiter(lock, idx, order, pos, ready, spin_s, aside_s=ASIDE_S):
-    """One seat; spins spin_s (holding the seat that long), stays aside aside_s; records
-    its place in the order it is served."""
+def _waiter(lock, idx, order, pos, ready, spin_s, aside_s=ASIDE_S, seats=1, steps=None):
+    """`seats` seats; spins spin_s (holding a seat that long), stays aside aside_s; records
+    its place in the order it is served (and in steps[idx] the steps aside it made)."""
     if spin_s:
         _core._wait_policy(spin_ns=int(spin_s * 1e9))  # hold a spinner seat that long
-    _core._aside_init(1, int(aside_s * 1e9))
+    _core._aside_init(seats, int(aside_s * 1e9))
+    before = _core._aside_stats()[0]
     ready.send(1)
     if lock.acquire(timeout=30):
         order[pos.value] = idx
         pos.value += 1
         lock.release()
+    if steps is not None:
+        steps[idx] = _core._aside_stats()[0] - before
 
 
 def _aside_slots(lock) -> int:
@@ -238,11 +241,69 @@ def test_seats_are_the_cpus_less_one():
     assert shmlocks.TicketLock.fifo and shmlocks.MCSLock.fifo
 
 
-def test_clh_never_steps_aside(new_lock):
-    """clh keeps the plain queue (its waiters splice an abandoned place out at once, so a
-    waiter aside could not take its place back): no aside words."""
-    assert new_lock("clh")._raw()["aside"] is None
-    assert new_lock("ticket")._raw()["aside"] is not None
+def test_every_queue_kind_steps_aside(new_lock):
+    """ticket, mcs and clh have the aside words (docs/design.md §7.0); the barging kinds,
+    which need none, do not."""
+    for kind in ASIDE_KINDS:
+        raw = new_lock(kind)._raw()["aside"]
+        assert raw is not None and raw["vip"] == 0 and raw["aside"] == [], (kind, raw)
+    assert new_lock("futex")._raw()["aside"] is None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ASIDE_KINDS)
+def test_a_running_waiter_behind_a_waiter_aside_does_not_take_its_place(procs, new_lock, kind):
+    """The place of a waiter aside stays queued while the lock is held (docs/design.md
+    §7.0, promise 1): a waiter that queues behind it and spins (a second seat of its own)
+    does not take it. Waiter 0 spins in its place on the one seat; waiter 1 arrives, finds
+    no seat and steps aside (1 s); waiter 2 arrives behind it and spins on a second seat
+    (it never steps aside). Waiter 1 rejoins in its old place, ahead of waiter 2, and once
+    all are in their places the lock goes 0, 1, 2. (A CLH waiter behind a place aside
+    that spliced it out at once, as it does an abandoned one, would serve 0, 2, 1.)"""
+    lock = new_lock(kind, max_participants=8)
+    ctx = mp.get_context("fork")
+    order = ctx.Array("i", [UNSET] * 3, lock=False)
+    pos = ctx.Value("i", 0, lock=False)
+    steps = ctx.Array("i", [UNSET] * 3, lock=False)
+    plan = [(3.0, ASIDE_S, 1), (0, 1.0, 1), (3.0, ASIDE_S, 2)]  # (spin s, aside s, seats)
+    assert lock.acquire()
+    children = []
+    try:
+        for i, (spin, aside, seats) in enumerate(plan):
+            r, w = ctx.Pipe(duplex=False)
+            children.append(
+                procs.start(_waiter, lock, i, order, pos, w, spin, aside, seats, steps, ctx=ctx)
+            )
+            assert r.poll(20)
+            r.recv()
+            end = time.monotonic() + 10
+            if i == 0:
+                while lock._raw()["aside"]["seats"] == [0] and time.monotonic() < end:
+                    time.sleep(0.001)
+                assert lock._raw()["aside"]["seats"] != [0], "waiter 0 took no seat"
+            elif i == 1:
+                while _aside_slots(lock) < 1 and time.monotonic() < end:
+                    time.sleep(0.001)
+                assert _aside_slots(lock) == 1, "waiter 1 did not step aside"
+            else:
+                time.sleep(0.2)  # queued behind waiter 1's place, spinning
+                assert _aside_slots(lock) == 1, "waiter 1 came back too soon: nothing shown"
+        end = time.monotonic() + 20
+        while _aside_slots(lock) and time.monotonic() < end:  # all back in their places
+            time.sleep(0.005)
+        for p in children:
+            wait_blocked(p.pid, timeout=20)
+        assert order[0] == UNSET
+    finally:
+        lock.release()
+    stuck = join_all(children, 30)
+    for p in stuck:
+        kill(p)
+    assert not stuck, "a waiter was never served"
+    assert steps[1] >= 1 and steps[2] == 0, f"steps aside: {list(steps)}"
+    assert list(order) == [0, 1, 2]
+    raw = lock._raw()["aside"]
+    assert raw["vip"] == 0 and raw["aside"] == [], raw
 
 
 # ------------------------------------------------- deaths and cycles seen from aside (§7.0)

@@ -160,6 +160,85 @@ def test_fifo_after_a_waiter_is_interrupted(procs, new_lock, kind, position):
     assert q.results[victim] == -1
 
 
+# ------------------------------------------- past the CPUs: waiters aside (design §7.0)
+
+
+def _aside_waiter(lock, idx, conn, timeout, order, pos, results, waited, spin_s, aside_s):
+    """_waiter with one spinner seat, spinning spin_s in its place (holding the seat) and
+    staying aside aside_s before it may rejoin."""
+    from shmlocks import _core
+
+    if spin_s:
+        _core._wait_policy(spin_ns=int(spin_s * 1e9))
+    _core._aside_init(1, int(aside_s * 1e9))
+    _waiter(lock, idx, conn, timeout, order, pos, results, waited)
+
+
+def _aside_count(lock) -> int:
+    return len(lock._raw()["aside"]["aside"])
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", FIFO_KINDS)
+def test_fifo_when_waiters_step_aside_and_one_times_out_aside(procs, new_lock, kind):
+    """Past the CPUs (docs/design.md §7.0): waiter 0 spins in its place on the one seat,
+    waiters 1-3 arrive behind it one at a time, find no seat and step aside, waiter 1 (the
+    oldest aside, its turn to rejoin a minute away) times out while aside. It never gets
+    the lock; the others take their places back, and once all are in them the lock goes in
+    arrival order: 0, 2, 3, then 4, who arrived after waiter 1 left."""
+    lock = new_lock(kind, max_participants=8)
+    ctx = mp.get_context("fork")
+    n = 5
+    order = ctx.Array("i", [UNSET] * n, lock=False)
+    pos = ctx.Value("i", 0, lock=False)
+    results = ctx.Array("i", [UNSET] * n, lock=False)
+    waited = ctx.Array("d", [0.0] * n, lock=False)
+    patience = 1.5
+    #          (timeout, spin s, aside s)
+    plan = [(30.0, 5.0, 0.2), (patience, 0, 60.0), (30.0, 0, 0.2), (30.0, 0, 0.2)]
+    children = []
+    assert lock.acquire()
+    try:
+        for i, (timeout, spin, aside) in enumerate(plan):
+            r, w = ctx.Pipe(duplex=False)
+            args = (lock, i, w, timeout, order, pos, results, waited, spin, aside)
+            children.append(procs.start(_aside_waiter, *args, ctx=ctx))
+            assert r.poll(20), f"waiter {i} did not start"
+            r.recv()
+            end = time.monotonic() + 10
+            if i == 0:
+                while lock._raw()["aside"]["seats"] == [0] and time.monotonic() < end:
+                    time.sleep(0.001)
+                assert lock._raw()["aside"]["seats"] != [0], "waiter 0 took no seat"
+            else:
+                while _aside_count(lock) < i and time.monotonic() < end:
+                    time.sleep(0.001)
+                assert _aside_count(lock) == i, f"waiter {i} did not step aside"
+        children[1].join(patience + 10)
+        assert children[1].exitcode == 0 and results[1] == 0, "waiter 1 did not time out"
+        assert patience - 1e-3 <= waited[1] < patience + 1.0
+        r, w = ctx.Pipe(duplex=False)
+        args = (lock, 4, w, 30.0, order, pos, results, waited, 0, 0.2)
+        children.append(procs.start(_aside_waiter, *args, ctx=ctx))
+        assert r.poll(20)
+        r.recv()
+        end = time.monotonic() + 20
+        while _aside_count(lock) and time.monotonic() < end:  # all back in their places
+            time.sleep(0.005)
+        for i in (0, 2, 3, 4):
+            wait_blocked(children[i].pid, timeout=20)
+        assert all(results[i] == UNSET for i in (0, 2, 3, 4)), "served while still held"
+    finally:
+        lock.release()
+    stuck = join_all(children, 30)
+    for p in stuck:
+        kill(p)
+    assert not stuck, "a waiter was never served"
+    assert list(order[:4]) == [0, 2, 3, 4] and results[1] == 0, (list(order), list(results))
+    raw = lock._raw()["aside"]
+    assert raw["vip"] == 0 and raw["aside"] == [], raw
+
+
 # --------------------------------------------------------------------------- recycling
 
 

@@ -306,8 +306,8 @@ TORTURE8_S = os.environ.get("SHMLOCKS_TORTURE8_S", "2")
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("kind", ["ticket", "mcs", "clh"])
 def test_oversubscribed_kill_torture(kind):
-    """8 workers on this machine's CPUs (2 in CI: ticket and mcs waiters step aside, take
-    the VIP turn and rejoin, docs/design.md §7.0; clh's queue at its most crowded) while
+    """8 workers on this machine's CPUs (2 in CI: the waiters step aside, take the VIP
+    turn and rejoin, docs/design.md §7.0; clh's waiters pass the places aside) while
     the killer SIGKILLs holders, spinners and waiters aside: no violation, wedge or leaked
     slot (a seat or VIP turn left by a dead waiter would wedge or starve the others)."""
     proc = torture("--kind", kind, "--seconds", TORTURE8_S, "--workers", "8", "--seed", "8")
