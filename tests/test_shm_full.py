@@ -21,8 +21,15 @@ pytestmark = [pytest.mark.timeout(60), requires_private_shm]
 
 def run_in_private_shm(code: str, size: str = "1m") -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter that sees an empty private tmpfs of ``size`` on
-    /dev/shm; its last line of output lists what is left there."""
-    code = textwrap.dedent(code) + "\nimport os; print('left', sorted(os.listdir('/dev/shm')))\n"
+    /dev/shm; its last line of output lists what is left there as the process ends: an
+    atexit handler registered before shmlocks is imported runs after shmlocks's own (a
+    close() while a joined thread's exit clean-up is still to run leaves the unlink to
+    that clean-up or the exit: a listing right after close() raced it)."""
+    code = (
+        "import atexit, os\n"
+        "atexit.register(lambda: print('left', sorted(os.listdir('/dev/shm')), flush=True))\n"
+        + textwrap.dedent(code)
+    )
     return run_private(code, size=size, timeout=50, env={"PYTHONFAULTHANDLER": "1"})
 
 
