@@ -36,6 +36,17 @@ def segment_name(raw: str) -> str:
         raise CliError(str(e)) from None
 
 
+def _open_error(name: str, e: OSError) -> CliError:
+    """What the commands say when segment ``name`` cannot be opened or read safely."""
+    if isinstance(e, FileNotFoundError):
+        return CliError(f"no shared-memory segment named {name!r}")
+    if isinstance(e, _shmread.Refused):
+        return CliError(f"{name!r}: refused, {e.why}")
+    if isinstance(e, PermissionError):
+        return CliError(f"{name!r}: permission denied")
+    return CliError(f"{name!r}: {e.strerror or e}")
+
+
 def require_region(name: str) -> Path:
     """The /dev/shm path of a shmlocks region called ``name``, or a CliError saying why not.
     Read the safe way (shmlocks/_shmread.py): a FIFO, a symlink, a directory or a file of
@@ -43,14 +54,8 @@ def require_region(name: str) -> Path:
     path = SHM_DIR / name
     try:
         head = _shmread.read_head(str(path), len(_shmread.MAGIC))
-    except FileNotFoundError:
-        raise CliError(f"no shared-memory segment named {name!r}") from None
-    except _shmread.Refused as e:
-        raise CliError(f"{name!r}: refused, {e.why}") from None
-    except PermissionError:
-        raise CliError(f"{name!r}: permission denied") from None
     except OSError as e:
-        raise CliError(f"{name!r}: {e.strerror or e}") from None
+        raise _open_error(name, e) from None
     if head != _shmread.MAGIC:
         raise CliError(f"{name!r} is not a shmlocks segment (no shmlocks magic at its start)")
     return path
@@ -63,14 +68,8 @@ def read_region(name: str) -> _segment.Segment:
     path = SHM_DIR / name
     try:
         fd, st = _shmread.open_file(str(path))
-    except FileNotFoundError:
-        raise CliError(f"no shared-memory segment named {name!r}") from None
-    except _shmread.Refused as e:
-        raise CliError(f"{name!r}: refused, {e.why}") from None
-    except PermissionError:
-        raise CliError(f"{name!r}: permission denied") from None
     except OSError as e:
-        raise CliError(f"{name!r}: {e.strerror or e}") from None
+        raise _open_error(name, e) from None
     try:
         try:
             first = os.pread(fd, _segment.HEADER_SIZE, 0)
