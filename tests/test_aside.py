@@ -13,7 +13,7 @@ import signal
 import time
 
 import pytest
-from support import join_all, kill, wait_blocked
+from support import aside_count, join_all, kill, wait_aside, wait_blocked, wait_seated
 
 import shmlocks
 from shmlocks import _core
@@ -41,11 +41,6 @@ def _waiter(lock, idx, order, pos, ready, spin_s, aside_s=ASIDE_S, seats=1, step
         steps[idx] = _core._aside_stats()[0] - before
 
 
-def _aside_slots(lock) -> int:
-    raw = lock._raw()["aside"]
-    return len(raw["aside"])
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ASIDE_KINDS)
 def test_waiters_aside_are_served_in_arrival_order(procs, new_lock, kind):
@@ -67,21 +62,18 @@ def test_waiters_aside_are_served_in_arrival_order(procs, new_lock, kind):
             r.recv()
             children.append(p)
             if i == 0:
-                end = time.monotonic() + 10
-                while lock._raw()["aside"]["seats"] == [0] and time.monotonic() < end:
-                    time.sleep(0.001)
-                assert lock._raw()["aside"]["seats"] != [0], "waiter 0 took no seat"
+                wait_seated(lock)
             else:
                 end = time.monotonic() + 5
-                while _aside_slots(lock) < 1 and time.monotonic() < end:
+                while aside_count(lock) < 1 and time.monotonic() < end:
                     time.sleep(0.001)
-                seen_aside = max(seen_aside, _aside_slots(lock))
+                seen_aside = max(seen_aside, aside_count(lock))
                 time.sleep(0.05)  # the next arrives while this one is still aside
         assert seen_aside >= 1, "no waiter stepped aside behind the seated one"
         for p in children:
             wait_blocked(p.pid, timeout=20)
         end = time.monotonic() + 20
-        while _aside_slots(lock) and time.monotonic() < end:  # all back in their places
+        while aside_count(lock) and time.monotonic() < end:  # all back in their places
             time.sleep(0.01)
         assert order[0] == UNSET
     finally:
@@ -130,22 +122,17 @@ def test_waiters_aside_sleep_until_their_turn(procs, new_lock, kind):
             children.append(procs.start(_waiter, lock, i, order, pos, w, spin, aside, ctx=ctx))
             assert r.poll(20)
             r.recv()
-            end = time.monotonic() + 10
             if i == 0:
-                while lock._raw()["aside"]["seats"] == [0] and time.monotonic() < end:
-                    time.sleep(0.001)
-                assert lock._raw()["aside"]["seats"] != [0], "waiter 0 took no seat"
+                wait_seated(lock)
             else:
-                while _aside_slots(lock) < i and time.monotonic() < end:
-                    time.sleep(0.001)
-                assert _aside_slots(lock) == i, f"waiter {i} did not step aside"
+                wait_aside(lock, i)
         time.sleep(0.05)  # (2 and 3 settle in their sleeps)
         v0 = [_voluntary_switches(p.pid) for p in children[2:]]
         time.sleep(0.5)
         woke = [_voluntary_switches(p.pid) - v for p, v in zip(children[2:], v0, strict=True)]
-        still = _aside_slots(lock)
+        still = aside_count(lock)
         end = time.monotonic() + 20
-        while _aside_slots(lock) and time.monotonic() < end:  # all back in their places
+        while aside_count(lock) and time.monotonic() < end:  # all back in their places
             time.sleep(0.005)
         for p in children:
             wait_blocked(p.pid, timeout=20)
@@ -276,20 +263,15 @@ def test_a_running_waiter_behind_a_waiter_aside_does_not_take_its_place(procs, n
             )
             assert r.poll(20)
             r.recv()
-            end = time.monotonic() + 10
             if i == 0:
-                while lock._raw()["aside"]["seats"] == [0] and time.monotonic() < end:
-                    time.sleep(0.001)
-                assert lock._raw()["aside"]["seats"] != [0], "waiter 0 took no seat"
+                wait_seated(lock)
             elif i == 1:
-                while _aside_slots(lock) < 1 and time.monotonic() < end:
-                    time.sleep(0.001)
-                assert _aside_slots(lock) == 1, "waiter 1 did not step aside"
+                wait_aside(lock, 1)
             else:
                 time.sleep(0.2)  # queued behind waiter 1's place, spinning
-                assert _aside_slots(lock) == 1, "waiter 1 came back too soon: nothing shown"
+                assert aside_count(lock) == 1, "waiter 1 came back too soon: nothing shown"
         end = time.monotonic() + 20
-        while _aside_slots(lock) and time.monotonic() < end:  # all back in their places
+        while aside_count(lock) and time.monotonic() < end:  # all back in their places
             time.sleep(0.005)
         for p in children:
             wait_blocked(p.pid, timeout=20)
@@ -359,20 +341,11 @@ def _kill_the_line_ahead_of_a_waiter_aside(procs, new_lock, kind):
     died = ctx.Value("i", UNSET, lock=False)
     h = _started(procs, ctx, _hold_forever, lock)
     s = _started(procs, ctx, _seated_spinner, lock)
-    end = time.monotonic() + 10
-    while lock._raw()["aside"]["seats"] == [0] and time.monotonic() < end:
-        time.sleep(0.001)
-    assert lock._raw()["aside"]["seats"] != [0], "the spinner took no seat"
+    wait_seated(lock, "the spinner")
     a = _started(procs, ctx, _long_aside, lock)
-    end = time.monotonic() + 10
-    while _aside_slots(lock) < 1 and time.monotonic() < end:
-        time.sleep(0.001)
-    assert _aside_slots(lock) == 1, "A did not step aside"
+    wait_aside(lock, 1, "A")
     b = _started(procs, ctx, _aside_behind, lock, got_at, died)
-    end = time.monotonic() + 10
-    while _aside_slots(lock) < 2 and time.monotonic() < end:
-        time.sleep(0.001)
-    assert _aside_slots(lock) == 2, "B did not step aside behind A"
+    wait_aside(lock, 2, "B (behind A)")
     wait_blocked(b.pid, timeout=20)  # B asleep aside, watching A
     time.sleep(0.05)
     t_kill = time.monotonic()
@@ -438,7 +411,7 @@ def _cycle_member(first, second, ready, go, out, i, aside_s, detect):
         got = second.acquire(timeout=20)
     except shmlocks.DeadlockError:
         took = time.monotonic() - t0
-        out.put((i, "deadlock", took, _aside_slots(first), _core._aside_stats()[0] - steps))
+        out.put((i, "deadlock", took, aside_count(first), _core._aside_stats()[0] - steps))
         time.sleep(0.2)  # the other is still blocked: keep `first` a little
         first.release()
         return
@@ -486,16 +459,10 @@ def test_a_cycle_through_a_waiter_aside_is_refused_at_once(procs, new_lock, kind
         r.recv()
     aside_on = b if who == "first" else a  # the lock the aside member waits for
     _started(procs, ctx, _spin_for, aside_on)
-    end = time.monotonic() + 10
-    while aside_on._raw()["aside"]["seats"] == [0] and time.monotonic() < end:
-        time.sleep(0.001)
-    assert aside_on._raw()["aside"]["seats"] != [0], "the spinner took no seat"
+    wait_seated(aside_on, "the spinner")
     gos[0].send(1)
     if who == "first":
-        end = time.monotonic() + 10
-        while _aside_slots(b) < 1 and time.monotonic() < end:
-            time.sleep(0.001)
-        assert _aside_slots(b) == 1, "member 0 did not step aside"
+        wait_aside(b, 1, "member 0")
         wait_blocked(members[0].pid, timeout=20)
     else:
         wait_blocked(members[0].pid, timeout=20)

@@ -10,7 +10,16 @@ import signal
 import time
 
 import pytest
-from support import FIFO_KINDS, abort_stress, join_all, kill, wait_blocked
+from support import (
+    FIFO_KINDS,
+    abort_stress,
+    aside_count,
+    join_all,
+    kill,
+    wait_aside,
+    wait_blocked,
+    wait_seated,
+)
 
 UNSET = -9
 
@@ -174,10 +183,6 @@ def _aside_waiter(lock, idx, conn, timeout, order, pos, results, waited, spin_s,
     _waiter(lock, idx, conn, timeout, order, pos, results, waited)
 
 
-def _aside_count(lock) -> int:
-    return len(lock._raw()["aside"]["aside"])
-
-
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("kind", FIFO_KINDS)
 def test_fifo_when_waiters_step_aside_and_one_times_out_aside(procs, new_lock, kind):
@@ -205,15 +210,10 @@ def test_fifo_when_waiters_step_aside_and_one_times_out_aside(procs, new_lock, k
             children.append(procs.start(_aside_waiter, *args, ctx=ctx))
             assert r.poll(20), f"waiter {i} did not start"
             r.recv()
-            end = time.monotonic() + 10
             if i == 0:
-                while lock._raw()["aside"]["seats"] == [0] and time.monotonic() < end:
-                    time.sleep(0.001)
-                assert lock._raw()["aside"]["seats"] != [0], "waiter 0 took no seat"
+                wait_seated(lock)
             else:
-                while _aside_count(lock) < i and time.monotonic() < end:
-                    time.sleep(0.001)
-                assert _aside_count(lock) == i, f"waiter {i} did not step aside"
+                wait_aside(lock, i)
         children[1].join(patience + 10)
         assert children[1].exitcode == 0 and results[1] == 0, "waiter 1 did not time out"
         assert patience - 1e-3 <= waited[1] < patience + 1.0
@@ -223,7 +223,7 @@ def test_fifo_when_waiters_step_aside_and_one_times_out_aside(procs, new_lock, k
         assert r.poll(20)
         r.recv()
         end = time.monotonic() + 20
-        while _aside_count(lock) and time.monotonic() < end:  # all back in their places
+        while aside_count(lock) and time.monotonic() < end:  # all back in their places
             time.sleep(0.005)
         for i in (0, 2, 3, 4):
             wait_blocked(children[i].pid, timeout=20)

@@ -37,6 +37,7 @@ __all__ = [
     "RWSide",
     "SHM_DIR",
     "START_METHODS",
+    "aside_count",
     "assert_timed_out",
     "close_quietly",
     "is_locked",
@@ -53,7 +54,9 @@ __all__ = [
     "timed",
     "uniq",
     "until",
+    "wait_aside",
     "wait_blocked",
+    "wait_seated",
     "wait_stopped",
 ]
 
@@ -241,6 +244,29 @@ def run_lockdep(code: str, graph: str, *args: str, mode: str | None = "1", **env
     graph file; ``env`` adds variables."""
     env = {"SHMLOCKS_LOCKDEP": mode, "SHMLOCKS_LOCKDEP_GRAPH": graph, **env}
     return run_python(code, *args, timeout=60.0, env=env)
+
+
+def aside_count(lock) -> int:
+    """How many waiters are aside on FIFO lock ``lock`` (docs/design.md §7.0)."""
+    return len(lock._raw()["aside"]["aside"])
+
+
+def wait_seated(lock, who: str = "waiter 0", timeout: float = 10.0) -> None:
+    """Until the spinner seat of FIFO lock ``lock`` is taken (one seat: the tests' own
+    _aside_init(1)); AssertionError naming ``who`` after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while lock._raw()["aside"]["seats"] == [0] and time.monotonic() < end:
+        time.sleep(0.001)
+    assert lock._raw()["aside"]["seats"] != [0], f"{who} took no seat"
+
+
+def wait_aside(lock, n: int, who: str | None = None, timeout: float = 10.0) -> None:
+    """Until ``n`` waiters are aside on FIFO lock ``lock``; AssertionError naming ``who``
+    (default: waiter n) unless exactly ``n`` are, after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while aside_count(lock) < n and time.monotonic() < end:
+        time.sleep(0.001)
+    assert aside_count(lock) == n, f"{who or f'waiter {n}'} did not step aside"
 
 
 def until(pred, timeout: float = 10.0, what: str = "condition") -> None:
