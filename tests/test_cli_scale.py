@@ -113,14 +113,18 @@ def _ls(monkeypatch, capsys, root: str) -> list[dict[str, Any]]:
     return json.loads(capsys.readouterr().out)
 
 
-def _segments(new_region, tmp_path) -> tuple[str, list[str]]:
-    """A region of every kind, one lock held by this thread, copied ten times into
-    ``tmp_path``; and a lock table's segment copied once."""
-    region = new_region(max_locks=len(shmlocks.KINDS) + 2, max_participants=8)
-    for kind in shmlocks.KINDS:
+def _segments(new_region, tmp_path, plain: bool = False) -> tuple[str, list[str]]:
+    """A region of every kind (or, ``plain``, of the plain kinds only), a lock of each
+    named by its kind (the futex lock at index 0, held by this thread), with a semaphore
+    and an RWLock unless ``plain``, copied ten times into ``tmp_path``; and a lock table's
+    segment copied once."""
+    kinds = ("futex", "ticket", "mcs", "robust", "pi") if plain else shmlocks.KINDS
+    region = new_region(max_locks=len(kinds) + (0 if plain else 2), max_participants=8)
+    for kind in kinds:
         region.create_lock(kind, kind)
-    region.create_semaphore("sem", 2)
-    region.create_rwlock("rw")
+    if not plain:
+        region.create_semaphore("sem", 2)
+        region.create_rwlock("rw")
     held = region.open_lock("futex")
     held.acquire()
     root = str(tmp_path)
@@ -383,26 +387,6 @@ def _full_top(root: str) -> tuple[dict[tuple[str, str], dict[str, Any]], list[st
     return rows, notes
 
 
-def _plain_segments(new_region, tmp_path) -> tuple[str, list[str]]:
-    """A region of the plain kinds (a lock of each, named by its kind, the futex lock at
-    index 0 and held by this thread), copied ten times into ``tmp_path``; and a lock
-    table's segment copied once."""
-    region = new_region(max_locks=5, max_participants=8)
-    for kind in ("futex", "ticket", "mcs", "robust", "pi"):
-        region.create_lock(kind, kind)
-    held = region.open_lock("futex")
-    held.acquire()
-    root = str(tmp_path)
-    names = [_copy(region.name, root, f"seg-{i}") for i in range(10)]
-    held.release()
-    table = shmlocks.LockTable(16, "mcs")
-    try:
-        names.append(_copy(table.name, root, "table"))
-    finally:
-        table.close()
-    return root, names
-
-
 def _bump(path: str, body: int = 0, by: int = 1) -> None:
     """Add ``by`` to the acquisitions of the lock at index ``body`` of the segment file
     ``path``, in place (the file, its inode and size stay; the directory is untouched)."""
@@ -435,7 +419,7 @@ def test_top_refresh_lists_nothing_and_reads_an_unchanged_segment_in_two_preads(
     shows what the full read shows."""
     from shmlocks import top
 
-    root, names = _plain_segments(new_region, tmp_path)
+    root, names = _segments(new_region, tmp_path, plain=True)
     monkeypatch.setattr(_shmread, "SHM_DIR", root)
     _settle(root)
     s = top.Sampler(None)
@@ -480,7 +464,7 @@ def test_top_cached_listing_never_shows_a_replaced_or_removed_segment(
     directory's mtime says so."""
     from shmlocks import top
 
-    root, names = _plain_segments(new_region, tmp_path)
+    root, names = _segments(new_region, tmp_path, plain=True)
     monkeypatch.setattr(_shmread, "SHM_DIR", root)
     mtime = _settle(root)
     s = top.Sampler(None)
