@@ -13,7 +13,7 @@ import signal
 import time
 
 import pytest
-from support import aside_count, join_all, kill, wait_aside, wait_blocked, wait_seated
+from support import aside_count, join_all, join_or_kill, kill, wait_aside, wait_blocked, wait_seated
 
 import shmlocks
 from shmlocks import _core
@@ -78,9 +78,7 @@ def test_waiters_aside_are_served_in_arrival_order(procs, new_lock, kind):
         assert order[0] == UNSET
     finally:
         lock.release()
-    stuck = join_all(children, 30)
-    for p in stuck:
-        kill(p)
+    stuck = join_or_kill(children, 30)
     assert not stuck, "a waiter was never served"
     assert list(order) == [0, 1, 2, 3]
     raw = lock._raw()["aside"]
@@ -138,9 +136,7 @@ def test_waiters_aside_sleep_until_their_turn(procs, new_lock, kind):
             wait_blocked(p.pid, timeout=20)
     finally:
         lock.release()
-    stuck = join_all(children, 30)
-    for p in stuck:
-        kill(p)
+    stuck = join_or_kill(children, 30)
     assert not stuck, "a waiter was never served"
     assert still == 3, "a waiter left the aside line early: nothing was shown"
     assert max(woke) <= 10, f"wake-ups of waiters 2 and 3 in 0.5 s aside: {woke}"
@@ -278,9 +274,7 @@ def test_a_running_waiter_behind_a_waiter_aside_does_not_take_its_place(procs, n
         assert order[0] == UNSET
     finally:
         lock.release()
-    stuck = join_all(children, 30)
-    for p in stuck:
-        kill(p)
+    stuck = join_or_kill(children, 30)
     assert not stuck, "a waiter was never served"
     assert steps[1] >= 1 and steps[2] == 0, f"steps aside: {list(steps)}"
     assert list(order) == [0, 1, 2]
@@ -472,9 +466,7 @@ def test_a_cycle_through_a_waiter_aside_is_refused_at_once(procs, new_lock, kind
     for _ in range(2):
         i, what, took, n_aside, steps = out.get(timeout=60)
         res[i] = (what, took, n_aside, steps)
-    stuck = join_all(members, 30)
-    for p in stuck:
-        kill(p)
+    stuck = join_or_kill(members, 30)
     assert not stuck, "a member never finished"
     assert res[1][0] == "deadlock" and res[0][0] == "got", res  # exactly one victim
     if who == "first":  # member 0 still aside on b (member 1's) when member 1 was refused

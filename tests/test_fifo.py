@@ -14,8 +14,7 @@ from support import (
     FIFO_KINDS,
     abort_stress,
     aside_count,
-    join_all,
-    kill,
+    join_or_kill,
     wait_aside,
     wait_blocked,
     wait_seated,
@@ -63,9 +62,7 @@ class Queue:
         return p
 
     def finish(self, timeout=20.0):
-        stuck = join_all(list(self.children.values()), timeout)
-        for p in stuck:
-            kill(p)
+        stuck = join_or_kill(list(self.children.values()), timeout)
         assert not stuck, f"waiters never got the lock: {[p.pid for p in stuck]}"
         codes = {i: p.exitcode for i, p in self.children.items()}
         assert all(c == 0 for c in codes.values()), f"waiter exit codes {codes}"
@@ -230,9 +227,7 @@ def test_fifo_when_waiters_step_aside_and_one_times_out_aside(procs, new_lock, k
         assert all(results[i] == UNSET for i in (0, 2, 3, 4)), "served while still held"
     finally:
         lock.release()
-    stuck = join_all(children, 30)
-    for p in stuck:
-        kill(p)
+    stuck = join_or_kill(children, 30)
     assert not stuck, "a waiter was never served"
     assert list(order[:4]) == [0, 2, 3, 4] and results[1] == 0, (list(order), list(results))
     raw = lock._raw()["aside"]

@@ -42,6 +42,7 @@ __all__ = [
     "close_quietly",
     "is_locked",
     "join_all",
+    "join_or_kill",
     "kill",
     "me",
     "outcome",
@@ -217,6 +218,15 @@ def join_all(processes, timeout: float) -> list:
     for p in processes:
         p.join(max(0.0, deadline - time.monotonic()))
     return [p for p in processes if p.is_alive()]
+
+
+def join_or_kill(processes, timeout: float) -> list:
+    """join_all, then SIGKILL (by PID) those still alive; return them (the caller asserts
+    there are none)."""
+    stuck = join_all(processes, timeout)
+    for p in stuck:
+        kill(p)
+    return stuck
 
 
 def run_python(code: str, *args: str, timeout: float = 60.0, env=None, **kwargs):

@@ -26,7 +26,7 @@ import pytest
 
 import shmlocks
 from shmlocks._harness import Exclusion
-from support.common import join_all, kill
+from support.common import join_or_kill
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(TESTS)
@@ -463,9 +463,7 @@ class Case:
 
     def stop(self) -> None:
         self.a[STOP] = 1
-        stuck = join_all(self.survivors, 15)
-        for p in stuck:
-            kill(p)
+        stuck = join_or_kill(self.survivors, 15)
         assert not stuck, f"survivors did not finish: {self.describe()}"
         codes = [p.exitcode for p in self.survivors]
         errors = {}

@@ -13,7 +13,7 @@ import threading
 import time
 
 from shmlocks._harness import Exclusion, ExclusionReport, words
-from support.common import Procs, join_all, kill
+from support.common import Procs, join_or_kill
 
 __all__ = [
     "ExclusionReport",
@@ -61,9 +61,7 @@ def check_mutual_exclusion(
         procs.start(_hammer_threads, lock, ex, barrier, iters, 1 + i * nthreads, nthreads, ctx=ctx)
         for i in range(nprocs)
     ]
-    stuck = join_all(workers, timeout)
-    for p in stuck:
-        kill(p)
+    stuck = join_or_kill(workers, timeout)
     assert not stuck, f"{len(stuck)} of {nprocs} workers still running after {timeout}s"
     codes = [p.exitcode for p in workers]
     assert codes == [0] * nprocs, f"worker exit codes {codes}"
@@ -219,9 +217,7 @@ def abort_stress(
         )
         for i in range(nprocs)
     ]
-    stuck = join_all(workers, timeout)
-    for p in stuck:
-        kill(p)
+    stuck = join_or_kill(workers, timeout)
     assert not stuck, f"stress workers hung: {len(stuck)} of {nprocs} still running"
     assert [p.exitcode for p in workers] == [0] * nprocs
     return StressReport(ex.report(), ex.done()[1:], list(stalls))
