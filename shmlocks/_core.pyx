@@ -84,6 +84,7 @@ LAYOUT = {
     "kind_table": SHM_KIND_TABLE,
     "table_max": SHM_TABLE_MAX,
     "stripe_lines": SHM_STRIPE_LINES,
+    "stripe_wa_off": SHM_STRIPE_WA_OFF,
     "stripe_wb_off": SHM_STRIPE_WB_OFF,
     "participant_size": sizeof(shm_participant),
     # an asyncio cohort's fields, the chain walk's poke word and the wait link

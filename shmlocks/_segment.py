@@ -48,10 +48,13 @@ PART_SIZE = _L["participant_size"]
 # wait link (link_seq, link_lock, link_since, link_name)
 _PART = struct.Struct("<I124xIIIIQQIIQQQIII4xQ40sIIQ201s39x")
 _DIRENT = struct.Struct("<II8x56s")
-_CTL = struct.Struct("<IIII5QI")  # kind, flags, holder, magic, 5 counters, last_pid
-_CTL_RARE = struct.Struct("<QQ")  # owner_deaths, timeouts (bytes 112..127)
+# a ctl line: kind, flags, holder, magic, 5 counters, last_pid, owner_deaths (bytes 0..63),
+# then timeouts and a compact stripe's word B (bytes 112..127: dead pid, tid, PID namespace)
+_CTL = struct.Struct("<IIII5QII")
+_CTL_TIMEOUTS = 112
+_U32X3 = struct.Struct("<III")
 _U32, _U32X4 = struct.Struct("<I"), struct.Struct("<IIII")
-_U64, _U64X2 = struct.Struct("<Q"), struct.Struct("<QQ")
+_U64 = struct.Struct("<Q")
 STATE_READY = _L["state_ready"]
 DIRENT_READY = _L["dirent_ready"]
 BODY_MAGIC = _L["body_magic"]
@@ -84,6 +87,7 @@ _CLH = _core.CLHLock.kind_code
 KIND_TABLE = _L["kind_table"]
 TABLE_MAX = _L["table_max"]
 STRIPE_LINES = _L["stripe_lines"]
+STRIPE_WA_OFF = _L["stripe_wa_off"]
 STRIPE_WB_OFF = _L["stripe_wb_off"]
 _TABLE = struct.Struct("<IIIIQQ")  # shm_table: sub, size, first, compact, off, stride
 _BODY_READ = _L["body_lines_read"] * LINE  # ctl, word A, word B
@@ -188,7 +192,7 @@ class Lock(NamedTuple):
     tb_waiting: tuple[int, ...] = ()  # a toolbox object's records: the slots that wait
     rw_recs: tuple[RWRec, ...] = ()  # an RWLock's participant lines, one per slot
     tb_units: tuple[int, ...] = ()  # a semaphore's records: each slot's `with` units
-    dead_pidns: int = 0  # robust, pi: word B's u64[1], the dead holder's namespace
+    dead_pidns: int = 0  # robust, pi: word B's u32[2], the dead holder's namespace
 
     def dead_holder(self) -> tuple[int, int, int] | None:
         """robust, pi: (pid, tid, pidns) of the holder that died holding and whose slot was
@@ -534,16 +538,18 @@ def _lock(
     d_kind: int,
     sb: bytes,
     base: int,
+    wa_off: int,
     wb_off: int,
     **extra: Any,
 ) -> Lock:
     """One lock (a directory entry's body, or a stripe of a table) from its lines ``sb``
-    (ctl, word A, and word B at ``wb_off``), its body at ``base`` in the file: the one
+    (ctl at 0, word A at ``wa_off``, word B at ``wb_off``), its body at ``base`` in the
+    file: the one
     decoder of both. A CLH lock's tail node is read if its id is in range (clh.pxi
     _clh_ok: 1..H or P+1)."""
     kind, flags, holder, bmagic, *rest = _CTL.unpack_from(sb, 0)
-    (word_a,) = _U64.unpack_from(sb, LINE)
-    word_b, word_b1 = _U64X2.unpack_from(sb, wb_off)
+    (word_a,) = _U64.unpack_from(sb, wa_off)
+    dead_pid, dead_tid, dead_pidns = _U32X3.unpack_from(sb, wb_off)
     node_state = None
     if d_kind == _CLH:
         t = word_a & 0xFFFFFFFF
@@ -558,11 +564,11 @@ def _lock(
         holder,
         bmagic,
         tuple(rest[:5]),
-        _CTL_RARE.unpack_from(sb, 112),
+        (rest[6], _U32.unpack_from(sb, _CTL_TIMEOUTS)[0]),
         word_a,
-        word_b,
+        dead_pid | dead_tid << 32,
         node_state,
-        dead_pidns=word_b1,
+        dead_pidns=dead_pidns,
         **extra,
     )
 
@@ -603,7 +609,7 @@ def _read_bodies(fd: int, h: Head, bodies: list[bytes] | None = None) -> Segment
                         _U32.unpack_from(recs, x * LINE + _TBREC_UNITS)[0] for x in range(H)
                     )
         lname = raw[: NAME_MAX - 1].split(b"\0", 1)[0].decode("utf-8", "replace")
-        locks.append(_lock(fd, h, i, lname, d_kind, body, body_off, 2 * LINE, **extra))
+        locks.append(_lock(fd, h, i, lname, d_kind, body, body_off, LINE, 2 * LINE, **extra))
     if tbl is None and h.ext_lines:
         raise CorruptRegionError(f"segment {h.name!r}: an extension area and no table")
     return Segment(**vars(h), locks=locks, table=tbl)
@@ -640,12 +646,12 @@ def _read_table(fd: int, h: Head, idx: int, body: bytes) -> Table:
     for s in range(n):
         base = off + s * sstride
         if compact:
-            sb = data[s * sstride : s * sstride + 2 * LINE]
-            wb_off = STRIPE_WB_OFF
+            sb = data[s * sstride : (s + 1) * sstride]
+            wa_off, wb_off = STRIPE_WA_OFF, STRIPE_WB_OFF
         else:
             sb = pread_exact(fd, base, _BODY_READ)
-            wb_off = 2 * LINE
-        stripes.append(_lock(fd, h, first + s, f"{h.name}[{s}]", sub, sb, base, wb_off))
+            wa_off, wb_off = LINE, 2 * LINE
+        stripes.append(_lock(fd, h, first + s, f"{h.name}[{s}]", sub, sb, base, wa_off, wb_off))
     return Table(idx, sub, n, first, stripes)
 
 

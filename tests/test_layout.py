@@ -131,7 +131,7 @@ def _time_out(lock):
 def test_statistics_sit_where_shm_layout_h_says(procs):
     """The ctl line's counters on disk: the holder-written ones in its lower half
     (acquisitions +16, handoffs +24, contended +32, wait_total_ns +40, wait_max_ns +48,
-    last_pid +56), owner_deaths +112 and timeouts +120 after the repair mutex."""
+    last_pid +56, owner_deaths +60, a u32), timeouts +112 (a u32) after the repair mutex."""
     lock = shmlocks.KINDS["mcs"](uniq("layout-stats"))
     try:
         for _ in range(3):
@@ -144,8 +144,8 @@ def test_statistics_sit_where_shm_layout_h_says(procs):
         locks_off = HEADER.unpack_from(data)[8]
         ctl = data[locks_off : locks_off + LINE]
         acq, hand, cont, wtot, wmax = struct.unpack_from("<5Q", ctl, 16)
-        (last_pid,) = struct.unpack_from("<I", ctl, 56)
-        deaths, timeouts = struct.unpack_from("<2Q", ctl, 112)
+        last_pid, deaths = struct.unpack_from("<II", ctl, 56)
+        (timeouts,) = struct.unpack_from("<I", ctl, 112)
         s = lock.stats()
         assert (acq, hand, cont, deaths, timeouts) == (4, 0, 0, 0, 1)
         assert (acq, hand, cont, deaths, timeouts) == (

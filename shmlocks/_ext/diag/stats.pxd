@@ -2,7 +2,9 @@
 # Invariant: the holder alone writes acquisitions, handoffs, contended, wait_*_ns,
 # last_pid and owner_deaths, with plain (relaxed, untorn) stores while it holds the lock;
 # timeouts are added atomically by the waiter that gave up; a reset stores zeros
-# atomically. Every field is a number shown as read, never used as an index.
+# atomically. Every field is a number shown as read, never used as an index. owner_deaths
+# and timeouts are 32 bits and wrap (the room lets a table's stripe be one line,
+# docs/design.md §15); the others are 64.
 
 cdef dict stats_read(shm_lockctl* c)
 cdef void stats_reset(shm_lockctl* c) noexcept nogil
@@ -29,9 +31,9 @@ cdef inline void stats_waited(shm_lockctl* c, int64_t ns) noexcept nogil:
 
 cdef inline void stats_owner_death(shm_lockctl* c) noexcept nogil:
     """The hold that just began follows an owner death (the caller holds the lock)."""
-    st64_rlx(&c.owner_deaths, ld64_rlx(&c.owner_deaths) + 1)
+    st32_rlx(&c.owner_deaths, ld32_rlx(&c.owner_deaths) + 1)
 
 
 cdef inline void stats_timeout(shm_lockctl* c) noexcept nogil:
     """A timed acquire gave up: the caller does not hold the lock, so an atomic add."""
-    fadd64(&c.timeouts, 1)
+    fadd32(&c.timeouts, 1)

@@ -8,8 +8,8 @@ cdef dict stats_read(shm_lockctl* c):
             "contended": ld64_rlx(&c.contended),
             "wait_total_s": ld64_rlx(&c.wait_total_ns) / 1e9,
             "wait_max_s": ld64_rlx(&c.wait_max_ns) / 1e9,
-            "timeouts": ld64_rlx(&c.timeouts),
-            "owner_deaths": ld64_rlx(&c.owner_deaths),
+            "timeouts": ld32_rlx(&c.timeouts),
+            "owner_deaths": ld32_rlx(&c.owner_deaths),
             "handoffs": ld64_rlx(&c.handoffs)}
 
 
@@ -22,5 +22,5 @@ cdef void stats_reset(shm_lockctl* c) noexcept nogil:
     st64_seq(&c.contended, 0)
     st64_seq(&c.wait_total_ns, 0)
     st64_seq(&c.wait_max_ns, 0)
-    st64_seq(&c.owner_deaths, 0)
-    st64_seq(&c.timeouts, 0)
+    st32_seq(&c.owner_deaths, 0)
+    st32_seq(&c.timeouts, 0)

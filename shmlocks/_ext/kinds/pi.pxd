@@ -4,19 +4,19 @@
 # What a pi lock's resumable (asynchronous) waiters use, since a FUTEX_WAIT on the PI futex
 # word itself is never woken by FUTEX_UNLOCK_PI (and makes that unlock fail): the word table
 # at the top of pi.pxi.
-#   word A  u32 asyncw  (the line's last word: glibc's mutex, at its start, is 40 bytes and
-#                       glibc writes nothing past it) 1 while some participant waits that
-#                       way: a release reads it after its unlock, on the line that unlock
-#                       has just written
-#   word B  u32 aseq    (the line's last word; its first 16 bytes are the dead holder's
-#                       record, robust.pxd) bumped (then woken) by each release that finds
-#                       asyncw set
+#   word A  u32 asyncw  (the u32 past glibc's mutex, which writes nothing past itself)
+#                       1 while some participant waits that way: a release reads it after
+#                       its unlock, on the line that unlock has just written
+#           u32 aseq    (the u32 past asyncw) bumped (then woken) by each release that
+#                       finds asyncw set
+#   (two u32 past the mutex, not a line's last words: a table's compact stripe keeps its
+#   word A in 48 bytes, shm_layout.h shm_stripe_at)
 cdef inline uint32_t* pi_asyncw(shm_body* b) noexcept nogil:
-    return &b.wa.u32[SHM_LINE // 4 - 1]
+    return &b.wa.u32[SHM_MUTEX_U32]
 
 
 cdef inline uint32_t* pi_aseq(shm_body* b) noexcept nogil:
-    return &b.wb.u32[SHM_LINE // 4 - 1]
+    return &b.wa.u32[SHM_MUTEX_U32 + 1]
 
 
 # prec[p].mine (a CLH field, unused by pi): the lock's number + 1 (b.index + 1) while

@@ -19,10 +19,9 @@
 # sleeps on a side word instead, and on the holder's liveness token:
 #
 #   word A   u32 asyncw   1 while some participant waits that way (pi.pxd: pi_asyncw; the
-#                         line's last word, past glibc's mutex)
-#   word B   u32 aseq     (its last word: the dead holder's record, robust.pxd, is its first
-#                         16 bytes) bumped, then woken (all), by a release that sees asyncw set
-#                         (pi_aseq)
+#                         u32 past glibc's mutex)
+#            u32 aseq     (the u32 past asyncw) bumped, then woken (all), by a release that
+#                         sees asyncw set (pi_aseq)
 #   prec[p]  awaiting     the lock's number + 1 while p waits that way (pi_awaiting): a
 #                         table's compact stripes share one prec line per participant
 #                         (docs/design.md §15), and p waits for one lock at a time

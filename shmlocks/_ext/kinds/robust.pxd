@@ -6,7 +6,8 @@
 #                             too), all of it glibc's; its first u32 is its futex word
 #                             (pm_word): the owner's TID | FUTEX_WAITERS | FUTEX_OWNER_DIED
 #   word B                    the dead holder (docs/design.md §7.4 [R1]): pid (u32[0]),
-#                             tid (u32[1]) and PID namespace (u64[1]) of a holder that
+#                             tid (u32[1]) and PID namespace (u32[2]: a namespace's inode
+#                             number is 32 bits, the kernel's proc_alloc_inum) of a holder that
 #                             died holding, kept by the recoverer of its slot; pid 0: none.
 #                             It means something only while word A says "owner died, not
 #                             taken since" and no holder record names anyone.
@@ -26,8 +27,8 @@ cdef inline uint32_t* pm_dead_tid(shm_body* b) noexcept nogil:
     return &b.wb.u32[1]
 
 
-cdef inline uint64_t* pm_dead_pidns(shm_body* b) noexcept nogil:
-    return &b.wb.u64[1]
+cdef inline uint32_t* pm_dead_pidns(shm_body* b) noexcept nogil:
+    return &b.wb.u32[2]
 
 
 cdef inline bint pm_died_untaken(uint32_t w) noexcept nogil:

@@ -42,7 +42,7 @@ cdef void _pmutex_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noe
             # died taking it, before its holder record (lockbase.pxi _describe's case)
             or (h == 0 and ld32_acq(pm_dead_pid(b)) == 0
                 and participant_op(rm, q, b.index + 1) != 0)):
-        st64_rlx(pm_dead_pidns(b), ld64_rlx(&p.pidns))
+        st32_rlx(pm_dead_pidns(b), <uint32_t>ld64_rlx(&p.pidns))
         st32_rlx(pm_dead_tid(b), ld32_rlx(&p.tid))
         st32_rel(pm_dead_pid(b), ld32_rlx(&p.pid))   # last: the record is whole once set
     holder_forget(rm, b, q)
@@ -238,7 +238,7 @@ cdef class _PthreadMutexLock(_Lock):
         pid = ld32_acq(pm_dead_pid(&self.b))
         if pid == 0:
             return None
-        return (pid, ld32_rlx(pm_dead_tid(&self.b)), ld64_rlx(pm_dead_pidns(&self.b)))
+        return (pid, ld32_rlx(pm_dead_tid(&self.b)), ld32_rlx(pm_dead_pidns(&self.b)))
 
     cdef void _died_taken(self) noexcept nogil:
         # a hold that began with EOWNERDEAD: the dead holder's record is history now

@@ -46,7 +46,7 @@
 
 #define SHM_LINE        128u              /* padding unit: two 64-byte lines (adjacent-line prefetch) */
 #define SHM_MAGIC       0x314b434f4c4d4853ULL   /* "SHMLOCK1", little endian */
-#define SHM_VERSION     8u
+#define SHM_VERSION     9u
 #define SHM_NAME_MAX    56u               /* bytes of a lock name, NUL included */
 #define SHM_MAX_PARTICIPANTS 4096u      /* the cap when none is given (max_participants=None) */
 #define SHM_HWM_FIRST   32u               /* participants a new region provisions (at most P) */
@@ -182,9 +182,14 @@ enum { SHM_KIND_TICKET = 1, SHM_KIND_MCS = 2, SHM_KIND_CLH = 3,
 
 /* The ctl line.  Lower half: identity, the holder record and the statistics the holder
  * writes under the lock with plain (relaxed) stores: the holder stores ctl.holder at every
- * acquire anyway, so they cost no extra line transfer.  Upper half: the repair mutex and
- * the two counters written rarely (owner_deaths, by a holder) or by non-holders with
- * atomics (timeouts).  Statistics are numbers, never indices (docs/design.md §10). */
+ * acquire anyway, so they cost no extra line transfer.  Upper half: the repair mutex, then
+ * what is written rarely: timeouts (atomic adds by waiters that gave up) and, in a table's
+ * compact stripe only, word B (the dead holder's record, 12 bytes; unused in a lock
+ * body).  A compact stripe is this one line: its lock word lies in the repair slot, which
+ * a stripe never uses (its table's mutex serves it), so waiters and the holder's
+ * statistics stay on different 64-byte halves (SHM_STRIPE_*, below).  The counters are
+ * numbers, never indices (docs/design.md §10); owner_deaths (each a process's death) and
+ * timeouts are 32 bits and wrap, to leave the room. */
 typedef struct shm_lockctl {
     uint32_t kind;
     uint32_t flags;            /* SHM_F_* */
@@ -197,11 +202,13 @@ typedef struct shm_lockctl {
     uint64_t wait_total_ns;    /* time those spent in the slow path */
     uint64_t wait_max_ns;
     uint32_t last_pid;         /* the last holder's pid (handoffs), 0 = none yet */
-    uint32_t _pad0;
-    /* serialises recovery of dead participants on this lock (robust; rarely touched) */
+    uint32_t owner_deaths;     /* holds begun with owner_died set (by their holder) */
+    /* serialises recovery of dead participants on this lock (robust; rarely touched); a
+       compact stripe keeps its lock word here (shm_stripe_at) */
     union { pthread_mutex_t m; char _pad[SHM_LINE / 2 - 16]; } repair;
-    uint64_t owner_deaths;     /* holds begun with owner_died set */
-    uint64_t timeouts;         /* timed acquires that gave up: atomic add by the waiter */
+    uint32_t timeouts;         /* timed acquires that gave up: atomic add by the waiter */
+    uint32_t _wb[3];           /* a compact stripe's word B (robust.pxd: the dead holder's
+                                  pid, tid, PID namespace); unused in a lock body */
 } SHM_LINE_ALIGNED shm_lockctl;
 #define SHM_BODY_MAGIC 0x4b4f4c42u   /* "BLOK" */
 
@@ -297,13 +304,16 @@ _Static_assert(offsetof(shm_participant, pid) == SHM_LINE, "participant identity
 _Static_assert(sizeof(shm_lockctl) == SHM_LINE, "ctl is one line");
 _Static_assert(offsetof(shm_lockctl, repair) == SHM_LINE / 2, "repair mutex in the ctl line's upper half");
 _Static_assert(sizeof(pthread_mutex_t) <= SHM_LINE / 2 - 16, "a pthread mutex fits the repair slot");
-_Static_assert(offsetof(shm_lockctl, last_pid) == 56, "holder-written statistics fill the lower half");
-_Static_assert(offsetof(shm_lockctl, owner_deaths) == SHM_LINE - 16, "rare counters end the ctl line");
+_Static_assert(offsetof(shm_lockctl, last_pid) == 56 && offsetof(shm_lockctl, owner_deaths) == 60,
+               "holder-written statistics fill the lower half (shmlocks/_segment.py _CTL)");
+_Static_assert(offsetof(shm_lockctl, timeouts) == SHM_LINE - 16
+               && offsetof(shm_lockctl, _wb) == SHM_LINE - 12,
+               "timeouts and a stripe's word B end the ctl line (shmlocks/_segment.py)");
 _Static_assert(offsetof(shm_participant, op_step) == offsetof(shm_participant, op_lock) + 4,
                "op_lock and op_step form one 64-bit word (published with one store)");
 _Static_assert(sizeof(shm_word) == SHM_LINE, "word is one line");
-_Static_assert(sizeof(pthread_mutex_t) <= SHM_LINE - 4,
-               "a mutex word's line ends with a free u32 (pi: asyncw, pi.pxd)");
+_Static_assert(sizeof(pthread_mutex_t) % 4 == 0 && sizeof(pthread_mutex_t) + 8 <= SHM_LINE,
+               "a mutex word's line has two free u32 past the mutex (pi: asyncw, aseq; pi.pxd)");
 _Static_assert(sizeof(shm_node) == SHM_LINE, "node is one line");
 _Static_assert(sizeof(shm_qnode) == SHM_LINE && sizeof(shm_tslot) == SHM_LINE,
                "each view of a node is the whole line");
@@ -371,13 +381,15 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
  * precs, the table-wide line of each participant for compact stripes (the adaptive spin
  * budget, pi's asynchronous-wait mark).  The stripes live past the lock bodies, in the
  * segment's extension area (header.ext_lines), `stride` bytes each:
- *   compact (futex, robust, pi): SHM_STRIPE_LINES lines.  Line 0 is a shm_lockctl (kind,
- *     flags, holder, the statistics: what a hold writes; its repair slot is unused); line 1
- *     the lock word (the futex word, or the glibc mutex, pi's asyncw in its last u32).  Word
- *     B's fields (robust/pi's dead-holder record in its first 16 bytes, pi's aseq in its last
- *     u32) land in what those two lines leave free: the view aims wb at SHM_STRIPE_WB_OFF,
- *     so its first 16 bytes are the ctl's unused repair slot and its last u32 lies in line
- *     1 between the mutex and asyncw (the asserts below).  Nodes: none.
+ *   compact (futex, robust, pi): one line (128 bytes), a shm_lockctl whose repair slot
+ *     (never used: the table's mutex serves its stripes) holds the lock word: the view
+ *     aims wa at the slot (SHM_STRIPE_WA_OFF, byte 64: the futex word, or the glibc mutex
+ *     with pi's asyncw and aseq in the two u32 past it) and wb at the ctl's _wb (the dead
+ *     holder's record, 12 bytes).  So the line's first 64-byte half is what the holder
+ *     writes at each hold (holder, statistics) and the second what waiters read, CAS,
+ *     sleep on or add to (the word, timeouts), as a lock body's ctl and word lines are.
+ *     Where glibc's mutex is larger than the slot leaves room for (aarch64: 48 bytes),
+ *     the stripe is two lines and the word the second.  Nodes: none.
  *   full (ticket, mcs, clh: a line per participant per lock): a whole lock body each, of
  *     the region's geometry (shm_body_lines(P) lines), provisioned as a lock's.
  * Lock numbers: entry i of the directory is lock i; the table's stripe s is lock
@@ -386,8 +398,14 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
  * mirrors it for the readers, sys/shm_walk.h dlw_lock for the chain walk's pread copies).
  */
 #define SHM_TABLE_MAX      (1u << 20)     /* stripes of one table */
-#define SHM_STRIPE_LINES   2u             /* a compact stripe */
-#define SHM_STRIPE_WB_OFF  64u            /* where a compact stripe's view aims word B */
+#define SHM_MUTEX_U32      ((uint32_t)(sizeof(pthread_mutex_t) / 4))  /* pi.pxd: asyncw, aseq */
+/* a compact stripe: its lines, and where its view aims word A and word B (byte offsets
+   into the stripe, whose ctl is at 0; the Python readers take them from _core.LAYOUT) */
+#define SHM_STRIPE_FITS    (offsetof(shm_lockctl, repair) + sizeof(pthread_mutex_t) + 8 \
+                            <= offsetof(shm_lockctl, timeouts))
+#define SHM_STRIPE_LINES   (SHM_STRIPE_FITS ? 1u : 2u)
+#define SHM_STRIPE_WA_OFF  (SHM_STRIPE_FITS ? (uint32_t)offsetof(shm_lockctl, repair) : SHM_LINE)
+#define SHM_STRIPE_WB_OFF  ((uint32_t)offsetof(shm_lockctl, _wb))
 
 typedef struct shm_table {
     uint32_t sub;              /* the stripes' kind (SHM_KIND_TICKET .. SHM_KIND_PI) */
@@ -400,12 +418,14 @@ typedef struct shm_table {
 } SHM_LINE_ALIGNED shm_table;
 
 _Static_assert(sizeof(shm_table) == SHM_LINE, "a table's header is one line (its word A)");
-_Static_assert(SHM_STRIPE_WB_OFF == offsetof(shm_lockctl, repair)
-               && SHM_STRIPE_WB_OFF + 16 <= offsetof(shm_lockctl, owner_deaths),
-               "a compact stripe's dead-holder record lies in its ctl's unused repair slot");
-_Static_assert(SHM_STRIPE_WB_OFF + SHM_LINE - 4 >= SHM_LINE + sizeof(pthread_mutex_t)
-               && SHM_STRIPE_WB_OFF + SHM_LINE <= 2 * SHM_LINE - 4,
-               "a compact stripe's aseq lies between its mutex and its asyncw");
+_Static_assert(SHM_STRIPE_WA_OFF + sizeof(pthread_mutex_t) + 8 <= SHM_STRIPE_LINES * SHM_LINE
+               && (SHM_STRIPE_LINES == 2u
+                   || SHM_STRIPE_WA_OFF + sizeof(pthread_mutex_t) + 8
+                      <= offsetof(shm_lockctl, timeouts)),
+               "a compact stripe's mutex, asyncw and aseq lie in its ctl's repair slot (or its "
+               "second line)");
+_Static_assert(SHM_STRIPE_WA_OFF >= SHM_LINE / 2 && SHM_STRIPE_WB_OFF >= SHM_LINE / 2,
+               "a compact stripe's words lie in the half the holder's statistics do not");
 
 /* the view of stripe s of table t (its geometry validated: participants.pxi table_load);
  * `tbody` the table entry's own body */
@@ -415,7 +435,7 @@ static inline shm_body shm_stripe_at(char *base, const shm_table *t, const shm_b
     char *p = base + t->off + (uint64_t)s * t->stride;
     if (t->compact) {
         b.ctl = (shm_lockctl *)p;
-        b.wa = (shm_word *)(p + SHM_LINE);
+        b.wa = (shm_word *)(p + SHM_STRIPE_WA_OFF);
         b.wb = (shm_word *)(p + SHM_STRIPE_WB_OFF);
         b.qnodes = NULL;
         b.precs = tbody->precs;            /* one line per participant for the table */

@@ -208,9 +208,10 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t wait_total_ns
         uint64_t wait_max_ns
         uint32_t last_pid
+        uint32_t owner_deaths
         shm_mutex_repair repair
-        uint64_t owner_deaths
-        uint64_t timeouts
+        uint32_t timeouts
+        uint32_t _wb[3]
 
     ctypedef union shm_word:
         uint32_t u32[32]
@@ -265,6 +266,8 @@ cdef extern from "shm_layout.h" nogil:
 
     enum: SHM_TABLE_MAX
     enum: SHM_STRIPE_LINES
+    enum: SHM_STRIPE_WA_OFF
+    enum: SHM_MUTEX_U32
     enum: SHM_STRIPE_WB_OFF
     ctypedef struct shm_table:
         uint32_t sub

@@ -251,7 +251,7 @@ cdef void _cv_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcep
         if r.notified == 1:
             y = _cv_give(rm, b, q, 1)            # [N1]
             if y >= 0:
-                fadd64(&b.ctl.owner_deaths, 1)   # notifications passed on (stats)
+                fadd32(&b.ctl.owner_deaths, 1)   # notifications passed on (stats)
         tb_set(b, &r.ticket, 0)                  # [N2]
         tb_set(b, &r.notified, 0)
     tb_unlock(b)

@@ -135,7 +135,7 @@ cdef void _sem_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexce
         tb_set(b, &r.units, 0)
         tb_set(b, &w.value, w.value + u)
         tb_bump(b, u)
-        fadd64(&b.ctl.owner_deaths, u)           # units given back (stats)
+        fadd32(&b.ctl.owner_deaths, <uint32_t>u)   # units given back (stats)
     tb_unlock(b)
     if u:
         tb_wake(b, <int>u)
@@ -303,7 +303,7 @@ cdef class Semaphore(_TbObject):
         for i in range(body_hwm(&self.b)):
             held += ld32_acq(&shm_tb_rec(&self.b, i).units)
         return {"value": ld32_acq(&shm_tb_word(&self.b).value), "held_with": held,
-                "recovered": ld64_acq(&self.b.ctl.owner_deaths)}
+                "recovered": ld32_acq(&self.b.ctl.owner_deaths)}
 
     def __repr__(self):
         st = "closed" if (self._closed or self.rm.closed) else self._state()

@@ -308,7 +308,7 @@ cdef void tb_count(shm_body* b, bint got, bint timed_out, int64_t slept) noexcep
     if got:
         fadd64(&c.acquisitions, 1)
     if timed_out:
-        fadd64(&c.timeouts, 1)
+        fadd32(&c.timeouts, 1)
     if slept > 0:
         fadd64(&c.contended, 1)
         fadd64(&c.wait_total_ns, t)
