@@ -363,6 +363,44 @@ def test_inspect_reads_its_segment_once(new_region, tmp_path, monkeypatch, capsy
         assert says in capsys.readouterr().err
 
 
+@pytest.mark.timeout(60)
+def test_stat_reads_its_segment_once(new_region, tmp_path, monkeypatch, capsys):
+    """``stat NAME`` opened its segment twice (the magic check, then the read); now once,
+    with the same output and the same errors before the read."""
+    from shmlocks.stats import segment_stats
+
+    region = new_region(max_locks=3, max_participants=8)
+    region.create_lock("futex", "futex")
+    held = region.open_lock("futex")
+    held.acquire()
+    table = shmlocks.LockTable(16, "robust")
+    try:
+        with table[5]:
+            for name in (region.name, table.name):
+                want = segment_stats(name)
+                reads = Reads(monkeypatch, SHM_DIR)
+                assert shmlocks_cli.main(["stat", name, "--json"]) == 0
+                got = json.loads(capsys.readouterr().out)
+                monkeypatch.undo()
+                assert reads.opens[name] == 1, reads.opens[name]
+                assert got == json.loads(json.dumps(want))
+    finally:
+        held.release()
+        table.close()
+    root = str(tmp_path)
+    monkeypatch.setattr(_common, "SHM_DIR", type(_common.SHM_DIR)(root))
+    with open(os.path.join(root, "plain"), "wb") as f:
+        f.write(b"not a segment at all")
+    os.mkfifo(os.path.join(root, "fifo"))
+    for name, says in (
+        ("plain", "is not a shmlocks segment"),
+        ("missing", "no shared-memory segment named"),
+        ("fifo", "refused, not a regular file (a FIFO)"),
+    ):
+        assert shmlocks_cli.main(["stat", name]) == 1
+        assert says in capsys.readouterr().err
+
+
 def _full_top(root: str) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
     """What a sample of ``top`` shows of the segments in ``root``, from the full read of
     each (the reference): every lock's record, and a note per segment it cannot read."""

@@ -8,14 +8,14 @@ import argparse
 from typing import Any
 
 from shmlocks._table import emit, table
-from shmlocks.cli._common import require_region, segment_name
+from shmlocks.cli._common import read_region, segment_name
 from shmlocks.stats import (
     duration,
     holder_text,
     hottest_text,
+    locks_stats,
     percent,
     readers_text,
-    segment_stats,
     table_kind,
 )
 
@@ -96,8 +96,8 @@ def _render_stat(d: dict[str, Any]) -> str:
 
 def cmd_stat(args: argparse.Namespace) -> int:
     name = segment_name(args.name)
-    require_region(name)
-    emit(segment_stats(name), args.json, _render_stat)
+    seg = read_region(name)  # one open: its checks, then the private copy
+    emit({"name": name, "locks": locks_stats(seg)}, args.json, _render_stat)
     return 0
 
 
