@@ -26,6 +26,7 @@ import time
 
 import pytest
 from support import KINDS, RWSide, run_python, shm_path, shm_remove, uniq
+from support.cycles import Never, member, one_victim, run_cycle
 
 import shmlocks
 from shmlocks import _core
@@ -40,69 +41,9 @@ REFUSED_S = 0.6
 # --------------------------------------------------------------------------- real cycles
 
 
-def _member(i, first, second, bar, out, delay, dl_timeout):
-    """Hold `first`; at the barrier, after `delay`, wait for `second`; report."""
-    if dl_timeout != "default":
-        shmlocks.set_deadlock_timeout(dl_timeout)
-    first.acquire()
-    bar.wait(30)
-    if delay:
-        time.sleep(delay)
-    t0 = time.monotonic()
-    try:
-        got = second.acquire(timeout=20)
-    except shmlocks.DeadlockError as e:
-        out.put((i, "deadlock", time.monotonic() - t0, str(e), first.locked()))
-        time.sleep(0.2)  # the others are still blocked: keep `first` a little
-        first.release()
-        return
-    out.put((i, "got" if got else "timeout", time.monotonic() - t0, "", True))
-    if got:
-        second.release()
-    first.release()
-
-
 def _cycle(locks, delays, dl=None, seconds=None):
-    """Member i (a process) holds locks[i] and waits for locks[i + 1] (the last for
-    locks[0]), or for seconds[i]. {i: (outcome, waited, message, still held)}."""
-    n = len(locks)
-    dl = dl or ["default"] * n
-    ctx = mp.get_context("fork")
-    bar, out = ctx.Barrier(n), ctx.Queue()
-    seconds = seconds or [locks[(i + 1) % n] for i in range(n)]
-    ps = [
-        ctx.Process(
-            target=_member,
-            args=(i, locks[i], seconds[i], bar, out, delays[i], dl[i]),
-            daemon=True,
-        )
-        for i in range(n)
-    ]
-    for p in ps:
-        p.start()
-    try:
-        res = {}
-        for _ in range(n):
-            i, what, took, msg, held = out.get(timeout=60)
-            res[i] = (what, took, msg, held)
-        for p in ps:
-            p.join(20)
-            assert p.exitcode == 0, p.exitcode
-        return res
-    finally:
-        for p in ps:
-            if p.is_alive():
-                p.kill()
-                p.join(10)
-
-
-def _one_victim(res):
-    victims = [i for i, r in res.items() if r[0] == "deadlock"]
-    assert len(victims) == 1, res
-    v = victims[0]
-    assert res[v][3], "the victim keeps the locks it holds"
-    assert all(r[0] == "got" for i, r in res.items() if i != v), res
-    return v
+    """support.cycles.run_cycle of processes at default settings (or `dl`, per member)."""
+    return run_cycle(locks, delays=delays, dl_timeout=dl or "default", seconds=seconds)
 
 
 @pytest.mark.timeout(120)
@@ -113,7 +54,7 @@ def test_ab_ba_across_processes_refused_at_once(kind, new_lock):
     nothing else on the machine)."""
     a, b = new_lock(kind), new_lock(kind)
     res = _cycle([a, b], [0.0, 0.2])
-    assert _one_victim(res) == 1, res
+    assert one_victim(res) == 1, res
     assert res[1][1] < REFUSED_S, res
     msg = res[1][2]
     assert "cycle of 2 threads" in msg and a.name in msg and b.name in msg
@@ -127,7 +68,7 @@ def test_four_cycle_across_processes_and_segments(new_lock, new_region):
     locks = [region.create_lock("x", "mcs"), new_lock("futex"), region.create_lock("y", "clh")]
     locks.append(new_lock("ticket"))
     res = _cycle(locks, [0.0, 0.1, 0.2, 0.3])
-    assert _one_victim(res) == 3, res
+    assert one_victim(res) == 3, res
     assert res[3][1] < REFUSED_S, res
     assert "cycle of 4 threads" in res[3][2]
     assert f"{region.name}/x (mcs)" in res[3][2] and f"{region.name}/y (clh)" in res[3][2]
@@ -143,12 +84,12 @@ def test_a_cycle_through_lock_table_stripes(kinds):
     t2 = shmlocks.LockTable(size=8, kind=kinds[1], name=uniq("walk-table"))
     try:
         res = _cycle([t1[3], t2[5]], [0.0, 0.2])
-        assert _one_victim(res) == 1, res
+        assert one_victim(res) == 1, res
         assert res[1][1] < REFUSED_S, res
         assert f"{t1.name}[3] ({kinds[0]})" in res[1][2], res[1][2]
         assert f"{t2.name}[5] ({kinds[1]})" in res[1][2], res[1][2]
         res = _cycle([t1[0], t1[7]], [0.0, 0.2])
-        assert _one_victim(res) == 1, res
+        assert one_victim(res) == 1, res
         assert res[1][1] < REFUSED_S, res
     finally:
         for t in (t1, t2):
@@ -209,7 +150,7 @@ def test_a_victim_is_poked_by_a_walker_that_does_not_detect(kind, new_lock):
     first walk is 50 ms, and it sees the poke then."""
     a, b = new_lock(kind), new_lock(kind)
     res = _cycle([a, b], [0.0, 0.1], dl=["default", None])
-    assert _one_victim(res) == 0, res
+    assert one_victim(res) == 0, res
     # member 0 waited about 0.1 s for member 1 to begin; its next look would be at 0.5 s
     assert res[0][1] < 0.1 + 0.3, res
 
@@ -225,7 +166,7 @@ def test_rwlock_cycles_refused_at_once(new_region, side):
     m = region.create_lock("m", "futex")
     first = RWSide(rw, side == "write")
     res = _cycle([first, m], [0.0, 0.2], seconds=[m, RWSide(rw, True)])
-    assert _one_victim(res) == 1, res
+    assert one_victim(res) == 1, res
     assert res[1][1] < REFUSED_S, res
     assert f"{region.name}/rw (rwlock, {side})" in res[1][2]
 
@@ -242,7 +183,7 @@ def test_a_reader_behind_the_writer_of_its_phase(new_region):
         [0.0, 0.2],
         seconds=[RWSide(b, False), RWSide(a, False)],
     )
-    assert _one_victim(res) == 1, res
+    assert one_victim(res) == 1, res
     assert res[1][1] < REFUSED_S, res
 
 
@@ -250,15 +191,6 @@ def test_a_reader_behind_the_writer_of_its_phase(new_region):
 def test_a_long_wait_behind_a_live_holder_is_never_an_error(new_lock):
     """Default settings: member 1 holds b for 1.8 s and waits for nothing; member 0 waits
     for b (walks at its first sleep, then every 0.5 s) and simply gets it."""
-
-    class Never:
-        def acquire(self, timeout=-1):
-            time.sleep(1.8)
-            return True
-
-        def release(self):
-            pass
-
     a, b = new_lock("futex"), new_lock("mcs")
     res = _cycle([a, b], [0.0, 0.0], seconds=[b, Never()])
     assert [r[0] for r in res.values()] == ["got", "got"], res
@@ -538,13 +470,15 @@ def test_the_walk_entry_point(chain):
     assert _core._dl_walk(region, me, 7) == ("none", 0, None)  # no such lock
 
 
-def _task_member(i, first, second, bar, out, delay):
-    """_member as an asyncio task: holds `first` through its loop's cohort, then waits."""
+def _task_member(i, first, second, ready, go, out, delay, _dl_timeout):
+    """support.cycles.member as an asyncio task: holds `first` through its loop's cohort,
+    then waits."""
     import asyncio
 
     async def main():
         await first.acquire_async()
-        bar.wait(30)
+        ready.set()
+        go.wait(30)
         await asyncio.sleep(delay)
         t0 = time.monotonic()
         try:
@@ -572,29 +506,7 @@ def test_a_cycle_of_a_thread_and_a_task(last, new_lock):
     loop's scan of every segment took at least 1 s. Exactly one victim (more shapes, both
     drivers: tests/test_aio_deadlock.py)."""
     a, b = new_lock("futex"), new_lock("mcs")
-    ctx = mp.get_context("fork")
-    bar, out = ctx.Barrier(2), ctx.Queue()
-    thread = _member, ("default",)  # (its deadlock timeout: the default)
-    task = _task_member, ()
-    members = [task, thread] if last == "thread" else [thread, task]
-    ps = [
-        ctx.Process(target=f, args=(i, *locks, bar, out, 0.2 * i, *extra), daemon=True)
-        for i, ((f, extra), locks) in enumerate(zip(members, [(a, b), (b, a)], strict=True))
-    ]
-    for p in ps:
-        p.start()
-    try:
-        res = {}
-        for _ in ps:
-            i, what, took, msg, held = out.get(timeout=60)
-            res[i] = (what, took, msg, held)
-        for p in ps:
-            p.join(20)
-            assert p.exitcode == 0, p.exitcode
-    finally:
-        for p in ps:
-            if p.is_alive():
-                p.kill()
-                p.join(10)
-    assert _one_victim(res) == 1, res
+    targets = [_task_member, member] if last == "thread" else [member, _task_member]
+    res = run_cycle([a, b], delays=[0.0, 0.2], targets=targets)
+    assert one_victim(res) == 1, res
     assert res[1][1] < REFUSED_S, res

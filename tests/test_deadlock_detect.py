@@ -7,105 +7,24 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
-import queue
-import threading
-import time
 
 import pytest
 from support import KINDS, RWSide
+from support.cycles import one_victim, run_cycle
 
 import shmlocks
 
 SLACK_S = 2.0  # scheduling slack on a loaded 2-CPU box, on top of timeout + 0.5 s
 
 
-def _member(i, first, second, ready, go, out, delay, dl_timeout):
-    """Hold `first`, then (after `delay`) wait for `second`; report how it ended."""
-    shmlocks.set_deadlock_timeout(dl_timeout)
-    first.acquire()
-    ready.set()
-    go.wait(30)
-    time.sleep(delay)
-    t0 = time.monotonic()
-    try:
-        got = second.acquire(timeout=15)
-    except shmlocks.DeadlockError as e:
-        out.put((i, "deadlock", time.monotonic() - t0, str(e), first.locked()))
-        time.sleep(0.3)  # the others are still blocked: we keep `first` a little
-        first.release()
-        return
-    out.put((i, "got" if got else "timeout", time.monotonic() - t0, "", True))
-    if got:
-        second.release()
-    first.release()
-
-
-def _run_cycle(locks, *, threads, delays=None, dl_timeout=1.0, close=True, seconds=None):
-    """Member i holds locks[i] and waits for locks[i+1] (the last for locks[0] if close),
-    or for seconds[i] if given (None there: for nothing, 1.8 s).
-    Returns {i: (outcome, seconds waited, message, still held its first lock)}."""
-    n = len(locks)
-    delays = delays or [0.0] * n
-    if threads:
-        ev, out, mk = threading.Event, queue.Queue(), threading.Thread
-    else:
-        ctx = mp.get_context("fork")
-        ev, out, mk = ctx.Event, ctx.Queue(), ctx.Process
-    go = ev()
-    readies = [ev() for _ in range(n)]
-    workers = []
-    saved = shmlocks.get_deadlock_timeout()
-    for i in range(n):
-        if seconds is not None:
-            second = seconds[i] if seconds[i] is not None else _Never()
-        else:
-            second = locks[(i + 1) % n] if (close or i + 1 < n) else _Never()
-        w = mk(
-            target=_member,
-            args=(i, locks[i], second, readies[i], go, out, delays[i], dl_timeout),
-            daemon=True,
-        )
-        w.start()
-        workers.append(w)
-    try:
-        for r in readies:
-            assert r.wait(20), "a member never took its first lock"
-        go.set()
-        res = {}
-        for _ in range(n):
-            i, what, took, msg, held = out.get(timeout=40)
-            res[i] = (what, took, msg, held)
-        for w in workers:
-            w.join(20)
-            assert not w.is_alive()
-        return res
-    finally:
-        shmlocks.set_deadlock_timeout(saved)  # threads set it for this process
-        for w in workers:
-            if isinstance(w, mp.process.BaseProcess) and w.is_alive():
-                w.kill()
-                w.join(10)
-
-
-class _Never:
-    """A 'second lock' that is never contended: the last member of an open chain."""
-
-    def acquire(self, timeout=-1):
-        time.sleep(1.8)
-        return True
-
-    def release(self):
-        pass
+def _run_cycle(locks, *, dl_timeout=1.0, **kw):
+    """support.cycles.run_cycle, every member's deadlock timeout 1 s unless given."""
+    return run_cycle(locks, dl_timeout=dl_timeout, **kw)
 
 
 def _one_victim(res, dl_timeout=1.0):
-    victims = [i for i, r in res.items() if r[0] == "deadlock"]
-    assert len(victims) == 1, res
-    v = victims[0]
-    assert res[v][1] < dl_timeout + 0.5 + SLACK_S, res[v]
-    assert res[v][3], "the victim keeps the locks it holds"
-    assert all(r[0] == "got" for i, r in res.items() if i != v), res
-    return v
+    """The one victim, refused within its deadlock timeout + 0.5 s (+ slack)."""
+    return one_victim(res, within=dl_timeout + 0.5 + SLACK_S)
 
 
 @pytest.mark.timeout(120)
@@ -207,27 +126,8 @@ def test_only_members_that_look_can_be_the_victim(new_lock):
     """Member 1 begins to wait last but looks for nothing: member 0 (which looks) is the
     one that gives up."""
     a, b = new_lock("clh"), new_lock("futex")
-    ctx = mp.get_context("fork")
-    go, out = ctx.Event(), ctx.Queue()
-    r0, r1 = ctx.Event(), ctx.Event()
-    p0 = ctx.Process(target=_member, args=(0, a, b, r0, go, out, 0.0, 0.5), daemon=True)
-    p1 = ctx.Process(target=_member, args=(1, b, a, r1, go, out, 0.3, None), daemon=True)
-    for p in (p0, p1):
-        p.start()
-    try:
-        assert r0.wait(20) and r1.wait(20)
-        go.set()
-        res = {}
-        for _ in range(2):
-            i, what, took, msg, held = out.get(timeout=40)
-            res[i] = (what, took, msg, held)
-        assert _one_victim(res, 0.5) == 0
-    finally:
-        for p in (p0, p1):
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join(10)
+    res = run_cycle([a, b], delays=[0.0, 0.3], dl_timeout=[0.5, None])
+    assert _one_victim(res, 0.5) == 0
 
 
 def _rw_region(new_region):
