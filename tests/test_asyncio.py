@@ -917,7 +917,9 @@ def test_a_cohort_past_the_cap_gets_a_capacity_error_that_names_loops(new_lock):
 # --------------------------------------------------------------------------- Ctrl-C
 
 _CTRL_C = r"""
-import asyncio, sys, shmlocks
+import asyncio, signal, sys, shmlocks
+# a SIGINT ignored by whoever started the suite is inherited: Ctrl-C must raise here
+signal.signal(signal.SIGINT, signal.default_int_handler)
 lock = shmlocks.KINDS[sys.argv[1]].open(sys.argv[2])
 async def main():
     print("waiting", flush=True)

@@ -428,6 +428,8 @@ def test_all_or_nothing_on_timeout_and_exception(procs):
 
 _CTRL_C = """
 import os, signal, sys, threading, time, shmlocks
+# a SIGINT ignored by whoever started the suite is inherited: Ctrl-C must raise here
+signal.signal(signal.SIGINT, signal.default_int_handler)
 t = shmlocks.LockTable.open(sys.argv[1])
 threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT)).start()
 try:
