@@ -178,18 +178,21 @@ def shmlock():
     made = []
 
     def make(kind: str = "mcs", **kwargs):
+        if kind not in shmlocks.KINDS:
+            raise ValueError(f"unknown lock kind {kind!r}: expected one of {list(shmlocks.KINDS)}")
         lock = shmlocks.KINDS[kind].create(**kwargs)
-        made.append(lock)
+        path = os.path.join(shmlocks._core.SHM_DIR, lock.name)
+        made.append((lock, path, os.stat(path).st_ino))
         return lock
 
     yield make
-    for lock in reversed(made):
-        name = lock.name
+    for lock, path, ino in reversed(made):
         try:
-            lock.close()  # the creator's close unlinks its segment
+            lock.close()  # the creator's close unlinks its segment (not a persist=True one)
         except Exception:  # noqa: BLE001 - teardown goes on
             pass
-        try:  # and a persist=True lock's, or one whose close failed
-            os.unlink(os.path.join(shmlocks._core.SHM_DIR, name))
+        try:  # what is left, if the name still names this lock's segment, not a newer one
+            if os.stat(path).st_ino == ino:
+                os.unlink(path)
         except OSError:
             pass

@@ -49,7 +49,7 @@ class RLock(_RLockBase):  # type: ignore[misc]
         _lock: _core.Lock | None = None,
     ) -> None:
         if _lock is None:
-            cls = _core.KINDS[kind] if isinstance(kind, str) else kind
+            cls = _core.KINDS.get(kind) if isinstance(kind, str) else kind
             if not (isinstance(cls, type) and issubclass(cls, _core.Lock)):
                 raise ValueError(f"unknown lock kind {kind!r}: expected one of {list(_core.KINDS)}")
             _lock = cls.create(name, max_participants=max_participants, mode=mode, persist=persist)

@@ -495,6 +495,72 @@ def test_close_then_any_call_raises_value_error(kind):
             pytest.fail(f"{what} on a closed lock did not raise")
 
 
+def _made(what: str, name: str):
+    """A fresh object of each sort that has a name, and how to make another by its name."""
+    makers = {
+        "lock": lambda n: shmlocks.TicketLock.create(n),
+        "region": lambda n: shmlocks.Region.create(name=n),
+        "table": lambda n: shmlocks.LockTable(4, "futex", name=n),
+        "event": lambda n: shmlocks.Event.create(n),
+        "rlock": lambda n: shmlocks.RLock.create(name=n),
+    }
+    return makers[what](name)
+
+
+@pytest.mark.parametrize("what", ["lock", "region", "table", "event", "rlock"])
+def test_unlink_after_close_raises_and_spares_a_new_segment_of_the_name(what):
+    """After close(), unlink() raises ValueError, as any call: it once removed whatever
+    segment had the name by then (another program's, made since), which a name never
+    stands for twice."""
+    name = uniq(f"unlink-closed-{what}")
+    old = _made(what, name)
+    old.close()
+    assert not shm_exists(name)
+    new = _made(what, name)
+    try:
+        with pytest.raises(ValueError):
+            old.unlink()
+        assert shm_exists(name), "the closed object's unlink removed the new segment's name"
+    finally:
+        new.close()
+    assert not shm_exists(name)
+    with pytest.raises(ValueError):  # and with no segment of that name: ValueError still
+        old.unlink()
+
+
+def test_a_closed_lock_tables_methods_raise_value_error():
+    t = shmlocks.LockTable(8, "robust", name=uniq("closed-table"))
+    t.close()
+    for what, call in {
+        "index_of": lambda: t.index_of("k"),
+        "lock_for": lambda: t.lock_for("k"),
+        "getitem": lambda: t[0],
+        "iter": lambda: list(t),
+        "hold": lambda: t.hold("k"),
+        "stats": t.stats,
+        "unlink": t.unlink,
+    }.items():
+        with pytest.raises(ValueError):
+            call()
+            pytest.fail(f"{what} on a closed table did not raise")
+
+
+def test_a_table_size_that_is_no_int_is_a_value_error_and_a_type_error():
+    for bad in (1.5, "4", None, True):
+        with pytest.raises(ValueError):
+            shmlocks.LockTable(bad, "futex")
+        with pytest.raises(TypeError):
+            shmlocks.LockTable(bad, "futex")
+    for bad in (0, -3):
+        with pytest.raises(ValueError):
+            shmlocks.LockTable(bad, "futex")
+
+
+def test_rlock_of_an_unknown_kind_is_a_value_error():
+    with pytest.raises(ValueError, match="unknown lock kind 'bogus'"):
+        shmlocks.RLock(kind="bogus")
+
+
 def test_region_close_then_any_call_raises_value_error():
     region = shmlocks.Region.create(name=uniq("close-region"))
     region.create_lock("x", "ticket")

@@ -762,5 +762,5 @@ def test_a_scribbled_table_header_is_refused_not_trusted(field, value):
         with pytest.raises(shmlocks.CorruptRegionError):
             _segment.read(name)
     finally:
-        t.close()
         t.unlink()
+        t.close()

@@ -697,9 +697,11 @@ cdef class Region:
 
     def unlink(self):
         """Remove the segment's name now (a persist one's too). Processes that have it
-        mapped go on working; the name can be created afresh at once."""
+        mapped go on working; the name can be created afresh at once. ValueError once
+        closed (the name may stand for another segment by then: open it, then unlink)."""
         path = _SHM_DIR + self.name
-        if self.rm != NULL and self.rm.fd >= 0 and not _names_file(path, self.rm.fd):
+        self._check_open()
+        if self.rm.fd >= 0 and not _names_file(path, self.rm.fd):
             raise FileNotFoundError(f"the name {self.name!r} no longer names this segment")
         try:
             _os.unlink(path)

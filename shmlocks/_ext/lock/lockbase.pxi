@@ -896,7 +896,9 @@ cdef class _Lock:
             g_aio._closed(self)          # its idle asyncio cohorts leave (docs/design.md §14)
 
     def unlink(self):
-        """Remove the region's name now; mapped views go on working."""
+        """Remove the region's name now; mapped views go on working (ValueError once
+        closed)."""
+        self._check()
         self._region.unlink()
 
     def __reduce__(self):

@@ -80,9 +80,14 @@ cdef int key_hash(object key, uint64_t* h, int depth) except -1:
                     f"{type(key).__name__}")
 
 
+class _SizeTypeError(TypeError, ValueError):
+    """A table size that is not an int: a TypeError, as Python's own, and a ValueError,
+    as the contract says of any size that is not an int >= 1."""
+
+
 cdef uint32_t _check_size(size) except 0:
     if isinstance(size, bool) or not isinstance(size, int):
-        raise TypeError(f"size must be an int, not {type(size).__name__}")
+        raise _SizeTypeError(f"size must be an int, not {type(size).__name__}")
     if size < 1 or size > SHM_TABLE_MAX:
         raise ValueError(f"size must be between 1 and {SHM_TABLE_MAX}, not {size}")
     return size
@@ -424,6 +429,7 @@ cdef class LockTable:
         key: a str (its UTF-8), bytes, an int (its minimal two's-complement big-endian
         bytes; a bool is the int it equals) or a tuple of them; anything else TypeError."""
         cdef uint64_t h
+        self._check()
         key_hash(key, &h, 0)
         return shm_hash_index(h, self._size)
 
@@ -431,6 +437,7 @@ cdef class LockTable:
         """lock_for(key) -> Lock: the stripe of ``key`` (self[self.index_of(key)])."""
         cdef uint64_t h
         cdef uint32_t s
+        self._check()
         key_hash(key, &h, 0)
         s = shm_hash_index(h, self._size)
         lk = self._stripes[s]
@@ -443,10 +450,12 @@ cdef class LockTable:
             raise TypeError(f"a lock table's index must be an int, not {type(i).__name__}")
         if not 0 <= i < self._size:
             raise IndexError(f"stripe {i} out of range (the table has {self._size})")
+        self._check()
         return self._stripe(i)
 
     def __iter__(self):
         cdef uint32_t s
+        self._check()
         for s in range(self._size):
             yield self._stripe(s)
 
@@ -545,7 +554,9 @@ cdef class LockTable:
                     lk.close()
 
     def unlink(self):
-        """Remove the table's name now; mapped views go on working."""
+        """Remove the table's name now; mapped views go on working (ValueError once
+        closed)."""
+        self._check()
         self._region.unlink()
 
     def __enter__(self):

@@ -537,7 +537,9 @@ cdef class _TbObject:
             self._region.close()
 
     def unlink(self):
-        """Remove the segment's name now; mapped views go on working."""
+        """Remove the segment's name now; mapped views go on working (ValueError once
+        closed)."""
+        self._check()
         self._region.unlink()
 
     def __reduce__(self):
