@@ -263,10 +263,12 @@ def _arm_crashpoint_from_env():
     _arm_crashpoint(spec, os.environ.get("SHMLOCKS_CRASHPOINT_ACTION", "kill"))
 
 
-def _arm_crashpoint(spec, action="kill"):
+def _arm_crashpoint(spec, action="kill", _Lock only=None):
     """Arm crash point NAME or NAME:N (a library point or a user one) in this process, as
-    SHMLOCKS_CRASHPOINT does at import (shmlocks.testing arms a child with it)."""
-    global _user_point
+    SHMLOCKS_CRASHPOINT does at import (shmlocks.testing arms a child with it). ``only``:
+    lock.acquire.done fires for that lock alone (its hold, whichever object of this
+    process took it)."""
+    global _user_point, shm_crash_only_ino, shm_crash_only_lock1
     import signal as _signal
     name, sep, nth = spec.partition(":")
     if sep and not (nth.isdigit() and int(nth) >= 1):
@@ -275,6 +277,12 @@ def _arm_crashpoint(spec, action="kill"):
         raise ValueError(f"SHMLOCKS_CRASHPOINT_ACTION={action!r}: 'kill' (SIGKILL there, the "
                          "default) or 'stop' (SIGSTOP there, once: a stalled process)")
     skip = int(nth) - 1 if sep else 0
+    if only is not None:
+        if name != "lock.acquire.done":
+            raise ValueError("only= applies to lock.acquire.done")
+        only._check()
+        shm_crash_only_ino = only.rm.ino
+        shm_crash_only_lock1 = only._lock1
     if name not in _CRASHPOINTS:
         if name.startswith(_LIB_PREFIXES) or not name:
             raise ValueError(f"SHMLOCKS_CRASHPOINT={name!r} is not a crash point of this build "

@@ -29,8 +29,11 @@ __all__ = ["kill_while_holding"]
 _HOLDING = "lock.acquire.done"
 
 
-def _child(spec: str, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    _core._arm_crashpoint(spec)
+def _child(
+    spec: str, lock: shmlocks.Lock | None, target: Callable[..., Any], args: tuple[Any, ...]
+) -> None:
+    # lock: the hold of which lock.acquire.done waits for (None: a user point, `at`)
+    _core._arm_crashpoint(spec, "kill", lock)
     target(*args)
 
 
@@ -52,8 +55,12 @@ def kill_while_holding(
     exited on its own first."""
     if at is not None:
         shmlocks.crashpoint(at)  # refuses a library point's name, does nothing here
+    base = getattr(lock, "lock", lock)  # an RLock: the lock under it
+    if not isinstance(base, _core.Lock):
+        raise TypeError(f"kill_while_holding takes a shmlocks lock, not {type(lock).__name__}")
     ctx = multiprocessing.get_context(start_method)
-    proc = ctx.Process(target=_child, args=(at or _HOLDING, target, args), daemon=True)  # type: ignore[attr-defined]
+    spec, only = (at, None) if at is not None else (_HOLDING, base)
+    proc = ctx.Process(target=_child, args=(spec, only, target, args), daemon=True)  # type: ignore[attr-defined]
     proc.start()
     proc.join(timeout)
     if proc.exitcode is None:

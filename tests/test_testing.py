@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from threading import Lock as threading_lock
 
 import pytest
 
@@ -90,12 +91,35 @@ def test_kill_while_holding_as_soon_as_it_holds(new_lock, method):
     lock.release()
 
 
+def _take_another_first(other, lock):
+    with other:
+        pass
+    with lock:
+        time.sleep(30)
+
+
+def test_kill_while_holding_waits_for_a_hold_of_its_lock(new_lock):
+    """Without `at`, the child dies holding `lock`: not at its hold of another lock
+    first (it did: it died holding `other`, and `lock` was never taken)."""
+    lock, other = new_lock("futex"), new_lock("mcs")
+    kill_while_holding(lock, _take_another_first, other, lock)
+    assert not other.locked(), "the child died holding the other lock"
+    assert lock.acquire(timeout=5)
+    try:
+        assert lock.owner_died
+        lock.mark_consistent()
+    finally:
+        lock.release()
+
+
 def test_kill_while_holding_errors(new_lock):
     lock = new_lock("futex")
     with pytest.raises(RuntimeError):
         kill_while_holding(lock, _no_lock)  # never takes the lock: exits on its own
     with pytest.raises(ValueError):
         kill_while_holding(lock, _no_lock, at="lock.acquire.got")
+    with pytest.raises(TypeError):
+        kill_while_holding(threading_lock(), _no_lock)
     lock.acquire()
     try:
         t0 = time.monotonic()

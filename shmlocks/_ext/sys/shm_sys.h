@@ -166,6 +166,10 @@ static char shm_crash_name[64];
 static int shm_crash_signal = SIGKILL;   /* SIGSTOP: stop there once (a stalled process) */
 static int shm_crash_fired = 0;
 static long shm_crash_skip = 0;          /* passes to let by first (name:N arms the N-th) */
+/* lock.acquire.done fires only for this lock if set (shmlocks/testing.py: the segment
+   file's inode and the lock's number + 1); 0: for any lock */
+static uint64_t shm_crash_only_ino = 0;
+static uint32_t shm_crash_only_lock1 = 0;
 /* the armed path, out of line and cold, so that each point costs the fast path one test */
 static __attribute__((noinline, cold)) void shm_crash_check(const char *name) {
     if (shm_crash_fired) return;

@@ -321,6 +321,8 @@ cdef extern from "shm_sys.h" nogil:
     int shm_crash_signal
     int shm_crash_fired
     long shm_crash_skip
+    uint64_t shm_crash_only_ino
+    uint32_t shm_crash_only_lock1
     enum: SIGSTOP
     char shm_crash_name[64]
     void* shm_tls_get()
