@@ -263,9 +263,7 @@ cdef class _Lock:
         crashpoint_at(armed, "lock.acquire.holder")
         shm_op_set(r.op, 0, 0)                       # ... then end the acquire step
         r.held += 1
-        if armed and (shm_crash_only_lock1 == 0 or (self._lock1 == shm_crash_only_lock1
-                                                    and self.rm.ino == shm_crash_only_ino)):
-            crashpoint_at(armed, "lock.acquire.done")    # in the critical section
+        crashpoint_lock_at(armed, "lock.acquire.done", self.rm.ino, self._lock1)  # held
         if rc == R_ACQ and ld32_rlx(&self.b.ctl.flags) == 0:
             stats_hold(self.b.ctl, r.pid)
             return 0

@@ -187,6 +187,17 @@ static __attribute__((noinline, cold)) void shm_crash_check(const char *name) {
 static inline void shm_crashpoint_at(int armed, const char *name) {
     if (__builtin_expect(armed, 0)) shm_crash_check(name);
 }
+/* a point in the hold of lock (ino, lock1): fires only for the lock set by
+   shm_crash_only_* (if any) */
+static __attribute__((noinline, cold)) void shm_crash_check_lock(const char *name,
+                                                                 uint64_t ino, uint32_t lock1) {
+    if (shm_crash_only_lock1 == 0 || (lock1 == shm_crash_only_lock1 && ino == shm_crash_only_ino))
+        shm_crash_check(name);
+}
+static inline void shm_crashpoint_lock_at(int armed, const char *name, uint64_t ino,
+                                          uint32_t lock1) {
+    if (__builtin_expect(armed, 0)) shm_crash_check_lock(name, ino, lock1);
+}
 /* off the fast path: the global, read at each point */
 static inline void shm_crashpoint(const char *name) { shm_crashpoint_at(shm_crash_armed, name); }
 /* On the fast path the caller reads shm_crash_armed once per Python call and passes it down

@@ -329,6 +329,8 @@ cdef extern from "shm_sys.h" nogil:
     void shm_tls_set(void*)
     void crashpoint "shm_crashpoint"(const char* name)
     void crashpoint_at "shm_crashpoint_at"(bint armed, const char* name)
+    void crashpoint_lock_at "shm_crashpoint_lock_at"(bint armed, const char* name, uint64_t ino,
+                                                      uint32_t lock1)
     void shm_op_set(uint32_t* op_lock, uint32_t lock1, uint32_t step)
     enum: SHM_WINDOW_MAX
     void* shm_win_rm[SHM_WINDOW_MAX]
