@@ -213,7 +213,8 @@ def _source_points() -> dict[str, list[str]]:
         with open(path) as f:
             text = f.read()
         for name in re.findall(
-            r'\bcrashpoint(?:_at|_lock_at)?\(\s*(?:armed\s*,\s*)?"([a-z_]+(?:\.[a-z_]+)+)"\s*[,)]', text
+            r'\bcrashpoint(?:_at|_lock_at)?\(\s*(?:armed\s*,\s*)?"([a-z_]+(?:\.[a-z_]+)+)"\s*[,)]',
+            text,
         ):
             found.setdefault(name, []).append(os.path.basename(path))
     return found
