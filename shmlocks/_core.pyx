@@ -243,6 +243,9 @@ def _user_crashpoint(name):     # shmlocks.crashpoint (here `crashpoint` is the 
         if name in _CRASHPOINTS or name.startswith(_LIB_PREFIXES):
             raise ValueError(f"{name!r} is a name of shmlocks' own crash points "
                              f"(prefixes {', '.join(_LIB_PREFIXES)}): pick another")
+        if not name or ":" in name:
+            raise ValueError(f"crash point name {name!r} could never be armed: "
+                             "SHMLOCKS_CRASHPOINT is NAME or NAME:N (N the pass)")
         _user_names_ok.add(name)
     u = _user_point
     if u is None or u[0] != name:

@@ -24,6 +24,9 @@ def test_crashpoint_unarmed_does_nothing_and_refuses_library_names():
             shmlocks.crashpoint(bad)
     with pytest.raises(TypeError):
         shmlocks.crashpoint(3)
+    for never in ("", "a:b", "step:3"):  # SHMLOCKS_CRASHPOINT could not name them
+        with pytest.raises(ValueError):
+            shmlocks.crashpoint(never)
 
 
 @pytest.mark.parametrize(("spec", "dies_after"), [("app.step", 0), ("app.step:3", 2)])
