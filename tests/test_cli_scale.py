@@ -348,19 +348,7 @@ def test_inspect_reads_its_segment_once(new_region, tmp_path, monkeypatch, capsy
         stripe.release()
         held.release()
         table.close()
-    # the errors before the read, as they were: not a segment, missing, a FIFO
-    root = str(tmp_path)
-    monkeypatch.setattr(_common, "SHM_DIR", type(_common.SHM_DIR)(root))
-    with open(os.path.join(root, "plain"), "wb") as f:
-        f.write(b"not a segment at all")
-    os.mkfifo(os.path.join(root, "fifo"))
-    for name, says in (
-        ("plain", "is not a shmlocks segment"),
-        ("missing", "no shared-memory segment named"),
-        ("fifo", "refused, not a regular file (a FIFO)"),
-    ):
-        assert shmlocks_cli.main(["inspect", name]) == 1
-        assert says in capsys.readouterr().err
+    _refuses_before_reading("inspect", tmp_path, monkeypatch, capsys)
 
 
 @pytest.mark.timeout(60)
@@ -387,6 +375,12 @@ def test_stat_reads_its_segment_once(new_region, tmp_path, monkeypatch, capsys):
     finally:
         held.release()
         table.close()
+    _refuses_before_reading("stat", tmp_path, monkeypatch, capsys)
+
+
+def _refuses_before_reading(cmd: str, tmp_path, monkeypatch, capsys) -> None:
+    """``cmd NAME``'s errors before any read, as they were: not a segment, missing, a
+    FIFO (in a private directory)."""
     root = str(tmp_path)
     monkeypatch.setattr(_common, "SHM_DIR", type(_common.SHM_DIR)(root))
     with open(os.path.join(root, "plain"), "wb") as f:
@@ -397,7 +391,7 @@ def test_stat_reads_its_segment_once(new_region, tmp_path, monkeypatch, capsys):
         ("missing", "no shared-memory segment named"),
         ("fifo", "refused, not a regular file (a FIFO)"),
     ):
-        assert shmlocks_cli.main(["stat", name]) == 1
+        assert shmlocks_cli.main([cmd, name]) == 1
         assert says in capsys.readouterr().err
 
 
