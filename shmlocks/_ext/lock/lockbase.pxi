@@ -1908,7 +1908,7 @@ cdef _CohortCore _aio_cohort(_Lock lk, object loop):
 cdef object _aio_fast(_Lock lk, int64_t deadline):
     """acquire_async's fast path (a blocking or timed acquire, run by the awaiting task):
     True when the task holds the lock now; a cohort whose place was taken, which the task
-    waits behind (_aio.py _wait); None when _aio.py's acquire must decide (no task, a task
+    waits behind (_aio_wait); None when _aio.py's acquire must decide (no task, a task
     of the loop holds or waits for the lock already, lockdep on)."""
     cdef _CohortCore c
     if deadline == 0 or g_lockdep is not None:
@@ -1965,7 +1965,7 @@ async def _aio_wait(_CohortCore c, task, int64_t deadline):
         if fut.done() and not fut.cancelled() and fut.exception() is None:
             if fut.result() and c.holder is task:
                 # granted as it was cancelled: nobody saw the grant (nor its owner_died)
-                c.release(ld32_acq(&c.agent.lk.b.ctl.flags) & SHM_F_OWNER_DIED != 0)
+                c.release(c.agent.owner_died)
                 g_aio._count_passed_on()
         elif not e.done:
             c._drop(e)
