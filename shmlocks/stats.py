@@ -29,13 +29,16 @@ STAT_KEYS = (
 READ_KEYS = ("acquisitions", "contended", "wait_total_s", "wait_max_s", "timeouts")
 
 
-def segment_stats(name: str) -> dict[str, Any]:
+def segment_stats(name: str, seg: _segment.Segment | None = None) -> dict[str, Any]:
     """Every lock of segment ``name``: its kind, holder (pid, tid, alive), waiters and
-    counters, as plain data (what ``stat --json`` prints).
+    counters, as plain data (what ``stat --json`` prints). ``seg``: its copy, if read
+    already (else it is read here).
 
     An RWLock's record is its write side (the writer as ``holder``, the writers waiting as
     ``waiters``, the ctl line's counters), plus ``reads``: the read side (:func:`rw_reads`)."""
-    return {"name": name, "locks": locks_stats(_segment.read(name))}  # a private copy
+    if seg is None:
+        seg = _segment.read(name)  # a private copy
+    return {"name": name, "locks": locks_stats(seg)}
 
 
 def locks_stats(seg: _segment.Segment) -> list[dict[str, Any]]:

@@ -47,6 +47,10 @@ def _open_error(name: str, e: OSError) -> CliError:
     return CliError(f"{name!r}: {e.strerror or e}")
 
 
+def _not_a_segment(name: str) -> CliError:
+    return CliError(f"{name!r} is not a shmlocks segment (no shmlocks magic at its start)")
+
+
 def require_region(name: str) -> Path:
     """The /dev/shm path of a shmlocks region called ``name``, or a CliError saying why not.
     Read the safe way (shmlocks/_shmread.py): a FIFO, a symlink, a directory or a file of
@@ -57,7 +61,7 @@ def require_region(name: str) -> Path:
     except OSError as e:
         raise _open_error(name, e) from None
     if head != _shmread.MAGIC:
-        raise CliError(f"{name!r} is not a shmlocks segment (no shmlocks magic at its start)")
+        raise _not_a_segment(name)
     return path
 
 
@@ -75,8 +79,8 @@ def read_region(name: str) -> _segment.Segment:
             first = os.pread(fd, _segment.HEADER_SIZE, 0)
         except OSError as e:
             raise CliError(f"{name!r}: {e.strerror or e}") from None
-        if first[: len(_shmread.MAGIC)] != _shmread.MAGIC:
-            raise CliError(f"{name!r} is not a shmlocks segment (no shmlocks magic at its start)")
+        if not first.startswith(_shmread.MAGIC):
+            raise _not_a_segment(name)
         return _segment.read_fd(fd, st, name, first)
     finally:
         os.close(fd)

@@ -13,9 +13,9 @@ from shmlocks.stats import (
     duration,
     holder_text,
     hottest_text,
-    locks_stats,
     percent,
     readers_text,
+    segment_stats,
     table_kind,
 )
 
@@ -96,8 +96,7 @@ def _render_stat(d: dict[str, Any]) -> str:
 
 def cmd_stat(args: argparse.Namespace) -> int:
     name = segment_name(args.name)
-    seg = read_region(name)  # one open: its checks, then the private copy
-    emit({"name": name, "locks": locks_stats(seg)}, args.json, _render_stat)
+    emit(segment_stats(name, read_region(name)), args.json, _render_stat)  # one open
     return 0
 
 
