@@ -52,7 +52,6 @@ _DIRENT = struct.Struct("<II8x56s")
 # then timeouts and a compact stripe's word B (bytes 112..127: dead pid, tid, PID namespace)
 _CTL = struct.Struct("<IIII5QII")
 _CTL_TIMEOUTS = 112
-_U32X3 = struct.Struct("<III")
 _U32, _U32X4 = struct.Struct("<I"), struct.Struct("<IIII")
 _U64 = struct.Struct("<Q")
 STATE_READY = _L["state_ready"]
@@ -549,7 +548,8 @@ def _lock(
     _clh_ok: 1..H or P+1)."""
     kind, flags, holder, bmagic, *rest = _CTL.unpack_from(sb, 0)
     (word_a,) = _U64.unpack_from(sb, wa_off)
-    dead_pid, dead_tid, dead_pidns = _U32X3.unpack_from(sb, wb_off)
+    (word_b,) = _U64.unpack_from(sb, wb_off)  # (robust, pi: the dead holder's pid, tid)
+    (dead_pidns,) = _U32.unpack_from(sb, wb_off + 8)
     node_state = None
     if d_kind == _CLH:
         t = word_a & 0xFFFFFFFF
@@ -566,7 +566,7 @@ def _lock(
         tuple(rest[:5]),
         (rest[6], _U32.unpack_from(sb, _CTL_TIMEOUTS)[0]),
         word_a,
-        dead_pid | dead_tid << 32,
+        word_b,
         node_state,
         dead_pidns=dead_pidns,
         **extra,
