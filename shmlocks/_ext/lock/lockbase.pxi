@@ -1905,19 +1905,14 @@ cdef _CohortCore _aio_cohort(_Lock lk, object loop):
     return c
 
 
-cdef object _aio_fast(_Lock lk, int64_t deadline):
+cdef object _aio_fast(_Lock lk, int64_t deadline, loop, task):
     """acquire_async's fast path (a blocking or timed acquire, run by the awaiting task):
     True when the task holds the lock now; a cohort whose place was taken, which the task
     waits behind (_aio_wait); None when _aio.py's acquire must decide (no task, a task
-    of the loop holds or waits for the lock already, lockdep on)."""
+    of the loop holds or waits for the lock already, lockdep on). ``loop``, ``task``: the
+    running loop and task (_aio_task), which a wait behind the cohort uses too."""
     cdef _CohortCore c
-    if deadline == 0 or g_lockdep is not None:
-        return None
-    loop = g_get_loop()
-    if loop is None:
-        return None
-    task = g_cur_task(loop)
-    if task is None:
+    if deadline == 0 or g_lockdep is not None or task is None:
         return None
     c = _aio_cohort(lk, loop)
     if c.holder is not None or c.state != CO_IDLE or c.nwait != 0:
@@ -1976,21 +1971,30 @@ async def _aio_wait(_CohortCore c, task, int64_t deadline):
             c._drop(e)
 
 
+cdef inline object _aio_task(loop):
+    """The task running on `loop` (None: no loop, or no task)."""
+    return None if loop is None else g_cur_task(loop)
+
+
 async def _aio_acquire(_Lock lk, int64_t deadline):
-    r = _aio_fast(lk, deadline)
+    loop = g_get_loop()
+    task = _aio_task(loop)
+    r = _aio_fast(lk, deadline, loop, task)
     if r is True:
         return True
     if r is None:
         return await g_aio.acquire(lk, deadline)
-    return await _aio_wait(<_CohortCore>r, g_cur_task(g_get_loop()), deadline)
+    return await _aio_wait(<_CohortCore>r, task, deadline)
 
 
 async def _aio_enter(_Lock lk):
-    r = _aio_fast(lk, -1)
+    loop = g_get_loop()
+    task = _aio_task(loop)
+    r = _aio_fast(lk, -1, loop, task)
     if r is None:
         await g_aio.acquire(lk, -1)
     elif r is not True:
-        await _aio_wait(<_CohortCore>r, g_cur_task(g_get_loop()), -1)
+        await _aio_wait(<_CohortCore>r, task, -1)
     return lk
 
 
