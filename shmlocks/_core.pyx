@@ -35,6 +35,7 @@ include "_ext/diag/deadlock.pxi"
 include "_ext/lock/lockbase.pxi"
 include "_ext/kinds/queue.pxi"
 include "_ext/kinds/ticket.pxi"
+include "_ext/kinds/ticketc.pxi"
 include "_ext/kinds/mcs.pxi"
 include "_ext/kinds/clh.pxi"
 include "_ext/kinds/futex.pxi"
@@ -86,6 +87,7 @@ LAYOUT = {
     "stripe_lines": SHM_STRIPE_LINES,
     "stripe_wa_off": SHM_STRIPE_WA_OFF,
     "stripe_wb_off": SHM_STRIPE_WB_OFF,
+    "stripe_ticket_wb_off": SHM_STRIPE_TICKET_WB_OFF,
     "participant_size": sizeof(shm_participant),
     # an asyncio cohort's fields, the chain walk's poke word and the wait link
     # (docs/design.md §3, §9, §14)

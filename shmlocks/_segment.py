@@ -88,6 +88,7 @@ TABLE_MAX = _L["table_max"]
 STRIPE_LINES = _L["stripe_lines"]
 STRIPE_WA_OFF = _L["stripe_wa_off"]
 STRIPE_WB_OFF = _L["stripe_wb_off"]
+STRIPE_TICKET_WB_OFF = _L["stripe_ticket_wb_off"]  # a ticket stripe's serving (ticketc.pxi)
 _TABLE = struct.Struct("<IIIIQQ")  # shm_table: sub, size, first, compact, off, stride
 _BODY_READ = _L["body_lines_read"] * LINE  # ctl, word A, word B
 
@@ -626,7 +627,7 @@ def _table_header(h: Head, body: bytes) -> tuple[int, int, int, int, int, int]:
         kind != KIND_TABLE
         or bmagic != BODY_MAGIC
         or sub not in KIND_NAMES
-        or compact != (KIND_NAMES[sub] in ("futex", "robust", "pi"))
+        or compact != (KIND_NAMES[sub] in ("ticket", "futex", "robust", "pi"))
         or not 1 <= n <= TABLE_MAX
         or first != L
         or sstride != need
@@ -647,7 +648,8 @@ def _read_table(fd: int, h: Head, idx: int, body: bytes) -> Table:
         base = off + s * sstride
         if compact:
             sb = data[s * sstride : (s + 1) * sstride]
-            wa_off, wb_off = STRIPE_WA_OFF, STRIPE_WB_OFF
+            wa_off = STRIPE_WA_OFF
+            wb_off = STRIPE_TICKET_WB_OFF if sub == 1 else STRIPE_WB_OFF
         else:
             sb = pread_exact(fd, base, _BODY_READ)
             wa_off, wb_off = LINE, 2 * LINE

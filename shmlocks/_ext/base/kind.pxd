@@ -96,6 +96,10 @@ cdef int _register_kind(type cls, kind_init_fn init, kind_recover_fn recover,
 cdef kind_ops_t* kind_ops(uint32_t code) noexcept nogil
 cdef uint32_t kind_code_of(kind) except 0
 cdef object kind_new_lock(uint32_t code, object region, uint32_t index, object name)
+# a table's compact stripe of kind `code`: the class a kind registered for its stripes
+# (_register_stripe: ticket's TicketStripe, ticketc.pxi), else its lock class
+cdef object kind_new_stripe(uint32_t code, object region, uint32_t index, object name)
+cdef int _register_stripe(type cls) except -1
 cdef list _KIND_CLASSES                 # the registered classes, in registration order
 
 # The synchronization toolbox's objects (docs/design.md §12) live in the directory beside

@@ -61,6 +61,25 @@ cdef object kind_new_lock(uint32_t code, object region, uint32_t index, object n
     return g_kind_bind(<type>cls, region, index, name)
 
 
+cdef dict _STRIPE_BY_CODE = {}          # kind code -> its compact stripes' class, if its own
+
+
+cdef int _register_stripe(type cls) except -1:
+    """cls (a subclass of its kind's class, same kind_code) is the class of a compact
+    stripe of that kind (docs/design.md §15): a protocol of its own on a stripe's line."""
+    _STRIPE_BY_CODE[cls.kind_code] = cls
+    return 0
+
+
+cdef object kind_new_stripe(uint32_t code, object region, uint32_t index, object name):
+    cls = _STRIPE_BY_CODE.get(code)
+    if cls is None:
+        return kind_new_lock(code, region, index, name)
+    if g_kind_bind == NULL:
+        return None
+    return g_kind_bind(<type>cls, region, index, name)
+
+
 # The synchronization toolbox's objects (docs/design.md §12) live in the directory beside
 # the locks, with kind codes of their own and entries in the same ops table (their init,
 # and the recovery of a dead participant's part in them), but are not locks: not in KINDS.

@@ -385,7 +385,11 @@ cdef inline bint kind_steps_aside(uint32_t code) noexcept nogil:
 
 cdef inline uint32_t* aside_words(shm_body* b) noexcept nogil:
     """A FIFO lock's aside words: the upper half of its word B line (the queue kinds leave
-    it unused; the ticket's serving is in the lower half)."""
+    it unused; the ticket's serving is in the lower half). NULL for a table's compact
+    stripe (no nodes: a ticket stripe, ticketc.pxi), which has no such line and whose
+    waiters never step aside."""
+    if b.qnodes == NULL:
+        return NULL
     return &b.wb.u32[SHM_LINE // 8]
 
 

@@ -675,8 +675,7 @@ cdef int table_load(rmap_t* rm, name) except -1:
     need = (SHM_STRIPE_LINES * SHM_LINE if t.compact else rm.stride)
     if (tb.ctl.magic != SHM_BODY_MAGIC or tb.ctl.kind != SHM_KIND_TABLE
             or t.sub < SHM_KIND_TICKET or t.sub > SHM_KIND_PI or ops == NULL
-            or t.compact != (t.sub == SHM_KIND_FUTEX or t.sub == SHM_KIND_ROBUST
-                             or t.sub == SHM_KIND_PI)
+            or t.compact != shm_table_compact(t.sub)
             or t.size < 1 or t.size > SHM_TABLE_MAX or t.first != rm.L
             or t.stride != need or t.off != rm.ext_off
             or t.off + <uint64_t>t.size * t.stride != rm.size):
@@ -1128,7 +1127,7 @@ cdef void aside_recover(rmap_t* rm, shm_body* b, uint32_t slot) noexcept nogil:
     cdef uint32_t dead = participant_hid(rm, slot)
     cdef uint32_t i
     cdef bint freed = 0
-    if dead == 0:
+    if dead == 0 or a == NULL:
         return
     if ld32_acq(&a[AS_VIP]) == dead:       # (a load first: a table recovers every stripe)
         freed |= cas32(&a[AS_VIP], dead, 0)

@@ -118,9 +118,9 @@ cdef int _provision_body_at(rmap_t* rm, uint64_t off, uint32_t code, what,
 
 cdef uint64_t _table_lines(uint32_t sub, uint32_t size, uint32_t P) noexcept nogil:
     """The lines of a table's stripes (the extension area): SHM_STRIPE_LINES each for the
-    kinds that need no line per participant per lock (futex, robust, pi), a whole lock body
-    each for the others (docs/design.md §15)."""
-    if sub == SHM_KIND_FUTEX or sub == SHM_KIND_ROBUST or sub == SHM_KIND_PI:
+    kinds that need no line per participant per lock (ticket, futex, robust, pi:
+    shm_table_compact), a whole lock body each for the others (docs/design.md §15)."""
+    if shm_table_compact(sub):
         return <uint64_t>size * SHM_STRIPE_LINES
     return <uint64_t>size * shm_body_lines(P)
 
@@ -139,7 +139,7 @@ cdef int _table_build(rmap_t* rm, uint32_t i, uint32_t sub, uint32_t size, what,
     cdef shm_body tb, sb
     cdef shm_table* t
     cdef uint32_t s
-    cdef bint compact = sub == SHM_KIND_FUTEX or sub == SHM_KIND_ROBUST or sub == SHM_KIND_PI
+    cdef bint compact = shm_table_compact(sub)
     if ops == NULL or sub > SHM_KIND_PI:
         raise ValueError(f"a lock table's kind must be a lock kind, not code {sub}")
     lines_provision(rm, off, SHM_BODY_NODES * SHM_LINE, what, fresh)
@@ -951,6 +951,8 @@ cdef class Region:
                 raise IndexError(f"region {self.name!r} has no lock number {i}")
             if name is None:
                 name = f"{self.name}[{i - self.rm.tbl.first}]"
+            if self.rm.tbl.compact:
+                return kind_new_stripe(self.rm.tbl.sub, self, i, name)
             return kind_new_lock(self.rm.tbl.sub, self, i, name)
         d = &self.rm.dir[i]
         code = ld32_acq(&d.kind)

@@ -46,7 +46,7 @@
 
 #define SHM_LINE        128u              /* padding unit: two 64-byte lines (adjacent-line prefetch) */
 #define SHM_MAGIC       0x314b434f4c4d4853ULL   /* "SHMLOCK1", little endian */
-#define SHM_VERSION     9u
+#define SHM_VERSION     10u
 #define SHM_NAME_MAX    56u               /* bytes of a lock name, NUL included */
 #define SHM_MAX_PARTICIPANTS 4096u      /* the cap when none is given (max_participants=None) */
 #define SHM_HWM_FIRST   32u               /* participants a new region provisions (at most P) */
@@ -381,16 +381,17 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
  * precs, the table-wide line of each participant for compact stripes (the adaptive spin
  * budget, pi's asynchronous-wait mark).  The stripes live past the lock bodies, in the
  * segment's extension area (header.ext_lines), `stride` bytes each:
- *   compact (futex, robust, pi): one line (128 bytes), a shm_lockctl whose repair slot
+ *   compact (ticket, futex, robust, pi): one line (128 bytes), a shm_lockctl whose repair slot
  *     (never used: the table's mutex serves its stripes) holds the lock word: the view
  *     aims wa at the slot (SHM_STRIPE_WA_OFF, byte 64: the futex word, or the glibc mutex
- *     with pi's asyncw and aseq in the two u32 past it) and wb at the ctl's _wb (the dead
- *     holder's record, 12 bytes).  So the line's first 64-byte half is what the holder
+ *     with pi's asyncw and aseq in the two u32 past it; ticket: next, then serving, which
+ *     wb names, SHM_STRIPE_TICKET_WB_OFF) and wb at the ctl's _wb (the dead holder's
+ *     record, 12 bytes).  So the line's first 64-byte half is what the holder
  *     writes at each hold (holder, statistics) and the second what waiters read, CAS,
  *     sleep on or add to (the word, timeouts), as a lock body's ctl and word lines are.
  *     Where glibc's mutex is larger than the slot leaves room for (aarch64: 48 bytes),
  *     the stripe is two lines and the word the second.  Nodes: none.
- *   full (ticket, mcs, clh: a line per participant per lock): a whole lock body each, of
+ *   full (mcs, clh: a line per participant per lock): a whole lock body each, of
  *     the region's geometry (shm_body_lines(P) lines), provisioned as a lock's.
  * Lock numbers: entry i of the directory is lock i; the table's stripe s is lock
  * first + s, first >= max_locks.  op_lock, the wait link and every reader name a lock by
@@ -406,12 +407,23 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
 #define SHM_STRIPE_LINES   (SHM_STRIPE_FITS ? 1u : 2u)
 #define SHM_STRIPE_WA_OFF  (SHM_STRIPE_FITS ? (uint32_t)offsetof(shm_lockctl, repair) : SHM_LINE)
 #define SHM_STRIPE_WB_OFF  ((uint32_t)offsetof(shm_lockctl, _wb))
+/* a compact ticket stripe (kinds/ticketc.pxi): next at word A, serving the u64 past it
+   (word B: the view aims wb there, so `next != serving` reads as for a lock body), then
+   its parked and marks counts */
+#define SHM_STRIPE_TICKET_WB_OFF (SHM_STRIPE_WA_OFF + 8u)
+/* the kinds whose stripes are compact: no line per participant per lock (ticket: its
+   abandon markers live in the participants' table lines, ticketc.pxi) */
+static inline int shm_table_compact(uint32_t sub) {
+    return sub == SHM_KIND_TICKET || sub == SHM_KIND_FUTEX || sub == SHM_KIND_ROBUST
+           || sub == SHM_KIND_PI;
+}
 
 typedef struct shm_table {
     uint32_t sub;              /* the stripes' kind (SHM_KIND_TICKET .. SHM_KIND_PI) */
     uint32_t size;             /* stripes, 1 .. SHM_TABLE_MAX */
     uint32_t first;            /* the lock number of stripe 0 */
-    uint32_t compact;          /* 1: SHM_STRIPE_LINES-line stripes; 0: whole lock bodies */
+    uint32_t compact;          /* 1: SHM_STRIPE_LINES-line stripes (shm_table_compact);
+                                  0: whole lock bodies */
     uint64_t off;              /* byte offset of stripe 0 in the segment */
     uint64_t stride;           /* bytes from one stripe to the next */
     char     _pad[SHM_LINE - 32];
@@ -424,6 +436,9 @@ _Static_assert(SHM_STRIPE_WA_OFF + sizeof(pthread_mutex_t) + 8 <= SHM_STRIPE_LIN
                       <= offsetof(shm_lockctl, timeouts)),
                "a compact stripe's mutex, asyncw and aseq lie in its ctl's repair slot (or its "
                "second line)");
+_Static_assert(SHM_STRIPE_TICKET_WB_OFF + 16 <= offsetof(shm_lockctl, timeouts)
+               || SHM_STRIPE_LINES == 2u,
+               "a ticket stripe's next, serving, parked and marks lie in the repair slot");
 _Static_assert(SHM_STRIPE_WA_OFF >= SHM_LINE / 2 && SHM_STRIPE_WB_OFF >= SHM_LINE / 2,
                "a compact stripe's words lie in the half the holder's statistics do not");
 
@@ -436,7 +451,8 @@ static inline shm_body shm_stripe_at(char *base, const shm_table *t, const shm_b
     if (t->compact) {
         b.ctl = (shm_lockctl *)p;
         b.wa = (shm_word *)(p + SHM_STRIPE_WA_OFF);
-        b.wb = (shm_word *)(p + SHM_STRIPE_WB_OFF);
+        b.wb = (shm_word *)(p + (t->sub == SHM_KIND_TICKET ? SHM_STRIPE_TICKET_WB_OFF
+                                                           : SHM_STRIPE_WB_OFF));
         b.qnodes = NULL;
         b.precs = tbody->precs;            /* one line per participant for the table */
         b.hwm = tbody->hwm;

@@ -375,8 +375,7 @@ static inline int dlw_table(dlw_ctx *c, int si) {
     need = (t.compact ? (uint64_t)SHM_STRIPE_LINES * SHM_LINE : s->stride);
     if (ctl.magic != SHM_BODY_MAGIC || ctl.kind != SHM_KIND_TABLE
             || t.sub < SHM_KIND_TICKET || t.sub > SHM_KIND_PI
-            || t.compact != (t.sub == SHM_KIND_FUTEX || t.sub == SHM_KIND_ROBUST
-                             || t.sub == SHM_KIND_PI)
+            || t.compact != shm_table_compact(t.sub)
             || t.size < 1 || t.size > SHM_TABLE_MAX || t.first != s->L
             || t.stride != need || t.off != s->ext_off
             || t.off + (uint64_t)t.size * t.stride != s->size)

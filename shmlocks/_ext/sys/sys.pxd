@@ -269,6 +269,7 @@ cdef extern from "shm_layout.h" nogil:
     enum: SHM_STRIPE_WA_OFF
     enum: SHM_MUTEX_U32
     enum: SHM_STRIPE_WB_OFF
+    enum: SHM_STRIPE_TICKET_WB_OFF
     ctypedef struct shm_table:
         uint32_t sub
         uint32_t size
@@ -277,6 +278,7 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t off
         uint64_t stride
     shm_body shm_stripe_at(char* base, const shm_table* t, const shm_body* tbody, uint32_t s)
+    bint shm_table_compact(uint32_t sub)
 
 cdef extern from "shm_hash.h" nogil:
     uint64_t SHM_HASH_TUPLE_SEED
