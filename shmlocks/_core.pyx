@@ -213,6 +213,18 @@ _CRASHPOINTS = {
     "region.grow.slots": ("region",),       # the new slots provisioned, the bodies not
     "region.grow.bodies": ("region",),      # every body provisioned, part_hwm not published
     "region.grow.published": ("region",),   # part_hwm published, directory mutex still held
+    # a table's compact ticket stripe (kinds/ticketc.pxi): "table", passed only by a
+    # LockTable(kind="ticket")'s stripes, not by a lock of KINDS (tests/test_table_ticket.py)
+    "ticketc.acquire.took": ("table",),     # fetch_add done, tagged ticket not yet published
+    "ticketc.try.took": ("table",),         # a free stripe taken by CAS, not yet published
+    "ticketc.ticketless.took": ("table",),  # the same, by a waiter whose marker is queued
+    "ticketc.abandon.counted": ("table",),  # marks counted, own omark not yet set
+    "ticketc.abandon.marked": ("table",),   # own omark set, before the serving check
+    "ticketc.release.served": ("table",),   # serving moved, before the marks check / wake
+    "ticketc.release.claimed": ("table",),  # an abandoned ticket's marker claimed, not passed
+    "ticketc.release.skipped": ("table",),  # it was passed, its marker not yet cleared
+    "ticketc.release.granted": ("table",),  # granted, own tagged ticket not yet cleared
+    "ticketc.recover.flagged": ("table",),  # recoverer gave its verdict, before the grant
     # a multi-acquire (table/table.pxi: LockTable.hold, hold_all and their async forms),
     # passed after each lock it takes: "hold", no kind's code (tests/test_sharding.py)
     "hold.took": ("hold",),                 # a lock taken, the next not yet asked for

@@ -151,7 +151,9 @@ cdef bint _tc_stripe_of(rmap_t* rm, uint64_t m, shm_body* out) noexcept nogil:
 
 cdef int _tc_claim(shm_body* b, uint64_t s, bint armed) noexcept nogil:
     """Serving is s and the stripe has markers: the prec whose omark marks s, claimed
-    (tag -> tag|SKIP, or found claimed by another grant); -1 if none does (s is live)."""
+    (tag -> tag|SKIP, or found claimed by another grant); -1 if none does (s is live).
+    Stale markers of this stripe met on the way (a passed ticket's claim whose clear was
+    not reached: its claimer died) are cleared."""
     cdef uint64_t m0 = _tc_tag(b, s)
     cdef uint64_t m
     cdef uint32_t x
@@ -164,6 +166,8 @@ cdef int _tc_claim(shm_body* b, uint64_t s, bint armed) noexcept nogil:
             m = ld64_seq(&b.precs[x].omark)          # taken back, or claimed beside us
         if m == (m0 | SHM_TICKET_SKIP):
             return <int>x
+        if m != 0 and _tc_lock1(m) == b.index + 1 and not _tc_outstanding(b, m):
+            _tc_clear(b, &b.precs[x], m)
     return -1
 
 

@@ -502,6 +502,11 @@ cdef class _Lock:
             shm_op_set(r.op, 0, 0)
             _raise_code(self, rc)
         if ld32_rlx(&self.b.ctl.holder) == r.hid:
+            if rc == R_PENDING:
+                # a place taken all the same (a compact ticket stripe's _fast cannot see
+                # that this participant holds it when its table line names another
+                # stripe's ticket: ticketc.pxi): left, as at a timeout, before raising
+                self._withdraw(r, rc)
             shm_op_set(r.op, 0, 0)
             self._raise_deadlock()
         if self.rm.agents > 0 and deadline != 0 and self._task_of_mine(r):
