@@ -473,3 +473,16 @@ def test_timed_holds_across_ticket_stripes_survive_random_sigkills(procs):
         for s in range(8):
             nx, sv, _parked, marks = _words(name, 8, s)
             assert nx == sv, (s, nx, sv)
+
+
+def test_acquiring_a_held_stripe_again_raises_and_leaves_no_ticket():
+    """A thread holding stripes 1 and 2 (its table line names stripe 2's ticket) that
+    acquires stripe 1 again gets DeadlockError, and the ticket it took meanwhile is left:
+    the stripe is free again after its release, nothing outstanding."""
+    name = uniq("tt-again")
+    with shmlocks.LockTable(4, "ticket", name=name) as t:
+        with t[1], t[2]:
+            with pytest.raises(shmlocks.DeadlockError):
+                t[1].acquire()
+        assert _free(t, name, 1) is False
+        assert _free(t, name, 2) is False
