@@ -318,6 +318,7 @@ Lock = _Lock
 
 # (each "final base" ignore below is the one of _Lock's declared base, above)
 class TicketLock(_Lock): ...  # type: ignore[misc]
+class TicketStripe(TicketLock): ...  # type: ignore[misc]
 class MCSLock(_Lock): ...  # type: ignore[misc]
 class CLHLock(_Lock): ...  # type: ignore[misc]
 class FutexMutex(_Lock): ...  # type: ignore[misc]

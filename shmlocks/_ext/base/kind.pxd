@@ -90,6 +90,8 @@ cdef struct kind_ops_t:
     uint32_t fixed_nodes    # node lines it uses by index, whatever its participants (the
                             # ticket's slots, a toolbox object's journal): provisioned with
                             # the body (docs/design.md §2); at most P + 1 are (shm_fixed_nodes)
+    kind_recover_fn stripe_recover  # a compact stripe's recover, if the kind has a stripe
+                            # protocol of its own (_register_stripe: ticket); NULL: recover
 
 cdef int _register_kind(type cls, kind_init_fn init, kind_recover_fn recover,
                         bint repair, kind_grow_fn grow=*, uint32_t fixed_nodes=*) except -1
@@ -99,7 +101,7 @@ cdef object kind_new_lock(uint32_t code, object region, uint32_t index, object n
 # a table's compact stripe of kind `code`: the class a kind registered for its stripes
 # (_register_stripe: ticket's TicketStripe, ticketc.pxi), else its lock class
 cdef object kind_new_stripe(uint32_t code, object region, uint32_t index, object name)
-cdef int _register_stripe(type cls) except -1
+cdef int _register_stripe(type cls, kind_recover_fn recover) except -1
 cdef list _KIND_CLASSES                 # the registered classes, in registration order
 
 # The synchronization toolbox's objects (docs/design.md §12) live in the directory beside

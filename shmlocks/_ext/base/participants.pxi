@@ -909,6 +909,7 @@ cdef int _participant_recover(rmap_t* rm, uint32_t slot, recov_t* rec) noexcept 
     cdef bint tbl
     cdef shm_body b
     cdef kind_ops_t* ops
+    cdef kind_recover_fn recover
     for i in range(rm.L):
         if ld32_acq(&rm.dir[i].state) != SHM_DIRENT_READY:
             continue
@@ -931,11 +932,14 @@ cdef int _participant_recover(rmap_t* rm, uint32_t slot, recov_t* rec) noexcept 
         ops = kind_ops(code)
         if ops == NULL:
             continue                             # not a kind of ours: nothing to complete
+        recover = ops.recover
+        if tbl and rm.tbl.compact and ops.stripe_recover != NULL:
+            recover = ops.stripe_recover         # a stripe protocol of its own (ticket)
         if not ops.repair:
             for s in range(n):                   # the kernel recovers it (robust, pi)
                 if tbl:
                     b = table_stripe(rm, s)
-                ops.recover(rm, &b, slot, rec)
+                recover(rm, &b, slot, rec)
             continue
         rc = repair_lock(rm, &b, rec)
         if rc == ETIMEDOUT:                      # a live recoverer is slow, or our time
@@ -951,7 +955,7 @@ cdef int _participant_recover(rmap_t* rm, uint32_t slot, recov_t* rec) noexcept 
                 b = table_stripe(rm, s)
             if kind_steps_aside(code):
                 aside_recover(rm, &b, slot)      # its seat, VIP turn, mark (§7.0)
-            ops.recover(rm, &b, slot, rec)
+            recover(rm, &b, slot, rec)
             if rec.cut:
                 break
         pm_unlock(body_repair(rm, &b), 0)

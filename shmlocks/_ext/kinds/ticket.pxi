@@ -330,14 +330,10 @@ cdef void _ticket_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noe
     """Participant q is dead and ours to recover (repair mutex held)."""
     cdef shm_prec* r = &b.precs[q]
     cdef uint32_t lock1 = b.index + 1
-    cdef uint32_t op
+    cdef uint32_t op = participant_op(rm, q, lock1)
     cdef uint64_t t, s, n0, u
     cdef bint seen
     cdef int om
-    if b.qnodes == NULL:
-        _tc_recover(rm, b, q, rec)                   # a table's compact stripe: ticketc.pxi
-        return
-    op = participant_op(rm, q, lock1)
     if r.ticket != 0:
         t = r.ticket - 1
         s = ld64_seq(ticket_serving(b))

@@ -35,6 +35,3 @@ cdef class TicketStripe(TicketLock):
     cdef int _tc_ticketless(self, uint32_t me, wait_t* w) noexcept nogil
     cdef int _tc_queued(self, uint32_t me, wait_t* w) noexcept nogil
 
-
-# a dead participant's recovery on a compact stripe (ticket.pxi _ticket_recover calls it)
-cdef void _tc_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcept nogil

@@ -80,7 +80,8 @@
 #        next) accounted for by nobody is a dead taker's: at serving, granted on (never
 #        entered); above, abandoned with q's omark (if free; else the next dead taker's
 #        recovery marks it).
-#   A marker of j in q's omark stays (a grant passes it); one found stale is cleared.
+#   A marker of j in q's omark stays (a grant passes it); one found stale is cleared, and
+#   so is q's ticketless mark of j (else a settle would skip the slot's next occupant).
 # A waiter sleeps on serving and on the liveness token of whoever accounts for serving
 # (the holder, or the published owner of serving); when serving is abandoned or
 # unpublished it sleeps a slice and recovers the dead that were acting on the stripe.
@@ -197,8 +198,9 @@ cdef void _tc_served(shm_body* b, uint64_t s, bint armed) noexcept nogil:
 
 cdef void _tc_grant(shm_body* b, uint64_t s, bint armed) noexcept nogil:
     """Serve ticket s (the release step): serving s - 1 -> s by CAS (a second granter of the
-    same ticket, a recoverer beside a releaser, loses and stops), then _tc_served."""
-    if not cas64(ticket_serving(b), s - 1, s):
+    same ticket, a recoverer beside a releaser, loses and stops), then _tc_served. Never
+    past next: a grant of a ticket nobody took would leave its taker unserved for good."""
+    if s - 1 == ld64_seq(ticket_next(b)) or not cas64(ticket_serving(b), s - 1, s):
         return
     crashpoint_at(armed, "ticketc.release.served")
     _tc_served(b, s, armed)
@@ -291,6 +293,9 @@ cdef void _tc_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcep
     cdef uint64_t s = ld64_seq(ticket_serving(b))
     cdef uint64_t t, n0, u
     cdef bint mine = pt != 0 and _tc_lock1(pt) == lock1
+    if ld64_seq(&r.abandoned) == <uint64_t>lock1:
+        st64_seq(&r.abandoned, 0)                    # its ticketless mark: not the next
+                                                     # occupant's (a settle would skip it)
     if om != 0 and _tc_lock1(om) == lock1 and not _tc_outstanding(b, om):
         _tc_clear(b, r, om)                          # a passed ticket's marker: stale
         om = ld64_seq(&r.omark)
@@ -591,4 +596,4 @@ cdef class TicketStripe(TicketLock):
         return 0
 
 
-_register_stripe(TicketStripe)
+_register_stripe(TicketStripe, _tc_recover)
