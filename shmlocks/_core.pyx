@@ -88,6 +88,8 @@ LAYOUT = {
     "stripe_wa_off": SHM_STRIPE_WA_OFF,
     "stripe_wb_off": SHM_STRIPE_WB_OFF,
     "stripe_ticket_wb_off": SHM_STRIPE_TICKET_WB_OFF,
+    "stripe_ticket_lines": SHM_STRIPE_TICKET_LINES,
+    "stripe_ticket_aside_off": SHM_STRIPE_TICKET_ASIDE_OFF,
     "participant_size": sizeof(shm_participant),
     # an asyncio cohort's fields, the chain walk's poke word and the wait link
     # (docs/design.md §3, §9, §14)

@@ -89,6 +89,7 @@ STRIPE_LINES = _L["stripe_lines"]
 STRIPE_WA_OFF = _L["stripe_wa_off"]
 STRIPE_WB_OFF = _L["stripe_wb_off"]
 STRIPE_TICKET_WB_OFF = _L["stripe_ticket_wb_off"]  # a ticket stripe's serving (ticketc.pxi)
+STRIPE_TICKET_LINES = _L["stripe_ticket_lines"]  # a ticket stripe: two lines (its aside words)
 _TABLE = struct.Struct("<IIIIQQ")  # shm_table: sub, size, first, compact, off, stride
 _BODY_READ = _L["body_lines_read"] * LINE  # ctl, word A, word B
 
@@ -622,7 +623,7 @@ def _table_header(h: Head, body: bytes) -> tuple[int, int, int, int, int, int]:
     sub, n, first, compact, off, sstride = _TABLE.unpack_from(body, LINE)
     kind, _flags, _holder, bmagic = _U32X4.unpack_from(body, 0)
     L, stride = h.max_locks, h.stride
-    need = STRIPE_LINES * LINE if compact else stride
+    need = (STRIPE_TICKET_LINES if sub == 1 else STRIPE_LINES) * LINE if compact else stride
     if (
         kind != KIND_TABLE
         or bmagic != BODY_MAGIC

@@ -27,7 +27,7 @@ from support.common import join_thread, kill, run_python, until
 import shmlocks
 
 LAY = shmlocks._core.LAYOUT
-STRIDE = LAY["stripe_lines"] * LAY["line"]
+STRIDE = LAY["stripe_ticket_lines"] * LAY["line"]
 WA = LAY["stripe_wa_off"]  # next; serving at WA + 8, parked at WA + 16, marks at WA + 20
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,7 +57,7 @@ def test_a_ticket_stripe_is_one_line_with_its_words_where_the_layout_says(procs)
         with open(os.path.join(SHM_DIR, t.name), "rb") as f:
             head = f.read(LAY["header_size"])
         (ext,) = struct.unpack_from("<Q", head, LAY["ext_lines_off"])
-        assert LAY["stripe_lines"] == 1 and ext == 4096, "one 128-byte line per stripe"
+        assert ext == 4096 * 2, "two 128-byte lines per stripe"
     name = uniq("tt-bytes")
     with shmlocks.LockTable(8, "ticket", name=name) as t:
         ev = mp.get_context("fork").Event()
@@ -203,7 +203,7 @@ import shmlocks
 name, scene = sys.argv[1], sys.argv[2]
 t = shmlocks.LockTable.open(name)
 L = shmlocks._core.LAYOUT
-STRIDE, WA = L["stripe_lines"] * L["line"], L["stripe_wa_off"]
+STRIDE, WA = L["stripe_ticket_lines"] * L["line"], L["stripe_wa_off"]
 def words(s):
     with open("/dev/shm/" + name, "rb") as f:
         end = os.fstat(f.fileno()).st_size

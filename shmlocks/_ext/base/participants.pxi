@@ -672,7 +672,7 @@ cdef int table_load(rmap_t* rm, name) except -1:
     tb = shm_body_at(rm.base, rm.locks_off + <uint64_t>found * rm.stride, rm.P, found)
     memcpy(&t, tb.wa, sizeof(shm_table))
     ops = kind_ops(t.sub)
-    need = (SHM_STRIPE_LINES * SHM_LINE if t.compact else rm.stride)
+    need = (shm_stripe_lines(t.sub) * SHM_LINE if t.compact else rm.stride)
     if (tb.ctl.magic != SHM_BODY_MAGIC or tb.ctl.kind != SHM_KIND_TABLE
             or t.sub < SHM_KIND_TICKET or t.sub > SHM_KIND_PI or ops == NULL
             or t.compact != shm_table_compact(t.sub)
@@ -1131,7 +1131,7 @@ cdef void aside_recover(rmap_t* rm, shm_body* b, uint32_t slot) noexcept nogil:
     cdef uint32_t dead = participant_hid(rm, slot)
     cdef uint32_t i
     cdef bint freed = 0
-    if dead == 0 or a == NULL:
+    if dead == 0:
         return
     if ld32_acq(&a[AS_VIP]) == dead:       # (a load first: a table recovers every stripe)
         freed |= cas32(&a[AS_VIP], dead, 0)

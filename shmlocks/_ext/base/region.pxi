@@ -117,11 +117,11 @@ cdef int _provision_body_at(rmap_t* rm, uint64_t off, uint32_t code, what,
 
 
 cdef uint64_t _table_lines(uint32_t sub, uint32_t size, uint32_t P) noexcept nogil:
-    """The lines of a table's stripes (the extension area): SHM_STRIPE_LINES each for the
+    """The lines of a table's stripes (the extension area): shm_stripe_lines each for the
     kinds that need no line per participant per lock (ticket, futex, robust, pi:
     shm_table_compact), a whole lock body each for the others (docs/design.md §15)."""
     if shm_table_compact(sub):
-        return <uint64_t>size * SHM_STRIPE_LINES
+        return <uint64_t>size * shm_stripe_lines(sub)
     return <uint64_t>size * shm_body_lines(P)
 
 
@@ -154,7 +154,7 @@ cdef int _table_build(rmap_t* rm, uint32_t i, uint32_t sub, uint32_t size, what,
     t.first = rm.L
     t.compact = compact
     t.off = rm.ext_off
-    t.stride = SHM_STRIPE_LINES * SHM_LINE if compact else rm.stride
+    t.stride = shm_stripe_lines(sub) * SHM_LINE if compact else rm.stride
     if compact:
         lines_provision(rm, t.off, <uint64_t>size * t.stride, what, fresh)
     for s in range(size):

@@ -549,15 +549,17 @@ cdef class TicketStripe(TicketLock):
         pk.rm = self.rm
         pk.b = &self.b
         pk.arg = 0
+        w.aside_ok = 1                               # queued: may step aside (§7.0)
         res = park(&pk, w)
+        w.aside_ok = 0
         if res == R_ACQ:
             return R_ACQ
         if res == R_WOULDBLOCK:
             w.resume_rc = R_PENDING                  # the ticket stays ours
             return res
-        rc = self._tc_abandon(me, ctx.t)
-        if rc == R_TIMEOUT:
-            return res                               # R_TIMEOUT or R_SIGNAL
+        rc = self._tc_abandon(me, ctx.t)            # (stepping aside, R_ASIDE, too: the
+        if rc == R_TIMEOUT:                          # rejoin takes the ticket back)
+            return res                               # R_TIMEOUT, R_SIGNAL or R_ASIDE
         return rc
 
     cdef int _wait(self, uint32_t me, int rc, wait_t* w) noexcept nogil:

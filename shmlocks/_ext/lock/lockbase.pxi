@@ -1007,7 +1007,7 @@ cdef class _Lock:
             parts.append((ld32_acq(&q.pid), ld32_acq(&q.op_lock), ld32_acq(&q.op_step),
                           ld64_acq(&q.op_value), ld64_acq(&q.generation)))
         aside = None
-        if kind_steps_aside(self._code) and aside_words(&self.b) != NULL:
+        if kind_steps_aside(self._code):
             a = aside_words(&self.b)         # docs/design.md §7.0
             aside = {"vip": ld32_acq(&a[AS_VIP]),
                      "seats": [ld32_acq(&a[AS_SEATS + i]) for i in range(g_aside_seats)],

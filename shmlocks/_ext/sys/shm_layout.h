@@ -417,12 +417,20 @@ static inline int shm_table_compact(uint32_t sub) {
     return sub == SHM_KIND_TICKET || sub == SHM_KIND_FUTEX || sub == SHM_KIND_ROBUST
            || sub == SHM_KIND_PI;
 }
+/* a ticket stripe is two lines: the second holds its waiters' aside words (spinner seats,
+   the VIP turn: participants.pxd aside_words, docs/design.md §7.0) in its upper half, as
+   a lock body's word B line does */
+#define SHM_STRIPE_TICKET_LINES 2u
+#define SHM_STRIPE_TICKET_ASIDE_OFF (SHM_LINE + SHM_LINE / 2)
+static inline uint32_t shm_stripe_lines(uint32_t sub) {
+    return sub == SHM_KIND_TICKET ? SHM_STRIPE_TICKET_LINES : SHM_STRIPE_LINES;
+}
 
 typedef struct shm_table {
     uint32_t sub;              /* the stripes' kind (SHM_KIND_TICKET .. SHM_KIND_PI) */
     uint32_t size;             /* stripes, 1 .. SHM_TABLE_MAX */
     uint32_t first;            /* the lock number of stripe 0 */
-    uint32_t compact;          /* 1: SHM_STRIPE_LINES-line stripes (shm_table_compact);
+    uint32_t compact;          /* 1: shm_stripe_lines(sub)-line stripes (shm_table_compact);
                                   0: whole lock bodies */
     uint64_t off;              /* byte offset of stripe 0 in the segment */
     uint64_t stride;           /* bytes from one stripe to the next */
@@ -439,6 +447,9 @@ _Static_assert(SHM_STRIPE_WA_OFF + sizeof(pthread_mutex_t) + 8 <= SHM_STRIPE_LIN
 _Static_assert(SHM_STRIPE_TICKET_WB_OFF + 16 <= offsetof(shm_lockctl, timeouts)
                || SHM_STRIPE_LINES == 2u,
                "a ticket stripe's next, serving, parked and marks lie in the repair slot");
+_Static_assert(SHM_STRIPE_TICKET_WB_OFF + 16 <= SHM_STRIPE_TICKET_ASIDE_OFF
+               && SHM_STRIPE_TICKET_ASIDE_OFF + SHM_LINE / 2 <= SHM_STRIPE_TICKET_LINES * SHM_LINE,
+               "a ticket stripe's aside words follow its words, within its two lines");
 _Static_assert(SHM_STRIPE_WA_OFF >= SHM_LINE / 2 && SHM_STRIPE_WB_OFF >= SHM_LINE / 2,
                "a compact stripe's words lie in the half the holder's statistics do not");
 

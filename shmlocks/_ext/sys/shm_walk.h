@@ -372,7 +372,7 @@ static inline int dlw_table(dlw_ctx *c, int si) {
     boff = s->locks_off + (uint64_t)found * s->stride;
     if (dlw_read(s, boff, &ctl, 16) != 0 || dlw_read(s, boff + SHM_LINE, &t, sizeof t) != 0)
         return 0;
-    need = (t.compact ? (uint64_t)SHM_STRIPE_LINES * SHM_LINE : s->stride);
+    need = (t.compact ? (uint64_t)shm_stripe_lines(t.sub) * SHM_LINE : s->stride);
     if (ctl.magic != SHM_BODY_MAGIC || ctl.kind != SHM_KIND_TABLE
             || t.sub < SHM_KIND_TICKET || t.sub > SHM_KIND_PI
             || t.compact != shm_table_compact(t.sub)
