@@ -1,8 +1,9 @@
 # ticketc.pxi -- the compact ticket stripe: a LockTable(kind="ticket") stripe in one line.
 #
 # The same kind as ticket.pxi (FIFO tickets, abandonable at a timeout or a signal, every
-# death recovered), on one 128-byte line per stripe instead of a whole lock body: no ticket
-# slot lines, no prec line per participant per stripe. What a participant keeps is in its
+# death recovered, waiters that step aside past the CPUs), on two 128-byte lines per
+# stripe instead of a whole lock body: no ticket slot lines, no prec line per participant
+# per stripe. The second line's upper half holds the aside words (docs/design.md §7.0). What a participant keeps is in its
 # ONE line for the table (the table entry's prec: shm_stripe_at aims every stripe's precs
 # there), which serves all the stripes because a participant WAITS for one lock at a time
 # (it may HOLD several: hold()). docs/design.md §15 "Compact ticket stripes".
@@ -20,7 +21,7 @@
 # Outstanding tickets lie within P + 1 of serving, so t mod 2**40 names one of them without
 # doubt; the full ticket is serving + ((tag - serving) mod 2**40).
 #
-#   stripe line (shm_layout.h; ctl's repair slot, ticketc.pxd)
+#   stripe line 0 (shm_layout.h; ctl's repair slot, ticketc.pxd; line 1: aside words)
 #     word A   u64 next      fetch_add takes a ticket (as ticket.pxd ticket_next)
 #     word B   u64 serving   moved only from s - 1 to s, by CAS; its low half is the futex
 #                            word every waiter of the stripe parks on (a herd: a stripe has

@@ -381,7 +381,8 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
  * precs, the table-wide line of each participant for compact stripes (the adaptive spin
  * budget, pi's asynchronous-wait mark).  The stripes live past the lock bodies, in the
  * segment's extension area (header.ext_lines), `stride` bytes each:
- *   compact (ticket, futex, robust, pi): one line (128 bytes), a shm_lockctl whose repair slot
+ *   compact (ticket, futex, robust, pi): one line (128 bytes; ticket two: its aside words),
+ *     a shm_lockctl whose repair slot
  *     (never used: the table's mutex serves its stripes) holds the lock word: the view
  *     aims wa at the slot (SHM_STRIPE_WA_OFF, byte 64: the futex word, or the glibc mutex
  *     with pi's asyncw and aseq in the two u32 past it; ticket: next, then serving, which
