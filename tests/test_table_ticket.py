@@ -454,6 +454,13 @@ def test_timed_holds_across_ticket_stripes_survive_random_sigkills(procs):
         for p in ps:
             kill(p)
         kills += 4
+        for k in range(8):  # (what a wedge looks like, if one comes: the failure says)
+            if not t[k].acquire(timeout=30):
+                raw = t[k]._raw()
+                pytest.fail(f"stripe {k} wedged: {_words(name, 8, k)} {raw}")
+            if t[k].owner_died:
+                t[k].mark_consistent()
+            t[k].release()
         with shmlocks.hold_all(*(t[k] for k in range(8)), timeout=30) as held:
             for k in range(8):
                 assert arr[k * 4 + 3] != -1, "a stripe was held by two processes"

@@ -173,14 +173,18 @@ cdef int _tc_claim(shm_body* b, uint64_t s, bint armed) noexcept nogil:
     return -1
 
 
-cdef void _tc_served(shm_body* b, uint64_t s, bint armed) noexcept nogil:
+cdef void _tc_served(shm_body* b, uint64_t s, bint armed, bint force=0) noexcept nogil:
     """The rest of the grant of s, once serving is s: pass s if it is abandoned (claim its
     marker, move serving, clear the claim), and so on; wake the stripe's waiters. A
-    recoverer redoes a dead releaser's grant with this alone ([C2])."""
+    recoverer redoes a dead releaser's grant with this alone ([C2]); a waiter that finds
+    serving abandoned with nobody passing it (a grant cut short by a death whose recovery
+    cannot tell: a recoverer killed inside another's recovery) helps with `force` (the
+    table lines scanned whatever the count says). Safe beside any other grant: the claim
+    and each move of serving are CASes."""
     cdef uint32_t guard = 0
     cdef uint64_t m
     cdef int x
-    while ld32_seq(tc_marks(b)) != 0:
+    while force or ld32_seq(tc_marks(b)) != 0:
         x = _tc_claim(b, s, armed)
         if x < 0:
             break                                    # s is live: granted
@@ -357,6 +361,9 @@ cdef void _tc_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcep
                 if ld64_seq(ticket_serving(b)) == u and _tc_clear(b, r, _tc_tag(b, u)):
                     _tc_grant(b, u + 1, shm_crash_armed)
         u += 1
+    # a grant q made as a recoverer (in another's recovery) may have claimed the marker
+    # at serving and died before passing it: nobody's record says so; finish it
+    _tc_served(b, ld64_seq(ticket_serving(b)), shm_crash_armed, 1)
 
 
 cdef bint _tc_recover_dead(rmap_t* rm, shm_body* b, recov_t* rec) noexcept nogil:
@@ -379,16 +386,23 @@ cdef int _tc_watch_serving(rmap_t* rm, shm_body* b, uint64_t s, watch_t* ws) noe
     cdef uint32_t x1 = holder_slot(rm, ld32_seq(&b.ctl.holder))
     cdef uint64_t m = _tc_tag(b, s)
     cdef uint32_t x
+    cdef bint marked = 0
     if x1 != 0:
         return watch_participant(rm, x1 - 1, ws)
     for x in range(body_hwm(b)):
-        if ld64_acq(&b.precs[x].ticket) == m:
-            if (ld64_seq(&b.precs[x].omark) & ~SHM_TICKET_SKIP) == m:
-                break                                # abandoning it: a release passes it
+        if (ld64_seq(&b.precs[x].omark) & ~SHM_TICKET_SKIP) == m:
+            marked = 1                               # abandoned: a grant passes it
+        elif ld64_acq(&b.precs[x].ticket) == m:
             return watch_participant(rm, x, ws)
     if ld64_seq(ticket_next(b)) == s:
         return DEP_CHANGED                           # nobody holds it
-    return DEP_CHANGED if _tc_recover_dead(rm, b, ws.rec) else DEP_UNKNOWN
+    if _tc_recover_dead(rm, b, ws.rec):
+        return DEP_CHANGED
+    if marked:
+        _tc_served(b, s, shm_crash_armed, 1)         # nobody passing it: help
+        if ld64_seq(ticket_serving(b)) != s:
+            return DEP_CHANGED
+    return DEP_UNKNOWN
 
 
 cdef int _tc_ready(void* c) noexcept nogil:
