@@ -457,7 +457,13 @@ def test_timed_holds_across_ticket_stripes_survive_random_sigkills(procs):
         for k in range(8):  # (what a wedge looks like, if one comes: the failure says)
             if not t[k].acquire(timeout=30):
                 raw = t[k]._raw()
-                pytest.fail(f"stripe {k} wedged: {_words(name, 8, k)} {raw}")
+                parts = t.region._describe().get("participants")
+                n = t.region._recover_dead()
+                again = t[k].acquire(timeout=5)
+                pytest.fail(
+                    f"stripe {k} wedged: {_words(name, 8, k)} {raw} participants {parts} "
+                    f"recovered then {n}, acquired then {again}"
+                )
             if t[k].owner_died:
                 t[k].mark_consistent()
             t[k].release()
