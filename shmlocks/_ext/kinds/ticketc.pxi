@@ -35,7 +35,8 @@
 #     omark         p's abandon marker, tag(j, t) (| SKIP once a grant passing it claimed
 #                   it), 0 = none
 #     abandoned_gen the participant generation (the thread) that abandoned it
-#     abandoned     lock number + 1 of the stripe p waits for WITHOUT a ticket (below)
+#     abandoned     lock number + 1 of the stripe p takes WITHOUT a ticket, around the CAS
+#                   of next that does it (below): a [T4] settle waits for it then
 #
 # Abandonment is the overflow path of ticket.pxi, for every marker (a Dekker pair, the
 # CAS on the marker deciding):
@@ -231,11 +232,15 @@ cdef bint _tc_mark(shm_body* b, uint32_t p, uint64_t t) noexcept nogil:
 
 
 cdef bint _tc_unpublished(shm_body* b, uint32_t x) noexcept nogil:
-    """x (taking or waiting for stripe b) may hold a ticket of b it has not published: not
-    while it waits ticketless (it takes one only by a CAS it clears that mark before), nor
-    once its published ticket names an outstanding ticket of b."""
+    """x (taking or waiting for stripe b) may hold a ticket of b it has not published: while
+    it takes one without a ticket (its mark says so around that CAS); not while it has a
+    marker queued (it waits ticketless, or aside: it takes a ticket only by that CAS), nor
+    once its published ticket names an outstanding ticket of b. (A waiter aside was taken
+    for a taker mid-step once: a recoverer that was that waiter then waited for itself.)"""
     cdef shm_prec* r = &b.precs[x]
     if ld64_seq(&r.abandoned) == <uint64_t>b.index + 1:
+        return 1
+    if ld64_seq(&r.omark) != 0:
         return 0
     return not _tc_outstanding(b, ld64_acq(&r.ticket))
 
@@ -521,13 +526,14 @@ cdef class TicketStripe(TicketLock):
             if not _tc_outstanding(&ob, m):
                 _tc_clear(&ob, r, m)                 # passed, not yet cleared: stale
                 continue
-            st64_seq(&r.abandoned, 0)                # a take: [T4]'s settle waits for us
+            st64_seq(&r.abandoned, lock1)            # a take: [T4]'s settle waits for us
             s = ld64_acq(ticket_serving(&self.b))
             if cas64(ticket_next(&self.b), s, s + 1):
                 crashpoint("ticketc.ticketless.took")
                 st64_rel(&r.ticket, _tc_tag(&self.b, s))
+                st64_seq(&r.abandoned, 0)
                 return R_ACQ
-            st64_seq(&r.abandoned, lock1)
+            st64_seq(&r.abandoned, 0)
             ctx.b = &self.b
             ctx.t = 0
             ctx.r = r
