@@ -28,7 +28,7 @@ import time
 
 import pytest
 from support import KINDS, SHM_DIR, uniq
-from support.common import kill, run_python
+from support.common import kill, kill_at_random, run_python
 
 import shmlocks
 from shmlocks import _segment
@@ -589,18 +589,12 @@ def test_multi_acquires_survive_random_sigkills(procs, kind):
     with shmlocks.LockTable(16, kind, name=uniq("tbl-kill")) as t:
         arr, counts = ctx.RawArray("q", 16 * 4), ctx.RawArray("q", 4)
         ps = [procs.start(_killed_holder, t.name, arr, counts, w, w, ctx=ctx) for w in range(4)]
-        rng, kills = random.Random(7), 0
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            time.sleep(rng.uniform(0.005, 0.03))
-            w = rng.randrange(4)
-            assert ps[w].is_alive(), f"worker {w} ended on its own: {ps[w].exitcode}"
-            kill(ps[w])
-            kills += 1
-            ps[w] = procs.start(_killed_holder, t.name, arr, counts, w, 100 + kills, ctx=ctx)
-        for p in ps:
-            kill(p)
-        kills += 4
+        kills = kill_at_random(
+            ps,
+            lambda w, n: procs.start(_killed_holder, t.name, arr, counts, w, 100 + n, ctx=ctx),
+            seconds,
+            7,
+        )
         with t.hold(*range(64), timeout=30) as held:  # every stripe: the dead recovered
             for k in range(16):
                 assert arr[k * 4 + 3] != -1, "a stripe was held by two processes"

@@ -22,7 +22,7 @@ import time
 
 import pytest
 from support import SHM_DIR, uniq
-from support.common import join_thread, kill, run_python, until
+from support.common import join_thread, kill, kill_at_random, run_python, until
 
 import shmlocks
 
@@ -442,18 +442,12 @@ def test_timed_holds_across_ticket_stripes_survive_random_sigkills(procs):
     with shmlocks.LockTable(8, "ticket", name=name) as t:
         arr, counts = ctx.RawArray("q", 8 * 4), ctx.RawArray("q", 8)
         ps = [procs.start(_killed_timed_holder, name, arr, counts, w, w, ctx=ctx) for w in range(4)]
-        rng, kills = random.Random(11), 0
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            time.sleep(rng.uniform(0.005, 0.03))
-            w = rng.randrange(4)
-            assert ps[w].is_alive(), f"worker {w} ended on its own: {ps[w].exitcode}"
-            kill(ps[w])
-            kills += 1
-            ps[w] = procs.start(_killed_timed_holder, name, arr, counts, w, 100 + kills, ctx=ctx)
-        for p in ps:
-            kill(p)
-        kills += 4
+        kills = kill_at_random(
+            ps,
+            lambda w, n: procs.start(_killed_timed_holder, name, arr, counts, w, 100 + n, ctx=ctx),
+            seconds,
+            11,
+        )
         for k in range(8):  # (what a wedge looks like, if one comes: the failure says)
             if not t[k].acquire(timeout=30):
                 raw = t[k]._raw()

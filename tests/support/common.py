@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -210,6 +211,24 @@ def kill(p, sig=signal.SIGKILL, timeout=10.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(p.pid, sig)
     p.join(timeout)
+
+
+def kill_at_random(ps, restart, seconds: float, seed: int) -> int:
+    """For `seconds`, SIGKILL one of the workers `ps` (processes we started) every 5-30 ms
+    and put `restart(w, kills)` in its place (each must still be alive: one that ended on
+    its own fails the test); then kill them all. Returns the number of kills."""
+    rng, kills = random.Random(seed), 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(rng.uniform(0.005, 0.03))
+        w = rng.randrange(len(ps))
+        assert ps[w].is_alive(), f"worker {w} ended on its own: {ps[w].exitcode}"
+        kill(ps[w])
+        kills += 1
+        ps[w] = restart(w, kills)
+    for p in ps:
+        kill(p)
+    return kills + len(ps)
 
 
 def join_all(processes, timeout: float) -> list:
