@@ -320,6 +320,7 @@ Lock = _Lock
 class TicketLock(_Lock): ...  # type: ignore[misc]
 class TicketStripe(TicketLock): ...  # type: ignore[misc]
 class MCSLock(_Lock): ...  # type: ignore[misc]
+class MCSStripe(MCSLock): ...  # type: ignore[misc]  # a LockTable's mcs stripe
 class CLHLock(_Lock): ...  # type: ignore[misc]
 class FutexMutex(_Lock): ...  # type: ignore[misc]
 class _PthreadMutexLock(_Lock): ...  # type: ignore[misc]

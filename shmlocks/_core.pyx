@@ -37,6 +37,7 @@ include "_ext/kinds/queue.pxi"
 include "_ext/kinds/ticket.pxi"
 include "_ext/kinds/ticketc.pxi"
 include "_ext/kinds/mcs.pxi"
+include "_ext/kinds/mcsc.pxi"
 include "_ext/kinds/clh.pxi"
 include "_ext/kinds/futex.pxi"
 include "_ext/kinds/robust.pxi"
@@ -88,8 +89,8 @@ LAYOUT = {
     "stripe_wa_off": SHM_STRIPE_WA_OFF,
     "stripe_wb_off": SHM_STRIPE_WB_OFF,
     "stripe_ticket_wb_off": SHM_STRIPE_TICKET_WB_OFF,
-    "stripe_ticket_lines": SHM_STRIPE_TICKET_LINES,
-    "stripe_ticket_aside_off": SHM_STRIPE_TICKET_ASIDE_OFF,
+    "stripe_fifo_lines": SHM_STRIPE_FIFO_LINES,    # a ticket or mcs stripe's lines
+    "stripe_aside_off": SHM_STRIPE_ASIDE_OFF,      # and where its aside words are
     "participant_size": sizeof(shm_participant),
     # an asyncio cohort's fields, the chain walk's poke word and the wait link
     # (docs/design.md §3, §9, §14)
@@ -227,6 +228,16 @@ _CRASHPOINTS = {
     "ticketc.release.skipped": ("table",),  # it was passed, its marker not yet cleared
     "ticketc.release.granted": ("table",),  # granted, own tagged ticket not yet cleared
     "ticketc.recover.flagged": ("table",),  # recoverer gave its verdict, before the grant
+    # a table's compact mcs stripe (kinds/mcsc.pxi): "table", passed only by a
+    # LockTable(kind="mcs")'s stripes (tests/test_table_mcs.py kills each)
+    "mcsc.acquire.joined": ("table",),      # tail taken, own pred not yet published
+    "mcsc.acquire.pred": ("table",),        # pred published, hint not yet linked
+    "mcsc.redirect.pred": ("table",),       # a successor's pred names the holder, tail not yet
+    "mcsc.grant.moved": ("table",),         # granted: successor link moved, node not yet idle
+    "mcsc.release.emptied": ("table",),     # tail emptied by its holder, before return
+    "mcsc.pass.emptied": ("table",),        # passed-through last node: tail emptied, node not idle
+    "mcsc.release.passing": ("table",),     # successor redirected, passed node not yet idle
+    "mcsc.recover.flagged": ("table",),     # recoverer set the verdict, before the release
     # a multi-acquire (table/table.pxi: LockTable.hold, hold_all and their async forms),
     # passed after each lock it takes: "hold", no kind's code (tests/test_sharding.py)
     "hold.took": ("hold",),                 # a lock taken, the next not yet asked for

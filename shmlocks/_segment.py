@@ -89,7 +89,9 @@ STRIPE_LINES = _L["stripe_lines"]
 STRIPE_WA_OFF = _L["stripe_wa_off"]
 STRIPE_WB_OFF = _L["stripe_wb_off"]
 STRIPE_TICKET_WB_OFF = _L["stripe_ticket_wb_off"]  # a ticket stripe's serving (ticketc.pxi)
-STRIPE_TICKET_LINES = _L["stripe_ticket_lines"]  # a ticket stripe: two lines (its aside words)
+STRIPE_FIFO_LINES = _L["stripe_fifo_lines"]  # a ticket or mcs stripe: two (its aside words)
+_KIND_TICKET = _core.KINDS["ticket"].kind_code
+_FIFO_STRIPES = (_KIND_TICKET, _core.KINDS["mcs"].kind_code)  # shm_layout.h shm_stripe_lines
 _TABLE = struct.Struct("<IIIIQQ")  # shm_table: sub, size, first, compact, off, stride
 _BODY_READ = _L["body_lines_read"] * LINE  # ctl, word A, word B
 
@@ -623,12 +625,13 @@ def _table_header(h: Head, body: bytes) -> tuple[int, int, int, int, int, int]:
     sub, n, first, compact, off, sstride = _TABLE.unpack_from(body, LINE)
     kind, _flags, _holder, bmagic = _U32X4.unpack_from(body, 0)
     L, stride = h.max_locks, h.stride
-    need = (STRIPE_TICKET_LINES if sub == 1 else STRIPE_LINES) * LINE if compact else stride
+    lines = STRIPE_FIFO_LINES if sub in _FIFO_STRIPES else STRIPE_LINES
+    need = lines * LINE if compact else stride
     if (
         kind != KIND_TABLE
         or bmagic != BODY_MAGIC
         or sub not in KIND_NAMES
-        or compact != (KIND_NAMES[sub] in ("ticket", "futex", "robust", "pi"))
+        or compact != (KIND_NAMES[sub] in ("ticket", "mcs", "futex", "robust", "pi"))
         or not 1 <= n <= TABLE_MAX
         or first != L
         or sstride != need
@@ -650,7 +653,7 @@ def _read_table(fd: int, h: Head, idx: int, body: bytes) -> Table:
         if compact:
             sb = data[s * sstride : (s + 1) * sstride]
             wa_off = STRIPE_WA_OFF
-            wb_off = STRIPE_TICKET_WB_OFF if sub == 1 else STRIPE_WB_OFF
+            wb_off = STRIPE_TICKET_WB_OFF if sub == _KIND_TICKET else STRIPE_WB_OFF
         else:
             sb = pread_exact(fd, base, _BODY_READ)
             wa_off, wb_off = LINE, 2 * LINE

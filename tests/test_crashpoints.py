@@ -232,7 +232,8 @@ def test_crashpoint_table_matches_the_sources():
     for name, kinds in CRASHPOINTS.items():
         # a kind of KINDS, or an object of the toolbox with a protocol of steps (rwlock),
         # or the region's own (growth: "region"), or a multi-acquire's ("hold", tests/test_sharding.py)
-        # or a table's compact ticket stripe's ("table", tests/test_table_ticket.py)
+        # or a table's compact ticket or mcs stripe's ("table", tests/test_table_ticket.py,
+        # tests/test_table_mcs.py)
         assert kinds and set(kinds) <= set(shmlocks.KINDS) | set(shmlocks.OBJECTS) | {
             "region",
             "hold",

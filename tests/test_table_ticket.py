@@ -27,7 +27,7 @@ from support.common import join_thread, kill, kill_at_random, run_python, until
 import shmlocks
 
 LAY = shmlocks._core.LAYOUT
-STRIDE = LAY["stripe_ticket_lines"] * LAY["line"]
+STRIDE = LAY["stripe_fifo_lines"] * LAY["line"]
 WA = LAY["stripe_wa_off"]  # next; serving at WA + 8, parked at WA + 16, marks at WA + 20
 
 pytestmark = pytest.mark.timeout(120)

@@ -386,11 +386,11 @@ cdef inline bint kind_steps_aside(uint32_t code) noexcept nogil:
 cdef inline uint32_t* aside_words(shm_body* b) noexcept nogil:
     """A FIFO lock's aside words: the upper half of its word B line (the queue kinds leave
     it unused; the ticket's serving is in the lower half). A table's compact stripe of a
-    kind that steps aside (kind_steps_aside: a compact one can only be a ticket stripe,
-    ticketc.pxi) keeps them in the upper half of its second line (shm_layout.h
-    SHM_STRIPE_TICKET_ASIDE_OFF), not 64 bytes past its word B (the next stripe's line)."""
-    if b.qnodes == NULL:
-        return <uint32_t*>(<char*>b.ctl + SHM_STRIPE_TICKET_ASIDE_OFF)
+    kind that steps aside (ticket, ticketc.pxi; mcs, mcsc.pxi) keeps them in the upper half
+    of its second line (shm_layout.h SHM_STRIPE_ASIDE_OFF), not 64 bytes past its word B
+    (its own lock word's half, or the next stripe's line)."""
+    if shm_view_compact(b):
+        return <uint32_t*>(<char*>b.ctl + SHM_STRIPE_ASIDE_OFF)
     return &b.wb.u32[SHM_LINE // 8]
 
 

@@ -699,6 +699,9 @@ cdef int table_grow(rmap_t* rm, uint32_t lo, uint32_t hi, what) except -1:
         return 0
     lines_provision(rm, tbase + (SHM_BODY_NODES + <uint64_t>rm.P + 1 + lo) * SHM_LINE,
                     <uint64_t>(hi - lo) * SHM_LINE, what, 0)
+    if rm.tbl.sub == SHM_KIND_MCS:               # a compact mcs stripe's wait nodes (mcsc.pxi)
+        lines_provision(rm, tbase + (SHM_BODY_NODES + <uint64_t>lo) * SHM_LINE,
+                        <uint64_t>(hi - lo) * SHM_LINE, what, 0)
     for s in range(rm.tbl.size):
         if not rm.tbl.compact:
             body_provision_at(rm, rm.tbl.off + <uint64_t>s * rm.tbl.stride, rm.tbl.sub, lo,
@@ -934,7 +937,7 @@ cdef int _participant_recover(rmap_t* rm, uint32_t slot, recov_t* rec) noexcept 
             continue                             # not a kind of ours: nothing to complete
         recover = ops.recover
         if tbl and rm.tbl.compact and ops.stripe_recover != NULL:
-            recover = ops.stripe_recover         # a stripe protocol of its own (ticket)
+            recover = ops.stripe_recover         # a stripe protocol of its own (ticket, mcs)
         if not ops.repair:
             for s in range(n):                   # the kernel recovers it (robust, pi)
                 if tbl:

@@ -118,7 +118,7 @@ cdef int _provision_body_at(rmap_t* rm, uint64_t off, uint32_t code, what,
 
 cdef uint64_t _table_lines(uint32_t sub, uint32_t size, uint32_t P) noexcept nogil:
     """The lines of a table's stripes (the extension area): shm_stripe_lines each for the
-    kinds that need no line per participant per lock (ticket, futex, robust, pi:
+    kinds that need no line per participant per lock (ticket, mcs, futex, robust, pi:
     shm_table_compact), a whole lock body each for the others (docs/design.md §15)."""
     if shm_table_compact(sub):
         return <uint64_t>size * shm_stripe_lines(sub)
@@ -145,6 +145,9 @@ cdef int _table_build(rmap_t* rm, uint32_t i, uint32_t sub, uint32_t size, what,
     lines_provision(rm, off, SHM_BODY_NODES * SHM_LINE, what, fresh)
     lines_provision(rm, off + (SHM_BODY_NODES + <uint64_t>rm.P + 1) * SHM_LINE,
                     <uint64_t>h * SHM_LINE, what, fresh)
+    if sub == SHM_KIND_MCS:                      # its wait node per participant (mcsc.pxi)
+        lines_provision(rm, off + SHM_BODY_NODES * SHM_LINE, <uint64_t>h * SHM_LINE, what,
+                        fresh)
     tb = shm_body_at(rm.base, off, rm.P, i)
     tb.ctl.kind = SHM_KIND_TABLE
     _robust_mutex_init(&tb.ctl.repair.m, 0)

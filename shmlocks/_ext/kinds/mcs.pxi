@@ -39,15 +39,6 @@
 # behalf, a dead releaser's pass finished. (Mellor-Crummey & Scott, TOCS 1991; timeouts
 # after Scott & Scherer, PPoPP 2001.)
 
-cdef enum:
-    M_IDLE = 0
-    M_WAIT = 1
-    M_GRANT = 2
-    M_ABANDONED = 3
-    M_PASSING = 4
-    M_UNKNOWN = SHM_ID_UNKNOWN
-
-
 cdef int _mcs_not_waiting(void* c) noexcept nogil:
     """READY once granted (or abandoned under us); FAR while the predecessor waits too, or
     left its place (abandoned: a waiter that stepped aside, docs/design.md §7.0, has
@@ -345,13 +336,6 @@ cdef int _mcs_dep(park_t* pk, watch_t* ws) noexcept nogil:
         p = queue_link(&b.qnodes[p - 1])
         guard += 1
     return DEP_UNKNOWN
-
-
-cdef inline void _mcs_left(shm_qnode* n) noexcept nogil:
-    """Node n left the queue or came back to it: its successor depends on someone else now
-    (_mcs_dep watches n's state without counting in n.parked); wake it to look. Only on
-    leaving and rejoining, never on a release."""
-    shm_futex_wake(&n.state, 0x7fffffff)
 
 
 cdef class MCSLock(_Lock):

@@ -992,8 +992,9 @@ cdef class _Lock:
         for i in range(self.b.P + 1):
             if self.b.qnodes == NULL:
                 break                        # a compact stripe: no nodes
-            if i >= h and i >= nf and i != self.b.P:
-                continue                     # not provisioned
+            if i >= h and (i >= nf and i != self.b.P or shm_view_compact(&self.b)):
+                continue                     # not provisioned (a compact mcs stripe's
+                                             # nodes: its table's, one per participant)
             n = &self.b.qnodes[i]            # raw words, read through the queue view
             nodes.append((ld32_acq(&n.state), ld32_acq(&n.next), ld32_acq(&n.pred),
                           ld32_acq(&n.parked), ld64_acq(&n.left_gen), ld32_acq(&n.round),

@@ -235,7 +235,9 @@ typedef struct shm_qnode {
                                   one passage of a node */
     uint32_t guess;            /* the tail's last id as its owner CASed the tail: its pred
                                   if that CAS won (queue.pxi) */
-    char     _pad[SHM_LINE - 32];
+    uint32_t lock1;            /* a table's node (compact mcs stripes, mcsc.pxi): the lock
+                                  number + 1 of the stripe it is queued on; 0 elsewhere */
+    char     _pad[SHM_LINE - 36];
 } SHM_LINE_ALIGNED shm_qnode;
 
 /* ticket: a ticket slot (tslot[t % TS] for ticket t, TS = min(P, SHM_TICKET_SLOTS)), one
@@ -318,7 +320,8 @@ _Static_assert(sizeof(shm_node) == SHM_LINE, "node is one line");
 _Static_assert(sizeof(shm_qnode) == SHM_LINE && sizeof(shm_tslot) == SHM_LINE,
                "each view of a node is the whole line");
 _Static_assert(offsetof(shm_qnode, parked) == 12 && offsetof(shm_tslot, parked) == 12
-               && offsetof(shm_qnode, left_gen) == 16 && offsetof(shm_tslot, abandoned) == 16,
+               && offsetof(shm_qnode, left_gen) == 16 && offsetof(shm_tslot, abandoned) == 16
+               && offsetof(shm_qnode, lock1) == 32,
                "the views agree where _raw() reads a node as a queue node");
 _Static_assert(sizeof(shm_prec) == SHM_LINE, "prec is one line");
 _Static_assert(offsetof(shm_header, order_key) == 96 && offsetof(shm_header, ext_lines) == 104
@@ -357,6 +360,11 @@ typedef struct shm_body {      /* process-local view of one lock body; never sto
 _Static_assert(sizeof(shm_body) <= 64, "a view of a body is one cache line: the fast path's");
 
 static inline shm_tslot *shm_tslots(shm_body *b) { return (shm_tslot *)b->qnodes; }
+/* is view b a table's compact stripe (shm_stripe_at)?  Its word B lies in its first two
+   lines; a lock body's is its line SHM_BODY_WB (shm_body_at), as a full stripe's */
+static inline int shm_view_compact(const shm_body *b) {
+    return (const char *)b->wb < (const char *)b->ctl + SHM_BODY_WB * SHM_LINE;
+}
 
 static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_t index) {
     shm_body b;
@@ -381,18 +389,20 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
  * precs, the table-wide line of each participant for compact stripes (the adaptive spin
  * budget, pi's asynchronous-wait mark).  The stripes live past the lock bodies, in the
  * segment's extension area (header.ext_lines), `stride` bytes each:
- *   compact (ticket, futex, robust, pi): one line (128 bytes; ticket two: its aside words),
- *     a shm_lockctl whose repair slot
+ *   compact (ticket, mcs, futex, robust, pi): one line (128 bytes; ticket and mcs two:
+ *     their aside words, SHM_STRIPE_FIFO_LINES), a shm_lockctl whose repair slot
  *     (never used: the table's mutex serves its stripes) holds the lock word: the view
  *     aims wa at the slot (SHM_STRIPE_WA_OFF, byte 64: the futex word, or the glibc mutex
  *     with pi's asyncw and aseq in the two u32 past it; ticket: next, then serving, which
- *     wb names, SHM_STRIPE_TICKET_WB_OFF) and wb at the ctl's _wb (the dead holder's
+ *     wb names, SHM_STRIPE_TICKET_WB_OFF; mcs: the tail, and its first hint at word B)
+ *     and wb at the ctl's _wb (the dead holder's
  *     record, 12 bytes).  So the line's first 64-byte half is what the holder
  *     writes at each hold (holder, statistics) and the second what waiters read, CAS,
  *     sleep on or add to (the word, timeouts), as a lock body's ctl and word lines are.
  *     Where glibc's mutex is larger than the slot leaves room for (aarch64: 48 bytes),
- *     the stripe is two lines and the word the second.  Nodes: none.
- *   full (mcs, clh: a line per participant per lock): a whole lock body each, of
+ *     the stripe is two lines and the word the second.  Nodes: none (mcs: the table
+ *     entry's node lines, one wait node per participant for the whole table, mcsc.pxi).
+ *   full (clh: a line per participant per lock): a whole lock body each, of
  *     the region's geometry (shm_body_lines(P) lines), provisioned as a lock's.
  * Lock numbers: entry i of the directory is lock i; the table's stripe s is lock
  * first + s, first >= max_locks.  op_lock, the wait link and every reader name a lock by
@@ -413,18 +423,20 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
    its parked and marks counts */
 #define SHM_STRIPE_TICKET_WB_OFF (SHM_STRIPE_WA_OFF + 8u)
 /* the kinds whose stripes are compact: no line per participant per lock (ticket: its
-   abandon markers live in the participants' table lines, ticketc.pxi) */
+   abandon markers live in the participants' table lines, ticketc.pxi; mcs: one wait node
+   per participant for the table, mcsc.pxi) */
 static inline int shm_table_compact(uint32_t sub) {
-    return sub == SHM_KIND_TICKET || sub == SHM_KIND_FUTEX || sub == SHM_KIND_ROBUST
-           || sub == SHM_KIND_PI;
+    return sub == SHM_KIND_TICKET || sub == SHM_KIND_MCS || sub == SHM_KIND_FUTEX
+           || sub == SHM_KIND_ROBUST || sub == SHM_KIND_PI;
 }
-/* a ticket stripe is two lines: the second holds its waiters' aside words (spinner seats,
-   the VIP turn: participants.pxd aside_words, docs/design.md §7.0) in its upper half, as
-   a lock body's word B line does */
-#define SHM_STRIPE_TICKET_LINES 2u
-#define SHM_STRIPE_TICKET_ASIDE_OFF (SHM_LINE + SHM_LINE / 2)
+/* a FIFO kind's compact stripe (ticket, mcs) is two lines: the second holds its waiters'
+   aside words (spinner seats, the VIP turn: participants.pxd aside_words, docs/design.md
+   §7.0) in its upper half, as a lock body's word B line does */
+#define SHM_STRIPE_FIFO_LINES 2u
+#define SHM_STRIPE_ASIDE_OFF (SHM_LINE + SHM_LINE / 2)
 static inline uint32_t shm_stripe_lines(uint32_t sub) {
-    return sub == SHM_KIND_TICKET ? SHM_STRIPE_TICKET_LINES : SHM_STRIPE_LINES;
+    return sub == SHM_KIND_TICKET || sub == SHM_KIND_MCS ? SHM_STRIPE_FIFO_LINES
+                                                         : SHM_STRIPE_LINES;
 }
 
 typedef struct shm_table {
@@ -448,9 +460,12 @@ _Static_assert(SHM_STRIPE_WA_OFF + sizeof(pthread_mutex_t) + 8 <= SHM_STRIPE_LIN
 _Static_assert(SHM_STRIPE_TICKET_WB_OFF + 16 <= offsetof(shm_lockctl, timeouts)
                || SHM_STRIPE_LINES == 2u,
                "a ticket stripe's next, serving, parked and marks lie in the repair slot");
-_Static_assert(SHM_STRIPE_TICKET_WB_OFF + 16 <= SHM_STRIPE_TICKET_ASIDE_OFF
-               && SHM_STRIPE_TICKET_ASIDE_OFF + SHM_LINE / 2 <= SHM_STRIPE_TICKET_LINES * SHM_LINE,
-               "a ticket stripe's aside words follow its words, within its two lines");
+_Static_assert(SHM_STRIPE_TICKET_WB_OFF + 16 <= SHM_STRIPE_ASIDE_OFF
+               && SHM_STRIPE_WA_OFF + 16 <= SHM_STRIPE_ASIDE_OFF
+               && SHM_STRIPE_WB_OFF + 16 <= SHM_STRIPE_ASIDE_OFF
+               && SHM_STRIPE_ASIDE_OFF + SHM_LINE / 2 <= SHM_STRIPE_FIFO_LINES * SHM_LINE
+               && SHM_STRIPE_LINES <= SHM_STRIPE_FIFO_LINES,
+               "a ticket or mcs stripe's aside words follow its words, within its two lines");
 _Static_assert(SHM_STRIPE_WA_OFF >= SHM_LINE / 2 && SHM_STRIPE_WB_OFF >= SHM_LINE / 2,
                "a compact stripe's words lie in the half the holder's statistics do not");
 
@@ -465,7 +480,9 @@ static inline shm_body shm_stripe_at(char *base, const shm_table *t, const shm_b
         b.wa = (shm_word *)(p + SHM_STRIPE_WA_OFF);
         b.wb = (shm_word *)(p + (t->sub == SHM_KIND_TICKET ? SHM_STRIPE_TICKET_WB_OFF
                                                            : SHM_STRIPE_WB_OFF));
-        b.qnodes = NULL;
+        /* mcs: one wait node per participant for the table, the table entry's own node
+           lines (mcsc.pxi); the other compact kinds have none */
+        b.qnodes = t->sub == SHM_KIND_MCS ? tbody->qnodes : NULL;
         b.precs = tbody->precs;            /* one line per participant for the table */
         b.hwm = tbody->hwm;
         b.P = tbody->P;

@@ -228,6 +228,7 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t left_gen
         uint32_t round
         uint32_t guess
+        uint32_t lock1
 
     ctypedef struct shm_tslot:
         uint32_t grants
@@ -260,6 +261,7 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t hwm_seen
 
     shm_tslot* shm_tslots(shm_body* b)
+    bint shm_view_compact(const shm_body* b)
     uint64_t shm_body_lines(uint32_t P)
     uint32_t shm_fixed_nodes(uint32_t fixed, uint32_t P)
     shm_body shm_body_at(char* base, uint64_t off, uint32_t P, uint32_t index)
@@ -270,8 +272,8 @@ cdef extern from "shm_layout.h" nogil:
     enum: SHM_MUTEX_U32
     enum: SHM_STRIPE_WB_OFF
     enum: SHM_STRIPE_TICKET_WB_OFF
-    enum: SHM_STRIPE_TICKET_ASIDE_OFF
-    enum: SHM_STRIPE_TICKET_LINES
+    enum: SHM_STRIPE_ASIDE_OFF
+    enum: SHM_STRIPE_FIFO_LINES
     ctypedef struct shm_table:
         uint32_t sub
         uint32_t size
