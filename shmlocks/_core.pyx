@@ -89,8 +89,8 @@ LAYOUT = {
     "stripe_wa_off": SHM_STRIPE_WA_OFF,
     "stripe_wb_off": SHM_STRIPE_WB_OFF,
     "stripe_ticket_wb_off": SHM_STRIPE_TICKET_WB_OFF,
-    "stripe_fifo_lines": SHM_STRIPE_FIFO_LINES,    # a ticket or mcs stripe's lines
-    "stripe_aside_off": SHM_STRIPE_ASIDE_OFF,      # and where its aside words are
+    "stripe_aside_off": SHM_STRIPE_ASIDE_OFF,      # a ticket or mcs stripe's aside words
+    "stripe_seats": SHM_STRIPE_SEATS,              # and its spinner seats
     "participant_size": sizeof(shm_participant),
     # an asyncio cohort's fields, the chain walk's poke word and the wait link
     # (docs/design.md §3, §9, §14)

@@ -89,9 +89,7 @@ STRIPE_LINES = _L["stripe_lines"]
 STRIPE_WA_OFF = _L["stripe_wa_off"]
 STRIPE_WB_OFF = _L["stripe_wb_off"]
 STRIPE_TICKET_WB_OFF = _L["stripe_ticket_wb_off"]  # a ticket stripe's serving (ticketc.pxi)
-STRIPE_FIFO_LINES = _L["stripe_fifo_lines"]  # a ticket or mcs stripe: two (its aside words)
 _KIND_TICKET = _core.KINDS["ticket"].kind_code
-_FIFO_STRIPES = (_KIND_TICKET, _core.KINDS["mcs"].kind_code)  # shm_layout.h shm_stripe_lines
 _TABLE = struct.Struct("<IIIIQQ")  # shm_table: sub, size, first, compact, off, stride
 _BODY_READ = _L["body_lines_read"] * LINE  # ctl, word A, word B
 
@@ -625,8 +623,7 @@ def _table_header(h: Head, body: bytes) -> tuple[int, int, int, int, int, int]:
     sub, n, first, compact, off, sstride = _TABLE.unpack_from(body, LINE)
     kind, _flags, _holder, bmagic = _U32X4.unpack_from(body, 0)
     L, stride = h.max_locks, h.stride
-    lines = STRIPE_FIFO_LINES if sub in _FIFO_STRIPES else STRIPE_LINES
-    need = lines * LINE if compact else stride
+    need = STRIPE_LINES * LINE if compact else stride
     if (
         kind != KIND_TABLE
         or bmagic != BODY_MAGIC

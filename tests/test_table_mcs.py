@@ -52,7 +52,7 @@ def assert_clean(t) -> None:
 
 
 def _stripe_at(t, s: int) -> bytes:
-    stride = shmlocks._core.LAYOUT["stripe_fifo_lines"] * shmlocks._core.LAYOUT["line"]
+    stride = shmlocks._core.LAYOUT["stripe_lines"] * shmlocks._core.LAYOUT["line"]
     with open(os.path.join(SHM_DIR, t.name), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         return os.pread(f.fileno(), stride, size - (t.size - s) * stride)
@@ -62,20 +62,20 @@ def _stripe_at(t, s: int) -> bytes:
 
 
 @pytest.mark.timeout(60)
-def test_an_mcs_table_is_two_lines_a_stripe():
+def test_an_mcs_table_is_one_line_a_stripe():
     with shmlocks.LockTable(4096, "mcs", name=uniq("mcst-big")) as t:
         lay = shmlocks._core.LAYOUT
         with open(os.path.join(SHM_DIR, t.name), "rb") as f:
             head = f.read(lay["header_size"])
             st = os.fstat(f.fileno())
         (ext,) = struct.unpack_from("<Q", head, lay["ext_lines_off"])
-        assert lay["stripe_fifo_lines"] == 2 and lay["stripe_aside_off"] == lay["line"] * 3 // 2
-        assert ext == 4096 * 2, "two 128-byte lines per stripe (the second: its aside words)"
+        assert lay["stripe_aside_off"] == lay["stripe_wa_off"] + 24 and lay["stripe_seats"] == 4
+        assert ext == 4096 * lay["stripe_lines"], "one 128-byte line per stripe (x86_64)"
         for i in (0, 4095):
             with t[i]:
                 assert t[i].locked()
-        # resident: the region's own lines and two lines a stripe, not a body a stripe
-        assert st.st_blocks * 512 < 4096 * 1024, st.st_blocks * 512
+        # resident: the region's own lines and a line a stripe, not a body a stripe
+        assert st.st_blocks * 512 < 4096 * 128 * lay["stripe_lines"] + 64 * 1024, st.st_blocks
 
 
 _HOLD = """
@@ -201,7 +201,7 @@ def test_fifo_on_one_stripe(procs):
 
 UNSET = -9
 ASIDE_S = 0.2  # a waiter aside stays aside this long here (ms scale in production)
-AS_SEATS_OFF = 16  # the first spinner seat: the aside words' u32 4 (participants.pxd)
+AS_SEATS_OFF = 8  # the first spinner seat: the aside words' u32 2 (participants.pxd)
 
 
 def _aside_waiter(name, s, idx, order, pos, ready, spin_s):
@@ -225,7 +225,7 @@ def test_mcs_stripe_waiters_step_aside_and_are_served_in_arrival_order(procs):
     """Waiter 0 spins in its place on stripe 5 (the one seat); waiters 1-3 arrive behind
     it one at a time, find no seat and step aside (their nodes left abandoned on stripe
     5); each rejoins its old place, and the stripe goes 0, 1, 2, 3. The seat is the word
-    at the upper half of the stripe's second line; no other stripe's bytes change."""
+    8 bytes into the stripe's aside words; no other stripe's bytes change."""
     from support.common import aside_count, join_or_kill, wait_blocked, wait_seated
 
     ctx = mp.get_context("fork")
@@ -285,7 +285,7 @@ def test_a_dead_line_ahead_of_an_mcs_stripe_waiter_aside_wakes_and_is_recovered(
     mcs table: the holder, the seated spinner and the waiter aside ahead (its node left
     abandoned on the stripe) SIGKILLed at once; the waiter aside behind wakes, rejoins,
     recovers them and gets the stripe with owner_died; the dead one's seat, VIP turn and
-    mark are cleared (in the stripe's second line, the table's prec lines)."""
+    mark are cleared (in the stripe's aside words, the table's prec lines)."""
     from test_aside import _kill_the_line_ahead_of_a_waiter_aside
 
     tables = []

@@ -1,6 +1,6 @@
 """The compact ticket stripe (docs/design.md §15, shmlocks/_ext/kinds/ticketc.pxi): a
-LockTable(kind="ticket") stripe is two 128-byte lines and keeps every guarantee of the ticket
-kind. What a user depends on: the memory (two lines a stripe, its words where the layout
+LockTable(kind="ticket") stripe is one 128-byte line and keeps every guarantee of the ticket
+kind. What a user depends on: the memory (one line a stripe, its words where the layout
 says, neighbours untouched); FIFO order on a stripe; a waiter that times out leaves no
 trace the next release does not pass; a participant that gave up on one stripe still gets
 another, free or busy; a process SIGKILLed at any step of the protocol (taking, waiting,
@@ -27,7 +27,7 @@ from support.common import join_thread, kill, kill_at_random, run_python, until
 import shmlocks
 
 LAY = shmlocks._core.LAYOUT
-STRIDE = LAY["stripe_fifo_lines"] * LAY["line"]
+STRIDE = LAY["stripe_lines"] * LAY["line"]
 WA = LAY["stripe_wa_off"]  # next; serving at WA + 8, parked at WA + 16, marks at WA + 20
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,15 +50,16 @@ def _words(name: str, size: int, s: int) -> tuple[int, int, int, int]:
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the one-line stripe's offsets")
 def test_a_ticket_stripe_is_one_line_with_its_words_where_the_layout_says(procs):
-    """4,096 ticket stripes are 8,192 lines; a held stripe's line: holder +8, acquisitions
-    +16, last_pid +56, next +64, serving +72, parked +80, marks +84, timeouts +112 (the
-    second line: aside words); a timed-out waiter's marker is passed and counted back to
-    0; the neighbours untouched."""
+    """4,096 ticket stripes are 4,096 lines; a held stripe's line: holder +8, acquisitions
+    +16, last_pid +56, next +64, serving +72, parked +80, marks +84, the aside words +88
+    (VIP, VIP time, 4 seats), timeouts +112; a timed-out waiter's marker is passed and
+    counted back to 0; the neighbours untouched."""
     with shmlocks.LockTable(4096, "ticket", name=uniq("tt-big")) as t:
         with open(os.path.join(SHM_DIR, t.name), "rb") as f:
             head = f.read(LAY["header_size"])
         (ext,) = struct.unpack_from("<Q", head, LAY["ext_lines_off"])
-        assert ext == 4096 * 2, "two 128-byte lines per stripe"
+        assert ext == 4096, "one 128-byte line per stripe"
+        assert LAY["stripe_aside_off"] == 88 and LAY["stripe_seats"] == 4
     name = uniq("tt-bytes")
     with shmlocks.LockTable(8, "ticket", name=name) as t:
         ev = mp.get_context("fork").Event()

@@ -371,8 +371,8 @@ cdef enum:
     AS_VIP = 0          # the VIP turn: the holder id of the waiter that took it, 0 = none
     AS_VIP_AT = 1       # when the last VIP turn was taken (CLOCK_MONOTONIC us, mod 2^32):
                         # a hint, trusted for at most ASIDE_NS (wait.pxi aside_sleep)
-    AS_SEATS = 4        # the spinner seats: each a spinning waiter's holder id, 0 = free
-    AS_MAX_SEATS = 12
+    AS_SEATS = 2        # the spinner seats: each a spinning waiter's holder id, 0 = free
+    AS_MAX_SEATS = 12   # a lock body's (a compact stripe's: SHM_STRIPE_SEATS, aside_cap)
 
 
 cdef inline bint kind_steps_aside(uint32_t code) noexcept nogil:
@@ -386,12 +386,19 @@ cdef inline bint kind_steps_aside(uint32_t code) noexcept nogil:
 cdef inline uint32_t* aside_words(shm_body* b) noexcept nogil:
     """A FIFO lock's aside words: the upper half of its word B line (the queue kinds leave
     it unused; the ticket's serving is in the lower half). A table's compact stripe of a
-    kind that steps aside (ticket, ticketc.pxi; mcs, mcsc.pxi) keeps them in the upper half
-    of its second line (shm_layout.h SHM_STRIPE_ASIDE_OFF), not 64 bytes past its word B
-    (its own lock word's half, or the next stripe's line)."""
+    kind that steps aside (ticket, ticketc.pxi; mcs, mcsc.pxi) keeps them in its line's
+    waiters' half, past its words (shm_layout.h SHM_STRIPE_ASIDE_OFF), with fewer seats
+    (aside_cap), not 64 bytes past its word B (the next stripe's line)."""
     if shm_view_compact(b):
         return <uint32_t*>(<char*>b.ctl + SHM_STRIPE_ASIDE_OFF)
     return &b.wb.u32[SHM_LINE // 8]
+
+
+cdef inline uint32_t aside_cap(shm_body* b) noexcept nogil:
+    """The spinner seat words of lock b's aside words: AS_MAX_SEATS for a lock body,
+    SHM_STRIPE_SEATS for a table's compact stripe. A waiter uses at most g_aside_seats of
+    them (its process's CPUs - 1); a recovery frees a dead one's in all of them."""
+    return SHM_STRIPE_SEATS if shm_view_compact(b) else AS_MAX_SEATS
 
 
 cdef int aside_ahead(rmap_t* rm, shm_body* b, uint32_t me, uint64_t since) noexcept nogil

@@ -1138,7 +1138,7 @@ cdef void aside_recover(rmap_t* rm, shm_body* b, uint32_t slot) noexcept nogil:
         return
     if ld32_acq(&a[AS_VIP]) == dead:       # (a load first: a table recovers every stripe)
         freed |= cas32(&a[AS_VIP], dead, 0)
-    for i in range(AS_MAX_SEATS):
+    for i in range(aside_cap(b)):
         if ld32_acq(&a[AS_SEATS + i]) == dead:
             cas32(&a[AS_SEATS + i], dead, 0)
     if ld64_acq(&b.precs[slot].aside_since) != 0:

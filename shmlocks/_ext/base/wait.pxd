@@ -57,6 +57,7 @@ cdef struct wait_t:
                             # elsewhere (futex: its W bit); here, it outlives the _wait call
     # -- stepping aside (a FIFO kind's blocking wait, docs/design.md §7.0): wait_init clears
     uint32_t* aside         # the lock's aside words (aside_words); NULL: never step aside
+    uint32_t aside_cap      # its seat words (aside_cap: fewer in a table's stripe)
     uint32_t aside_id       # the waiter's holder id: what a seat or the VIP word names it by
     shm_body* aside_b       # its lock's body, and its slot: its aside mark (prec.aside_since)
     uint32_t aside_slot
@@ -139,6 +140,7 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
     recov_init(&w.rec, deadline)
     w.nb = 0
     w.aside = NULL
+    w.aside_cap = 0
     w.aside_id = 0
     w.aside_b = NULL
     w.aside_slot = 0

@@ -421,7 +421,7 @@ cdef inline bint _aside_seat(wait_t* w) noexcept nogil:
     v = ld32_seq(&a[AS_VIP])
     if v != 0 and v != w.aside_id:
         return 0
-    for i in range(g_aside_seats):
+    for i in range(min(g_aside_seats, w.aside_cap)):
         if ld32_rlx(&a[AS_SEATS + i]) == 0 and cas32(&a[AS_SEATS + i], 0, w.aside_id):
             w.seat = <int>i
             return 1
@@ -442,7 +442,7 @@ cdef void _aside_heal(wait_t* w) noexcept nogil:
     cdef uint32_t* a = w.aside
     cdef uint32_t* p
     cdef uint32_t i, v, h
-    for i in range(AS_MAX_SEATS + 1):
+    for i in range(w.aside_cap + 1):
         p = &a[AS_VIP] if i == 0 else &a[AS_SEATS + i - 1]
         v = ld32_seq(p)
         if v == 0 or v == w.aside_id:

@@ -45,8 +45,8 @@
 # j held, it cannot queue until its node is passed, and polls j meanwhile (a park slice at
 # a time, woken early when its node is passed): that wait has no FIFO place (_mc_poll_*).
 # Only the thread that left rejoins its node in place (left_gen), as mcs.pxi.
-# Stepping aside (docs/design.md §7.0): the stripe's second line holds its aside words
-# in its upper half (shm_layout.h SHM_STRIPE_ASIDE_OFF, participants.pxd aside_words;
+# Stepping aside (docs/design.md §7.0): the stripe's line holds its aside words past its
+# words (shm_layout.h SHM_STRIPE_ASIDE_OFF: 4 seats, participants.pxd aside_words;
 # the marks are the participant's table line's aside_since, read per stripe through
 # op_lock). A waiter that steps aside leaves its node ABANDONED on this stripe, as at a
 # timeout, and its acquire of this very stripe goes on (lockbase _wait_aside): back on its

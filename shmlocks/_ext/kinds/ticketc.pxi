@@ -1,9 +1,11 @@
 # ticketc.pxi -- the compact ticket stripe: a LockTable(kind="ticket") stripe in one line.
 #
 # The same kind as ticket.pxi (FIFO tickets, abandonable at a timeout or a signal, every
-# death recovered, waiters that step aside past the CPUs), on two 128-byte lines per
+# death recovered, waiters that step aside past the CPUs), on one 128-byte line per
 # stripe instead of a whole lock body: no ticket slot lines, no prec line per participant
-# per stripe. The second line's upper half holds the aside words (docs/design.md §7.0). What a participant keeps is in its
+# per stripe. The line's waiters' half holds the aside words too, past the words below
+# (shm_layout.h SHM_STRIPE_ASIDE_OFF: 4 seats; docs/design.md §7.0). What a participant
+# keeps is in its
 # ONE line for the table (the table entry's prec: shm_stripe_at aims every stripe's precs
 # there), which serves all the stripes because a participant WAITS for one lock at a time
 # (it may HOLD several: hold()). docs/design.md §15 "Compact ticket stripes".

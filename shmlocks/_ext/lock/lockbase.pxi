@@ -541,6 +541,7 @@ cdef class _Lock:
         w.rm = self.rm                               # hidden while handlers run
         if kind_steps_aside(self._code):
             w.aside = aside_words(&self.b)           # a FIFO kind may step aside (§7.0)
+            w.aside_cap = aside_cap(&self.b)
             w.aside_id = r.hid
             w.aside_b = &self.b
             w.aside_slot = me
@@ -1011,7 +1012,8 @@ cdef class _Lock:
         if kind_steps_aside(self._code):
             a = aside_words(&self.b)         # docs/design.md §7.0
             aside = {"vip": ld32_acq(&a[AS_VIP]),
-                     "seats": [ld32_acq(&a[AS_SEATS + i]) for i in range(g_aside_seats)],
+                     "seats": [ld32_acq(&a[AS_SEATS + i])
+                               for i in range(min(g_aside_seats, aside_cap(&self.b)))],
                      "aside": [i for i in range(h) if ld64_acq(&self.b.precs[i].aside_since)]}
         return {"flags": ld32_acq(&self.b.ctl.flags), "holder": ld32_acq(&self.b.ctl.holder),
                 "wa": ld64_acq(&self.b.wa.u64[0]), "wb": ld64_acq(&self.b.wb.u64[0]),

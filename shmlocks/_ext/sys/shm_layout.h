@@ -46,7 +46,7 @@
 
 #define SHM_LINE        128u              /* padding unit: two 64-byte lines (adjacent-line prefetch) */
 #define SHM_MAGIC       0x314b434f4c4d4853ULL   /* "SHMLOCK1", little endian */
-#define SHM_VERSION     10u
+#define SHM_VERSION     11u
 #define SHM_NAME_MAX    56u               /* bytes of a lock name, NUL included */
 #define SHM_MAX_PARTICIPANTS 4096u      /* the cap when none is given (max_participants=None) */
 #define SHM_HWM_FIRST   32u               /* participants a new region provisions (at most P) */
@@ -389,12 +389,13 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
  * precs, the table-wide line of each participant for compact stripes (the adaptive spin
  * budget, pi's asynchronous-wait mark).  The stripes live past the lock bodies, in the
  * segment's extension area (header.ext_lines), `stride` bytes each:
- *   compact (ticket, mcs, futex, robust, pi): one line (128 bytes; ticket and mcs two:
- *     their aside words, SHM_STRIPE_FIFO_LINES), a shm_lockctl whose repair slot
+ *   compact (ticket, mcs, futex, robust, pi): one line (128 bytes), a shm_lockctl whose
+ *     repair slot
  *     (never used: the table's mutex serves its stripes) holds the lock word: the view
  *     aims wa at the slot (SHM_STRIPE_WA_OFF, byte 64: the futex word, or the glibc mutex
  *     with pi's asyncw and aseq in the two u32 past it; ticket: next, then serving, which
- *     wb names, SHM_STRIPE_TICKET_WB_OFF; mcs: the tail, and its first hint at word B)
+ *     wb names, SHM_STRIPE_TICKET_WB_OFF; mcs: the tail and its first hint; for both,
+ *     24 bytes past wa, their waiters' aside words, SHM_STRIPE_ASIDE_OFF)
  *     and wb at the ctl's _wb (the dead holder's
  *     record, 12 bytes).  So the line's first 64-byte half is what the holder
  *     writes at each hold (holder, statistics) and the second what waiters read, CAS,
@@ -429,14 +430,16 @@ static inline int shm_table_compact(uint32_t sub) {
     return sub == SHM_KIND_TICKET || sub == SHM_KIND_MCS || sub == SHM_KIND_FUTEX
            || sub == SHM_KIND_ROBUST || sub == SHM_KIND_PI;
 }
-/* a FIFO kind's compact stripe (ticket, mcs) is two lines: the second holds its waiters'
-   aside words (spinner seats, the VIP turn: participants.pxd aside_words, docs/design.md
-   §7.0) in its upper half, as a lock body's word B line does */
-#define SHM_STRIPE_FIFO_LINES 2u
-#define SHM_STRIPE_ASIDE_OFF (SHM_LINE + SHM_LINE / 2)
+/* a FIFO kind's compact stripe (ticket, mcs) keeps its waiters' aside words (the VIP
+   turn and SHM_STRIPE_SEATS spinner seats: participants.pxd aside_words, docs/design.md
+   §7.0) in its waiters' half, 24 bytes past its word A (past the ticket's next, serving,
+   parked and marks; the mcs tail and first hint), before timeouts: a lock body keeps
+   them in its word B line's upper half, with AS_MAX_SEATS seats */
+#define SHM_STRIPE_ASIDE_OFF (SHM_STRIPE_WA_OFF + 24u)
+#define SHM_STRIPE_SEATS     4u
 static inline uint32_t shm_stripe_lines(uint32_t sub) {
-    return sub == SHM_KIND_TICKET || sub == SHM_KIND_MCS ? SHM_STRIPE_FIFO_LINES
-                                                         : SHM_STRIPE_LINES;
+    (void)sub;                          /* every compact kind: one line (two: aarch64) */
+    return SHM_STRIPE_LINES;
 }
 
 typedef struct shm_table {
@@ -461,11 +464,11 @@ _Static_assert(SHM_STRIPE_TICKET_WB_OFF + 16 <= offsetof(shm_lockctl, timeouts)
                || SHM_STRIPE_LINES == 2u,
                "a ticket stripe's next, serving, parked and marks lie in the repair slot");
 _Static_assert(SHM_STRIPE_TICKET_WB_OFF + 16 <= SHM_STRIPE_ASIDE_OFF
-               && SHM_STRIPE_WA_OFF + 16 <= SHM_STRIPE_ASIDE_OFF
-               && SHM_STRIPE_WB_OFF + 16 <= SHM_STRIPE_ASIDE_OFF
-               && SHM_STRIPE_ASIDE_OFF + SHM_LINE / 2 <= SHM_STRIPE_FIFO_LINES * SHM_LINE
-               && SHM_STRIPE_LINES <= SHM_STRIPE_FIFO_LINES,
-               "a ticket or mcs stripe's aside words follow its words, within its two lines");
+               && SHM_STRIPE_ASIDE_OFF + (2u + SHM_STRIPE_SEATS) * 4u
+                  <= (SHM_STRIPE_LINES == 2u ? 2u * SHM_LINE
+                                             : (uint32_t)offsetof(shm_lockctl, timeouts)),
+               "a ticket or mcs stripe's aside words follow its words, before timeouts (or "
+               "within its second line)");
 _Static_assert(SHM_STRIPE_WA_OFF >= SHM_LINE / 2 && SHM_STRIPE_WB_OFF >= SHM_LINE / 2,
                "a compact stripe's words lie in the half the holder's statistics do not");
 

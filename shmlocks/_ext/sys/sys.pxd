@@ -273,7 +273,7 @@ cdef extern from "shm_layout.h" nogil:
     enum: SHM_STRIPE_WB_OFF
     enum: SHM_STRIPE_TICKET_WB_OFF
     enum: SHM_STRIPE_ASIDE_OFF
-    enum: SHM_STRIPE_FIFO_LINES
+    enum: SHM_STRIPE_SEATS
     ctypedef struct shm_table:
         uint32_t sub
         uint32_t size
