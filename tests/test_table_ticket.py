@@ -120,7 +120,11 @@ def test_fifo_order_on_one_stripe(procs):
             p.join(60)
             assert p.exitcode == 0
         assert list(order[1:7]) == [0, 1, 2, 3, 4, 5]
-        assert _words(name, 4, 2)[:2] == (7, 7)
+        nxt, serving, _parked, marks = _words(name, 4, 2)
+        # every ticket served or passed, no marker left; more than 7 tickets when a waiter
+        # aside (one seat: five of the six step aside, docs/design.md §7.0) had its place
+        # passed and took a new one at the end (seen about 1 run in 10 under load)
+        assert nxt == serving >= 7 and marks == 0, (nxt, serving, marks)
 
 
 def test_a_timed_out_waiter_is_skipped_by_the_next_release(procs):
