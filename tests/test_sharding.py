@@ -28,7 +28,7 @@ import time
 
 import pytest
 from support import KINDS, SHM_DIR, uniq
-from support.common import kill, kill_at_random, run_python
+from support.common import journaled_section, kill, kill_at_random, run_python, stripe_bytes
 
 import shmlocks
 from shmlocks import _segment
@@ -300,11 +300,7 @@ def test_a_table_of_4096_stripes_is_one_segment_of_one_line_each():
 
 
 def _stripe_at(t, s: int) -> bytes:
-    """Stripe s of table t as the file holds it (the stripes end the file)."""
-    stride = shmlocks._core.LAYOUT["stripe_lines"] * shmlocks._core.LAYOUT["line"]
-    with open(os.path.join(SHM_DIR, t.name), "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        return os.pread(f.fileno(), stride, size - (t.size - s) * stride)
+    return stripe_bytes(t.name, t.size, s)
 
 
 @pytest.mark.timeout(60)
@@ -546,31 +542,14 @@ def test_ordered_hold_stress_eight_processes(procs, kind):
 
 
 def _killed_holder(name, arr, counts, w, seed):
-    """Random holds of 1-3 stripes of 16 (hold_all); per stripe a value, a journal (open
-    flag, old value) and the holder's pid, as an application keeps its repair state."""
+    """Random holds of 1-3 stripes of 16 (hold_all), each a journaled section
+    (support.common journaled_section)."""
     t = shmlocks.LockTable.open(name)
     rng = random.Random(seed)
-    me = os.getpid()
     while True:
         ks = sorted({rng.randrange(16) for _ in range(rng.randint(1, 3))})
         with shmlocks.hold_all(*(t[k] for k in ks)) as held:
-            for k in ks:
-                if arr[k * 4 + 3] not in (0, me) and not t[k].owner_died:
-                    arr[k * 4 + 3] = -1  # a holder left its mark and the lock said nothing
-                    raise SystemExit(3)
-                if arr[k * 4 + 1]:  # a dead holder's open journal: roll back
-                    arr[k * 4], arr[k * 4 + 1] = arr[k * 4 + 2], 0
-                arr[k * 4 + 3] = me
-            assert sorted(held.died) == sorted(i for i, k in enumerate(ks) if t[k].owner_died), (
-                held.died
-            )
-            held.mark_consistent()
-            for k in ks:
-                arr[k * 4 + 2], arr[k * 4 + 1] = arr[k * 4], 1
-                arr[k * 4] += 1
-                arr[k * 4 + 1] = 0
-            for k in ks:
-                arr[k * 4 + 3] = 0
+            journaled_section(t, ks, arr, held)
         counts[w] += len(ks)
 
 

@@ -23,7 +23,7 @@ import time
 
 import pytest
 from support import SHM_DIR, uniq
-from support.common import kill, kill_at_random, until
+from support.common import journaled_section, kill, kill_at_random, stripe_bytes, until
 
 import shmlocks
 
@@ -52,10 +52,7 @@ def assert_clean(t) -> None:
 
 
 def _stripe_at(t, s: int) -> bytes:
-    stride = shmlocks._core.LAYOUT["stripe_lines"] * shmlocks._core.LAYOUT["line"]
-    with open(os.path.join(SHM_DIR, t.name), "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        return os.pread(f.fileno(), stride, size - (t.size - s) * stride)
+    return stripe_bytes(t.name, t.size, s)
 
 
 # ------------------------------------------------------------------------------- layout
@@ -694,7 +691,6 @@ def _killed_holds_with_timeouts(name, arr, counts, w, seed):
     value with a journal (open flag, old value) and its holder's pid."""
     t = shmlocks.LockTable.open(name)
     rng = random.Random(seed)
-    me = os.getpid()
     while True:
         ks = sorted({rng.randrange(6) for _ in range(rng.randint(1, 3))})
         try:
@@ -706,20 +702,7 @@ def _killed_holds_with_timeouts(name, arr, counts, w, seed):
             counts[w + 4] += 1
             continue
         try:
-            for k in ks:
-                if arr[k * 4 + 3] not in (0, me) and not t[k].owner_died:
-                    arr[k * 4 + 3] = -1  # a holder left its mark and the lock said nothing
-                    raise SystemExit(3)
-                if arr[k * 4 + 1]:
-                    arr[k * 4], arr[k * 4 + 1] = arr[k * 4 + 2], 0
-                arr[k * 4 + 3] = me
-            held.mark_consistent()
-            for k in ks:
-                arr[k * 4 + 2], arr[k * 4 + 1] = arr[k * 4], 1
-                arr[k * 4] += 1
-                arr[k * 4 + 1] = 0
-            for k in ks:
-                arr[k * 4 + 3] = 0
+            journaled_section(t, ks, arr, held)
         except BaseException as e:
             held.__exit__(type(e), e, e.__traceback__)  # (owner_died handed on)
             raise

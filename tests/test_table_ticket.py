@@ -22,22 +22,25 @@ import time
 
 import pytest
 from support import SHM_DIR, uniq
-from support.common import join_thread, kill, kill_at_random, run_python, until
+from support.common import (
+    join_thread,
+    journaled_section,
+    kill,
+    kill_at_random,
+    run_python,
+    stripe_bytes,
+    until,
+)
 
 import shmlocks
 
 LAY = shmlocks._core.LAYOUT
-STRIDE = LAY["stripe_lines"] * LAY["line"]
 WA = LAY["stripe_wa_off"]  # next; serving at WA + 8, parked at WA + 16, marks at WA + 20
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _line(name: str, size: int, s: int) -> bytes:
-    """Stripe s of the table as the file holds it (the stripes end the file)."""
-    with open(os.path.join(SHM_DIR, name), "rb") as f:
-        end = os.fstat(f.fileno()).st_size
-        return os.pread(f.fileno(), STRIDE, end - (size - s) * STRIDE)
+_line = stripe_bytes  # stripe s of a table as its file holds it
 
 
 def _words(name: str, size: int, s: int) -> tuple[int, int, int, int]:
@@ -403,7 +406,6 @@ def _killed_timed_holder(name, arr, counts, w, seed):
     holder's pid (as test_sharding's _killed_holder)."""
     t = shmlocks.LockTable.open(name)
     rng = random.Random(seed)
-    me = os.getpid()
     while True:
         ks = sorted({rng.randrange(8) for _ in range(rng.randint(1, 3))})
         held = shmlocks.hold_all(
@@ -415,20 +417,7 @@ def _killed_timed_holder(name, arr, counts, w, seed):
             counts[w + 4] += 1
             continue
         try:
-            for k in ks:
-                if arr[k * 4 + 3] not in (0, me) and not t[k].owner_died:
-                    arr[k * 4 + 3] = -1
-                    raise SystemExit(3)
-                if arr[k * 4 + 1]:
-                    arr[k * 4], arr[k * 4 + 1] = arr[k * 4 + 2], 0
-                arr[k * 4 + 3] = me
-            held.mark_consistent()
-            for k in ks:
-                arr[k * 4 + 2], arr[k * 4 + 1] = arr[k * 4], 1
-                arr[k * 4] += 1
-                arr[k * 4 + 1] = 0
-            for k in ks:
-                arr[k * 4 + 3] = 0
+            journaled_section(t, ks, arr, held)
         finally:
             held.__exit__(None, None, None)
         counts[w] += len(ks)

@@ -44,6 +44,7 @@ __all__ = [
     "is_locked",
     "join_all",
     "join_or_kill",
+    "journaled_section",
     "kill",
     "me",
     "outcome",
@@ -53,6 +54,7 @@ __all__ = [
     "shm_exists",
     "shm_path",
     "shm_remove",
+    "stripe_bytes",
     "timed",
     "uniq",
     "until",
@@ -211,6 +213,42 @@ def kill(p, sig=signal.SIGKILL, timeout=10.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(p.pid, sig)
     p.join(timeout)
+
+
+def stripe_bytes(name: str, size: int, s: int) -> bytes:
+    """Stripe s of the compact LockTable `name` of `size` stripes, as its file holds it
+    (the stripes end the file; shm_layout.h SHM_STRIPE_LINES lines each)."""
+    lay = shmlocks._core.LAYOUT
+    stride = lay["stripe_lines"] * lay["line"]
+    with open(os.path.join(SHM_DIR, name), "rb") as f:
+        end = os.fstat(f.fileno()).st_size
+        return os.pread(f.fileno(), stride, end - (size - s) * stride)
+
+
+def journaled_section(t, ks, arr, held) -> None:
+    """The section of the tables' random-kill tests, inside ``held`` (hold_all of the
+    stripes ks of table t): stripe k guards arr[4k] (a value), arr[4k+1] (its journal is
+    open), arr[4k+2] (the old value) and arr[4k+3] (its holder's pid), as an application
+    keeps its repair state. A pid left by a holder the lock did not report dead is a
+    second holder (arr[4k+3] = -1, SystemExit 3); an open journal is rolled back; the
+    stripes held.died names are those that say owner_died; then the journaled update."""
+    me = os.getpid()
+    for k in ks:
+        if arr[k * 4 + 3] not in (0, me) and not t[k].owner_died:
+            arr[k * 4 + 3] = -1  # a holder left its mark and the lock said nothing
+            raise SystemExit(3)
+        if arr[k * 4 + 1]:  # a dead holder's open journal: roll back
+            arr[k * 4], arr[k * 4 + 1] = arr[k * 4 + 2], 0
+        arr[k * 4 + 3] = me
+    died = sorted(i for i, k in enumerate(ks) if t[k].owner_died)
+    assert sorted(held.died) == died, (held.died, died)
+    held.mark_consistent()
+    for k in ks:
+        arr[k * 4 + 2], arr[k * 4 + 1] = arr[k * 4], 1
+        arr[k * 4] += 1
+        arr[k * 4 + 1] = 0
+    for k in ks:
+        arr[k * 4 + 3] = 0
 
 
 def kill_at_random(ps, restart, seconds: float, seed: int) -> int:
