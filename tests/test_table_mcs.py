@@ -1,5 +1,5 @@
 """The compact mcs stripe of a lock table (shmlocks/_ext/kinds/mcsc.pxi, docs/design.md
-§15): two 128-byte lines a stripe (the second: its waiters' aside words), K42 MCS with
+§15): one 128-byte line a stripe (its waiters' aside words past its words), K42 MCS with
 one wait node per participant for the table. What it keeps of the mcs kind: FIFO
 hand-off, stepping aside past the CPUs, timeouts (a waiter abandons its node and the next
 release passes it), owner death at every protocol step (each crash point), exact mutual

@@ -1,7 +1,7 @@
 # ticketc.pxd -- the compact ticket stripe of a LockTable (docs/design.md §15): the
 # interface of ticketc.pxi (its word table and protocol: the top of ticketc.pxi). A lock
 # body's ticket lock is ticket.pxi, unchanged; this is the same kind (kind_code, FIFO,
-# abandonable tickets) on two 128-byte lines, with no line per participant per stripe.
+# abandonable tickets) on one 128-byte line, with no line per participant per stripe.
 
 # The stripe's words (the repair slot of its ctl line, shm_layout.h SHM_STRIPE_*): word A
 # is next (as a lock body's, ticket.pxd ticket_next), word B serving (the view aims wb at
