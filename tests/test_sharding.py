@@ -28,7 +28,15 @@ import time
 
 import pytest
 from support import KINDS, SHM_DIR, uniq
-from support.common import journaled_section, kill, kill_at_random, run_python, stripe_bytes
+from support.common import (
+    cancelling,
+    journaled_section,
+    journals_settled,
+    kill,
+    kill_at_random,
+    run_python,
+    stripe_bytes,
+)
 
 import shmlocks
 from shmlocks import _segment
@@ -575,12 +583,8 @@ def test_multi_acquires_survive_random_sigkills(procs, kind):
             7,
         )
         with t.hold(*range(64), timeout=30) as held:  # every stripe: the dead recovered
-            for k in range(16):
-                assert arr[k * 4 + 3] != -1, "a stripe was held by two processes"
-                if arr[k * 4 + 1]:
-                    arr[k * 4], arr[k * 4 + 1] = arr[k * 4 + 2], 0
-            held.mark_consistent()
-        total, done = sum(arr[k * 4] for k in range(16)), sum(counts)
+            total = journals_settled(held, 16, arr)
+        done = sum(counts)
         assert done > 0 and done <= total <= done + 3 * kills, (done, total, kills)
 
 
@@ -605,21 +609,8 @@ def test_async_hold_under_random_cancellation(procs):
                     pass
             return done
 
-        async def main():
-            rng = random.Random(7)
-            tasks = [asyncio.create_task(worker(random.Random(i), 40)) for i in range(6)]
-            for _ in range(20):  # and outright cancellations
-                await asyncio.sleep(rng.random() * 0.01)
-                extra = asyncio.create_task(worker(random.Random(rng.random()), 5))
-                await asyncio.sleep(rng.random() * 0.005)
-                extra.cancel()
-                try:
-                    await extra
-                except asyncio.CancelledError:
-                    pass
-            return sum(await asyncio.gather(*tasks))
-
-        assert asyncio.run(main()) > 0
+        # and outright cancellations
+        assert asyncio.run(cancelling(worker, tasks=6, extras=20, seed=7)) > 0
         assert not any(t[i].locked() for i in range(8)), "a cancelled hold left a stripe held"
         with t.hold(*range(8), timeout=5):
             pass

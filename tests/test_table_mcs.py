@@ -23,7 +23,15 @@ import time
 
 import pytest
 from support import SHM_DIR, uniq
-from support.common import journaled_section, kill, kill_at_random, stripe_bytes, until
+from support.common import (
+    cancelling,
+    journaled_section,
+    journals_settled,
+    kill,
+    kill_at_random,
+    stripe_bytes,
+    until,
+)
 
 import shmlocks
 
@@ -734,12 +742,8 @@ def test_holds_with_timeouts_survive_random_sigkills(procs):
             11,
         )
         with shmlocks.hold_all(*(t[k] for k in range(6)), timeout=30) as held:
-            for k in range(6):
-                assert arr[k * 4 + 3] != -1, "a stripe was held by two processes"
-                if arr[k * 4 + 1]:
-                    arr[k * 4], arr[k * 4 + 1] = arr[k * 4 + 2], 0
-            held.mark_consistent()
-        total, done = sum(arr[k * 4] for k in range(6)), sum(counts[:4])
+            total = journals_settled(held, 6, arr)
+        done = sum(counts[:4])
         assert done > 0 and done <= total <= done + 3 * kills, (done, total, kills)
         assert sum(counts[4:]) > 0, "no deadline expired: nothing was abandoned"
         assert_clean(t)
@@ -834,21 +838,7 @@ def test_async_holds_of_mcs_stripes_under_cancellation(procs):
                     pass
             return done
 
-        async def main():
-            rng = random.Random(5)
-            tasks = [asyncio.create_task(worker(random.Random(i), 40)) for i in range(5)]
-            for _ in range(15):
-                await asyncio.sleep(rng.random() * 0.01)
-                extra = asyncio.create_task(worker(random.Random(rng.random()), 5))
-                await asyncio.sleep(rng.random() * 0.005)
-                extra.cancel()
-                try:
-                    await extra
-                except asyncio.CancelledError:
-                    pass
-            return sum(await asyncio.gather(*tasks))
-
-        assert asyncio.run(main()) > 0
+        assert asyncio.run(cancelling(worker, tasks=5, extras=15, seed=5)) > 0
         p.join(20)
         assert p.exitcode == 0
         assert not any(t[i].locked() for i in range(4)), "a cancelled hold left a stripe held"

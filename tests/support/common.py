@@ -45,6 +45,8 @@ __all__ = [
     "join_all",
     "join_or_kill",
     "journaled_section",
+    "journals_settled",
+    "cancelling",
     "kill",
     "me",
     "outcome",
@@ -249,6 +251,38 @@ def journaled_section(t, ks, arr, held) -> None:
         arr[k * 4 + 1] = 0
     for k in ks:
         arr[k * 4 + 3] = 0
+
+
+def journals_settled(held, n: int, arr) -> int:
+    """After a random-kill test, inside ``held`` (every stripe of the table, n of them):
+    no stripe was ever marked held by two (journaled_section's -1), every open journal
+    is rolled back, the holds are consistent again; returns the sum of the values."""
+    for k in range(n):
+        assert arr[k * 4 + 3] != -1, "a stripe was held by two processes"
+        if arr[k * 4 + 1]:
+            arr[k * 4], arr[k * 4 + 1] = arr[k * 4 + 2], 0
+    held.mark_consistent()
+    return sum(arr[k * 4] for k in range(n))
+
+
+async def cancelling(worker, tasks: int, extras: int, seed: int) -> int:
+    """Run ``tasks`` tasks of ``worker(rng, 40)`` while, ``extras`` times, a task of
+    ``worker(rng, 5)`` is started and cancelled a few ms later (the async tests' random
+    cancellations); returns the sum of what the long tasks return."""
+    import asyncio
+
+    rng = random.Random(seed)
+    long = [asyncio.create_task(worker(random.Random(i), 40)) for i in range(tasks)]
+    for _ in range(extras):
+        await asyncio.sleep(rng.random() * 0.01)
+        extra = asyncio.create_task(worker(random.Random(rng.random()), 5))
+        await asyncio.sleep(rng.random() * 0.005)
+        extra.cancel()
+        try:
+            await extra
+        except asyncio.CancelledError:
+            pass
+    return sum(await asyncio.gather(*long))
 
 
 def kill_at_random(ps, restart, seconds: float, seed: int) -> int:
