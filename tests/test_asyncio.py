@@ -447,8 +447,9 @@ def test_ten_thousand_tasks_wait_on_one_lock(kind, mode):
     bar): no thread of shmlocks' with io_uring, one (the loop's waiter thread) under
     SHMLOCKS_AIO=thread; the loop's 1 ms timer late by at most 5 ms at the 99th
     percentile while they wait (the best of up to 8 windows of 0.5 s, as the 100-task
-    test takes, held to 3x the same process's best before the tasks when its load keeps
-    that above 5 ms too); the memory per waiting task (RSS,
+    test takes, held to 3x the same process's best before the tasks, or after they were
+    served, when its load keeps that above 5 ms too: a neighbour's load that comes in the
+    middle is seen by the windows after); the memory per waiting task (RSS,
     the segment's pages included) at most twice an asyncio.Lock waiter's, measured the
     same way; and once the holder releases, every task served, in call order."""
     if mode == "io_uring" and _core.AIO_MODE != "io_uring":
@@ -460,7 +461,7 @@ def test_ten_thousand_tasks_wait_on_one_lock(kind, mode):
     assert r["aio_mode"] == mode
     assert r["served"] == n and r["call_order"], r
     assert r["threads"] == r["threads_before"] == (0 if mode == "io_uring" else 1), r
-    bound = max(5.0, 3 * r["base_lag_best_p99_ms"])
+    bound = max(5.0, 3 * max(r["base_lag_best_p99_ms"], r["after_lag_best_p99_ms"]))
     assert r["lag_best_p99_ms"] <= bound, r
     assert r["bytes_per_task"] <= 2 * _stdlib_bytes[0], (r, _stdlib_bytes)
 
