@@ -34,8 +34,10 @@ class LockOrderError(DeadlockError):
     locks recorded before, by this process or another; raised before it waits."""
 
 
-class LockOrderWarning(RuntimeWarning):
-    """As LockOrderError, with SHMLOCKS_LOCKDEP=warn: the acquire goes on."""
+class LockOrderWarning(ShmLockError, RuntimeWarning):
+    """As LockOrderError, with SHMLOCKS_LOCKDEP=warn: the acquire goes on. A shmlocks
+    error as every other (an ``except ShmLockError`` catches it where warnings are turned
+    into errors, ``-W error``), and a RuntimeWarning for warning filters."""
 
 
 class LockNotRecoverableError(ShmLockError):

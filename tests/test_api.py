@@ -70,6 +70,10 @@ def test_cache_line():
         ("LockKindError", TypeError),
         ("CorruptRegionError", ValueError),
         ("CapacityError", None),
+        ("NamespaceError", None),
+        ("ReentryError", RuntimeError),
+        ("LockOrderError", RuntimeError),  # a DeadlockError
+        ("LockOrderWarning", RuntimeWarning),
     ],
 )
 def test_exception_hierarchy(exc, base):
@@ -79,7 +83,11 @@ def test_exception_hierarchy(exc, base):
     if base is not None:
         assert issubclass(cls, base)
     # the SPEC's table gives exactly one "also a" per row
-    others = {RuntimeError, TypeError, ValueError} - ({base} if base else set())
+    others = {
+        c
+        for c in (RuntimeError, TypeError, ValueError, Warning)
+        if base is None or not issubclass(base, c)
+    }
     for other in others:
         assert not issubclass(cls, other), f"{exc} should not be a {other.__name__}"
 
