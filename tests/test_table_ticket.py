@@ -87,9 +87,10 @@ def test_a_ticket_stripe_is_one_line_with_its_words_where_the_layout_says(procs)
         assert _line(name, 8, 4) == _line(name, 8, 6) == _line(name, 8, 0), "untouched"
 
 
-def _hold_until_killed(name: str, s: int, ev) -> None:
+def _hold_until_killed(name: str, s: int, ev, *more: int) -> None:
     t = shmlocks.LockTable.open(name)
-    t[s].acquire()
+    for i in (s, *more):
+        t[i].acquire()
     ev.set()
     time.sleep(600)
 
@@ -395,6 +396,25 @@ def test_killed_recovering_a_dead_holder(procs):
         assert ev.wait(20)
         kill(p)
         _child(name, "recover", "ticketc.recover.flagged")
+        assert _free(t, name, 3) is True
+
+
+def test_killed_recovering_a_holder_whose_line_names_another_stripe(procs):
+    """[C1] A dead holder of stripes 1 and 3 (its table line names its ticket of 3, the
+    later one; stripe 1 is accounted for by its holder record alone) and its recoverer
+    killed after the verdict on stripe 1, which clears that record: the next recovery
+    still finds the hold (the dead one's line names it from before the verdict), and
+    both stripes come to the next holder with owner_died (they wedged: found by
+    tests/test_double_death.py's table matrix, lock.release.releasing x
+    ticketc.recover.flagged with two stripes)."""
+    name = uniq("tt-recov2")
+    with shmlocks.LockTable(4, "ticket", name=name) as t:
+        ev = mp.get_context("fork").Event()
+        p = procs.start(_hold_until_killed, name, 1, ev, 3)
+        assert ev.wait(20)
+        kill(p)
+        _child(name, "recover", "ticketc.recover.flagged")  # waits for 3, recovers 1 first
+        assert _free(t, name, 1) is True
         assert _free(t, name, 3) is True
 
 

@@ -67,8 +67,11 @@
 # Death. Participant q is dead; for stripe j (the table's repair mutex held):
 #   [C1] q holds j (the holder record names q, or q's ticket is tag(j, serving) and is
 #        not claimed as skipped): clear its own marker of serving if any (it was granted
-#        as it left), the verdict ([V]: owner_died if it had returned from acquire), grant
-#        serving + 1 on its behalf.
+#        as it left), publish tag(j, serving) as q's ticket (the verdict clears the
+#        holder record, maybe all that names the hold: a recovery cut short after it is
+#        redone by the ticket; a ticket of a later stripe named there is recovered as
+#        [C4]/[T4]), the verdict ([V]: owner_died if it had returned from acquire),
+#        grant serving + 1 on its behalf, clear q's ticket.
 #   [C2] q's ticket names j below serving: it died releasing, after its grant (or as its
 #        abandoned ticket was passed): redo the rest of the grant from serving (finish a
 #        claimed skip, wake).
@@ -317,11 +320,16 @@ cdef void _tc_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcep
         # [C1] it holds the stripe (or was just granted, or died releasing before its grant)
         if om == _tc_tag(b, s):
             _tc_clear(b, r, om)                      # granted as it left: its mark is void
+        # its line names serving first, as its own release does: the verdict clears the
+        # holder record, which may be all that says q holds it (it took a ticket of another
+        # stripe since), and a recovery cut short after it is redone as [C1]/[C2] by the
+        # ticket. Another stripe's ticket named there is that stripe's to recover: a later
+        # one (in this pass) finds it as [C4]/[T4] by q's step, as if never published
+        st64_rel(&r.ticket, _tc_tag(b, s))
         recover_verdict(rm, b, q, op)                # [V]
         crashpoint("ticketc.recover.flagged")
         _tc_grant(b, s + 1, shm_crash_armed)
-        if mine:
-            st64_rel(&r.ticket, 0)
+        st64_rel(&r.ticket, 0)
         return
     if mine:
         if _tc_outstanding(b, pt):                   # [C3] it was waiting
