@@ -14,6 +14,16 @@ one of its acquires, and the survivor's checks are the same. The suite runs, per
 each point once as A's and once as B's (in io_uring mode; once, as A's or B's, with the
 waiter thread), and as much of the lock matrix.
 
+The same matrix on a LockTable's stripes (docs/design.md §15) of every kind, with the
+points a stripe of the kind passes (a compact ticket or mcs stripe's own `ticketc.*` or
+`mcsc.*` instead of its kind's body points): A and B on the stripe H holds; or A and B
+each holding two stripes (`hold()`), the second the one H holds, so that B waits on the
+first behind A while A, holding it, waits on the second (the state a compact stripe keeps
+per participant per table, not per stripe, in use across two stripes). Afterwards every
+stripe of the table must come to a survivor, the counts be exact on the stripes used, no
+slot left. The suite runs each point once as A's and once as B's on one stripe, and once
+(as A's or B's) on two for ticket and mcs.
+
 The RWLock has its own matrix over its points and the recovery driver's: H holds the
 write; A and B each read then write, three times; afterwards a survivor gets the write and
 a read, two writers count exactly while a reader never sees a writer inside, and no slot
@@ -21,8 +31,8 @@ is left.
 
 The full matrix runs with `SHMLOCKS_DOUBLE_DEATH=all pytest -s tests/test_double_death.py`
 (about 80 s on 4 workers, 4 min on one, for the locks; the RWLock's 121 pairs about
-3 min; the async one's 1,134 pairs a mode about 1 s each); the suite runs a fixed sample of
-each.
+3 min; the async one's 1,134 pairs a mode about 1 s each; the tables' 3,522
+pairs about 7 min on 2 workers); the suite runs a fixed sample of each.
 """
 
 from __future__ import annotations
@@ -215,6 +225,163 @@ def test_double_death_every_pair(kind):
             end = run_pair(k, a, b)
             tally[end] = tally.get(end, 0) + 1
     print(f"\n{kind}: {sum(tally.values())} pairs, {tally}")
+
+
+# ---------------------------------------------------------------------- lock-table stripes
+
+#: a LockTable's stripes (docs/design.md §15): the compact ones (ticket, mcs: protocols of
+#: their own; futex, robust, pi: one-line views over the kinds' code) and clh's whole bodies
+TABLE_KINDS = ("ticket", "mcs", "futex", "robust", "pi", "clh")
+#: the compact ticket and mcs stripes' own protocols, whose points are the "table" ones
+TABLE_PROTOCOL = {"ticket": "ticketc.", "mcs": "mcsc."}
+
+
+def _table_points(kind: str, two: bool = False) -> list[str]:
+    """Every point a stripe of `kind` passes in a blocking acquire and release. Left out:
+    the body points of ticket.pxi and mcs.pxi (`ticket.*`, `mcs.*`): TicketStripe and
+    MCSStripe override every method that passes them (_fast, _try, _wait, _unlock) and
+    recover through their own (ticketc.pxi, mcsc.pxi), whose points (`ticketc.*`,
+    `mcsc.*`) stand in for them; and pi's `pi.async.*`, passed only by a resumable wait,
+    as in the lock matrix. `two`: the participants hold two stripes (`hold()`), which
+    passes `hold.took` after each."""
+    proto = TABLE_PROTOCOL.get(kind)
+    own = [p for p in _points(kind) if not p.startswith(f"{kind}." if proto else "pi.async.")]
+    if proto is not None:
+        own += [p for p in _points("table") if p.startswith(proto)]
+    if two:
+        own.append("hold.took")
+    return sorted(own)
+
+
+#: the stripe H holds, and the other stripe a two-stripe participant holds with it
+STRIPE, OTHER = 2, 1
+
+#: A and B on stripe STRIPE of table argv[1] (size 4), as CODE on a lock
+TABLE_CODE = r"""
+import sys, shmlocks
+l = shmlocks.LockTable.open(sys.argv[1])[int(sys.argv[2])]
+for _ in range(3):
+    if l.acquire(timeout=3):
+        if l.owner_died:
+            l.mark_consistent()
+        l.release()
+"""
+
+#: A and B hold stripes OTHER and STRIPE together (`hold()`, in index order: OTHER first,
+#: uncontended, then STRIPE behind H), so that B waits on OTHER behind A while A, holding
+#: it, waits on STRIPE: the state a participant keeps once per table, not per stripe (a
+#: compact ticket stripe's tagged ticket and marker, an mcs stripe's one wait node), is
+#: in use on one stripe while the participant holds another, and two deaths meet it there
+TABLE_TWO_CODE = r"""
+import sys, shmlocks
+t = shmlocks.LockTable.open(sys.argv[1])
+keys = [int(k) for k in sys.argv[2:]]
+for _ in range(3):
+    try:
+        with t.hold(*keys, timeout=3) as held:
+            if held.owner_died:
+                held.mark_consistent()
+    except TimeoutError:
+        pass
+"""
+
+TABLE_PAIRS = [
+    (k, two, a, b)
+    for two in (False, True)
+    for k in TABLE_KINDS
+    for a in _table_points(k, two)
+    for b in _table_points(k, two)
+]
+
+
+def _table_sample(kind: str, two: bool) -> list[tuple[str, bool, str, str]]:
+    """On one stripe, each point once as A's and once as B's; with two stripes (only the
+    kinds that keep state per participant per table: ticket, mcs), each point once, as A's
+    or B's (the suite's time)."""
+    pts = _table_points(kind, two)
+    if not two:
+        return [(kind, two, a, b) for a, b in _each_twice(pts, 7)]
+    evens, odds = pts[::2], pts[1::2]
+    return [(kind, two, a, odds[(j + 3) % len(odds)]) for j, a in enumerate(evens)]
+
+
+#: the sample the suite runs
+TABLE_SAMPLE = [
+    c
+    for k in TABLE_KINDS
+    for two in ((False, True) if k in TABLE_PROTOCOL else (False,))
+    for c in _table_sample(k, two)
+]
+
+
+def _key_of(table, i: int) -> int:
+    """A key that maps to stripe i."""
+    return next(k for k in range(10_000) if table.index_of(k) == i)
+
+
+def run_table_pair(kind: str, two: bool, p1: str, p2: str) -> str:
+    """One pair on a 4-stripe table of `kind`; returns how A and B ended. Afterwards
+    every stripe comes to a survivor, two processes count exactly under the stripes the
+    participants used, and no slot is left."""
+    table = shmlocks.LockTable(4, kind, name=uniq(f"ddt-{kind}"), max_participants=8)
+    what = f"{kind} table{' (two stripes)' if two else ''} {p1} x {p2}"
+    used = [OTHER, STRIPE] if two else [STRIPE]
+    args = (
+        [table.name, *(str(_key_of(table, i)) for i in used)] if two else [table.name, str(STRIPE)]
+    )
+    try:
+        with _two_deaths(
+            table[STRIPE],
+            TABLE_TWO_CODE if two else TABLE_CODE,
+            args,
+            p1,
+            p2,
+            what,
+            # a pi waiter sleeps in the kernel's rt_mutex (FUTEX_LOCK_PI), not a futex wait
+            settle=lambda p: _settle(p, 1.0, "rt_mutex" if kind == "pi" else "futex"),
+        ) as ends:
+            for i in range(table.size):
+                lock = table[i]
+                assert lock.acquire(timeout=10), f"{what}: the survivor got no stripe {i}"
+                if lock.owner_died:
+                    lock.mark_consistent()
+                lock.release()
+            for i in used:
+                _count_exactly(mp.get_context("fork"), table[i], f"{what} (stripe {i})")
+            _no_slot_left(table.region, what)
+            return ends
+    finally:
+        table.close()
+
+
+def _table_ids(cases):
+    return [f"{k}{'-two' if two else ''}-{a}-x-{b}" for k, two, a, b in cases]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("kind", "two", "p1", "p2"), TABLE_SAMPLE, ids=_table_ids(TABLE_SAMPLE))
+def test_table_double_death_sample(kind, two, p1, p2):
+    run_table_pair(kind, two, p1, p2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(
+    os.environ.get("SHMLOCKS_DOUBLE_DEATH") != "all",
+    reason="the whole matrix runs with SHMLOCKS_DOUBLE_DEATH=all (the suite runs a sample)",
+)
+@pytest.mark.parametrize("two", [False, True], ids=["one", "two"])
+@pytest.mark.parametrize("kind", TABLE_KINDS)
+def test_table_double_death_every_pair(kind, two):
+    """The whole table matrix for one kind, on one stripe or two; prints the tally."""
+    tally: dict[str, int] = {}
+    for k, t, a, b in TABLE_PAIRS:
+        if k == kind and t == two:
+            end = run_table_pair(k, t, a, b)
+            tally[end] = tally.get(end, 0) + 1
+    print(
+        f"\n{kind} table ({'two stripes' if two else 'one'}): {sum(tally.values())} pairs, {tally}"
+    )
 
 
 # --------------------------------------------------------------------------- asyncio
