@@ -19,10 +19,15 @@ points a stripe of the kind passes (a compact ticket or mcs stripe's own `ticket
 `mcsc.*` instead of its kind's body points): A and B on the stripe H holds; or A and B
 each holding two stripes (`hold()`), the second the one H holds, so that B waits on the
 first behind A while A, holding it, waits on the second (the state a compact stripe keeps
-per participant per table, not per stripe, in use across two stripes). Afterwards every
-stripe of the table must come to a survivor, the counts be exact on the stripes used, no
-slot left. The suite runs each point once as A's and once as B's on one stripe, and once
-(as A's or B's) on two for ticket and mcs.
+per participant per table, not per stripe, in use across two stripes); or the same after
+a wait for the second stripe that timed out behind H (for ticket, mcs and clh, whose
+waiters leave a place behind: a marker, an abandoned node, an aborted one), so that the
+abandon, a ticketless or polled wait and the releases passing what was left die too.
+Afterwards every stripe of the table must come to a survivor, the counts be exact on the
+stripes used, no slot left. The suite runs, for ticket and mcs, each point once as A's and
+once as B's on one stripe, once (as A's or B's) on two, and the points only the wait that
+timed out passes; for the other kinds (their stripes run their kinds' own code), each
+point once on one stripe.
 
 The RWLock has its own matrix over its points and the recovery driver's: H holds the
 write; A and B each read then write, three times; afterwards a survivor gets the write and
@@ -31,8 +36,8 @@ is left.
 
 The full matrix runs with `SHMLOCKS_DOUBLE_DEATH=all pytest -s tests/test_double_death.py`
 (about 80 s on 4 workers, 4 min on one, for the locks; the RWLock's 121 pairs about
-3 min; the async one's 1,134 pairs a mode about 1 s each; the tables' 3,522
-pairs about 7 min on 2 workers); the suite runs a fixed sample of each.
+3 min; the async one's 1,134 pairs a mode about 1 s each; the tables' 5,021
+pairs about 10 min on 2 workers); the suite runs a fixed sample of each.
 """
 
 from __future__ import annotations
@@ -234,21 +239,24 @@ def test_double_death_every_pair(kind):
 TABLE_KINDS = ("ticket", "mcs", "futex", "robust", "pi", "clh")
 #: the compact ticket and mcs stripes' own protocols, whose points are the "table" ones
 TABLE_PROTOCOL = {"ticket": "ticketc.", "mcs": "mcsc."}
+#: how A and B use the table: "one" stripe; "two" stripes held together; "leave": two,
+#: after a wait that timed out on the second (the kinds whose waiters leave a place behind)
+TABLE_SHAPES = {"one": TABLE_KINDS, "two": TABLE_KINDS, "leave": ("ticket", "mcs", "clh")}
 
 
-def _table_points(kind: str, two: bool = False) -> list[str]:
+def _table_points(kind: str, shape: str = "one") -> list[str]:
     """Every point a stripe of `kind` passes in a blocking acquire and release. Left out:
     the body points of ticket.pxi and mcs.pxi (`ticket.*`, `mcs.*`): TicketStripe and
     MCSStripe override every method that passes them (_fast, _try, _wait, _unlock) and
     recover through their own (ticketc.pxi, mcsc.pxi), whose points (`ticketc.*`,
     `mcsc.*`) stand in for them; and pi's `pi.async.*`, passed only by a resumable wait,
-    as in the lock matrix. `two`: the participants hold two stripes (`hold()`), which
-    passes `hold.took` after each."""
+    as in the lock matrix. Two stripes are held with `hold()`, which passes `hold.took`
+    after each."""
     proto = TABLE_PROTOCOL.get(kind)
     own = [p for p in _points(kind) if not p.startswith(f"{kind}." if proto else "pi.async.")]
     if proto is not None:
         own += [p for p in _points("table") if p.startswith(proto)]
-    if two:
+    if shape != "one":
         own.append("hold.took")
     return sorted(own)
 
@@ -271,11 +279,19 @@ for _ in range(3):
 #: uncontended, then STRIPE behind H), so that B waits on OTHER behind A while A, holding
 #: it, waits on STRIPE: the state a participant keeps once per table, not per stripe (a
 #: compact ticket stripe's tagged ticket and marker, an mcs stripe's one wait node), is
-#: in use on one stripe while the participant holds another, and two deaths meet it there
+#: in use on one stripe while the participant holds another, and two deaths meet it there.
+#: "leave": first a wait for STRIPE that times out behind H, leaving its place (a ticket
+#: stripe's marker, then taken back or passed; an mcs node ABANDONED, rejoined or passed
+#: through; a clh node aborted), so that the hold takes OTHER without a ticket (ticket),
+#: polls it while its node is queued elsewhere (mcs), and the releases pass what was left
 TABLE_TWO_CODE = r"""
 import sys, shmlocks
 t = shmlocks.LockTable.open(sys.argv[1])
-keys = [int(k) for k in sys.argv[2:]]
+keys = [int(k) for k in sys.argv[3:]]
+if sys.argv[2] == "leave":
+    l = t.lock_for(keys[-1])
+    if l.acquire(timeout=0.05):
+        l.release()
 for _ in range(3):
     try:
         with t.hold(*keys, timeout=3) as held:
@@ -286,31 +302,47 @@ for _ in range(3):
 """
 
 TABLE_PAIRS = [
-    (k, two, a, b)
-    for two in (False, True)
-    for k in TABLE_KINDS
-    for a in _table_points(k, two)
-    for b in _table_points(k, two)
+    (k, shape, a, b)
+    for shape, kinds in TABLE_SHAPES.items()
+    for k in kinds
+    for a in _table_points(k, shape)
+    for b in _table_points(k, shape)
 ]
 
 
-def _table_sample(kind: str, two: bool) -> list[tuple[str, bool, str, str]]:
-    """On one stripe, each point once as A's and once as B's; with two stripes (only the
-    kinds that keep state per participant per table: ticket, mcs), each point once, as A's
-    or B's (the suite's time)."""
-    pts = _table_points(kind, two)
-    if not two:
-        return [(kind, two, a, b) for a, b in _each_twice(pts, 7)]
+def _table_sample(kind: str, shape: str) -> list[tuple[str, str, str, str]]:
+    """The compact ticket and mcs stripes (protocols of their own): on one stripe, each
+    point once as A's and once as B's; on two, each point once, as A's or B's; "leave",
+    the points only it passes, as A's and as B's. The other kinds' stripes (their kinds'
+    own code, which the lock matrix samples): each point once on one stripe."""
+    pts = _table_points(kind, shape)
+    if shape == "one" and kind in TABLE_PROTOCOL:
+        return [(kind, shape, a, b) for a, b in _each_twice(pts, 7)]
+    if shape == "leave":
+        pts = [p for p in pts if p in _LEAVE_ONLY]
+        return [(kind, shape, a, b) for a, b in _each_twice(pts, 1)]
     evens, odds = pts[::2], pts[1::2]
-    return [(kind, two, a, odds[(j + 3) % len(odds)]) for j, a in enumerate(evens)]
+    return [(kind, shape, a, odds[(j + 3) % len(odds)]) for j, a in enumerate(evens)]
 
+
+#: points that only a participant that left a place passes (a timeout's abandon, what
+#: the next releases do with it), or a ticketless or polled wait (checked:
+#: test_table_leave_shape_passes_its_points)
+_LEAVE_ONLY = {
+    "ticketc.abandon.counted",
+    "ticketc.abandon.marked",
+    "ticketc.release.claimed",
+    "ticketc.release.skipped",
+    "ticketc.ticketless.took",
+    "mcsc.pass.emptied",
+}
 
 #: the sample the suite runs
 TABLE_SAMPLE = [
     c
     for k in TABLE_KINDS
-    for two in ((False, True) if k in TABLE_PROTOCOL else (False,))
-    for c in _table_sample(k, two)
+    for shape in (("one", "two", "leave") if k in TABLE_PROTOCOL else ("one",))
+    for c in _table_sample(k, shape)
 ]
 
 
@@ -319,27 +351,28 @@ def _key_of(table, i: int) -> int:
     return next(k for k in range(10_000) if table.index_of(k) == i)
 
 
-def run_table_pair(kind: str, two: bool, p1: str, p2: str) -> str:
-    """One pair on a 4-stripe table of `kind`; returns how A and B ended. Afterwards
-    every stripe comes to a survivor, two processes count exactly under the stripes the
-    participants used, and no slot is left."""
+def run_table_pair(kind: str, shape: str, p1: str, p2: str) -> str:
+    """One pair on a 4-stripe table of `kind`, A and B using it as `shape` says; returns
+    how they ended. Afterwards every stripe comes to a survivor, two processes count
+    exactly under the stripes A and B used, and no slot is left."""
     table = shmlocks.LockTable(4, kind, name=uniq(f"ddt-{kind}"), max_participants=8)
-    what = f"{kind} table{' (two stripes)' if two else ''} {p1} x {p2}"
-    used = [OTHER, STRIPE] if two else [STRIPE]
-    args = (
-        [table.name, *(str(_key_of(table, i)) for i in used)] if two else [table.name, str(STRIPE)]
-    )
+    what = f"{kind} table ({shape}) {p1} x {p2}"
+    used = [STRIPE] if shape == "one" else [OTHER, STRIPE]
+    if shape == "one":
+        code, args = TABLE_CODE, [table.name, str(STRIPE)]
+    else:
+        code, args = TABLE_TWO_CODE, [table.name, shape, *(str(_key_of(table, i)) for i in used)]
+    # a pi waiter sleeps in the kernel's rt_mutex (FUTEX_LOCK_PI), not a futex wait
+    where = "rt_mutex" if kind == "pi" else "futex"
+
+    def settle(p):
+        _settle(p, 1.0, where)
+        if shape == "leave":  # (that may have been the wait that times out: past it)
+            time.sleep(0.06)
+            _settle(p, 1.0, where)
+
     try:
-        with _two_deaths(
-            table[STRIPE],
-            TABLE_TWO_CODE if two else TABLE_CODE,
-            args,
-            p1,
-            p2,
-            what,
-            # a pi waiter sleeps in the kernel's rt_mutex (FUTEX_LOCK_PI), not a futex wait
-            settle=lambda p: _settle(p, 1.0, "rt_mutex" if kind == "pi" else "futex"),
-        ) as ends:
+        with _two_deaths(table[STRIPE], code, args, p1, p2, what, settle=settle) as ends:
             for i in range(table.size):
                 lock = table[i]
                 assert lock.acquire(timeout=10), f"{what}: the survivor got no stripe {i}"
@@ -355,13 +388,22 @@ def run_table_pair(kind: str, two: bool, p1: str, p2: str) -> str:
 
 
 def _table_ids(cases):
-    return [f"{k}{'-two' if two else ''}-{a}-x-{b}" for k, two, a, b in cases]
+    return [f"{k}-{shape}-{a}-x-{b}" for k, shape, a, b in cases]
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("kind", "two", "p1", "p2"), TABLE_SAMPLE, ids=_table_ids(TABLE_SAMPLE))
-def test_table_double_death_sample(kind, two, p1, p2):
-    run_table_pair(kind, two, p1, p2)
+@pytest.mark.parametrize(("kind", "shape", "p1", "p2"), TABLE_SAMPLE, ids=_table_ids(TABLE_SAMPLE))
+def test_table_double_death_sample(kind, shape, p1, p2):
+    run_table_pair(kind, shape, p1, p2)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(TABLE_PROTOCOL))
+def test_table_leave_shape_passes_its_points(kind):
+    """The points the sample of "leave" runs for them are passed there: a participant
+    armed at each is killed (the other shapes pass none of them)."""
+    for p in sorted(_LEAVE_ONLY & set(_table_points(kind, "leave"))):
+        assert run_table_pair(kind, "leave", p, p) != "done/done", p
 
 
 @pytest.mark.slow
@@ -370,18 +412,17 @@ def test_table_double_death_sample(kind, two, p1, p2):
     os.environ.get("SHMLOCKS_DOUBLE_DEATH") != "all",
     reason="the whole matrix runs with SHMLOCKS_DOUBLE_DEATH=all (the suite runs a sample)",
 )
-@pytest.mark.parametrize("two", [False, True], ids=["one", "two"])
-@pytest.mark.parametrize("kind", TABLE_KINDS)
-def test_table_double_death_every_pair(kind, two):
-    """The whole table matrix for one kind, on one stripe or two; prints the tally."""
+@pytest.mark.parametrize(
+    ("kind", "shape"), [(k, s) for s, kinds in TABLE_SHAPES.items() for k in kinds]
+)
+def test_table_double_death_every_pair(kind, shape):
+    """The whole table matrix for one kind and shape; prints the tally of ends."""
     tally: dict[str, int] = {}
-    for k, t, a, b in TABLE_PAIRS:
-        if k == kind and t == two:
-            end = run_table_pair(k, t, a, b)
+    for k, s, a, b in TABLE_PAIRS:
+        if k == kind and s == shape:
+            end = run_table_pair(k, s, a, b)
             tally[end] = tally.get(end, 0) + 1
-    print(
-        f"\n{kind} table ({'two stripes' if two else 'one'}): {sum(tally.values())} pairs, {tally}"
-    )
+    print(f"\n{kind} table ({shape}): {sum(tally.values())} pairs, {tally}")
 
 
 # --------------------------------------------------------------------------- asyncio
