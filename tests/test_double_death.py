@@ -52,9 +52,10 @@ import sys
 import time
 
 import pytest
-from support import USERSPACE_KINDS, RWSide, recovering_sections, uniq
+from support import USERSPACE_KINDS, RWSide, recovering_sections, uniq, wait_seated
 
 import shmlocks
+from shmlocks import _core
 from shmlocks._harness import MARK_W, Exclusion, words
 
 
@@ -121,28 +122,36 @@ def _settle(p: subprocess.Popen, seconds: float, where: str = "futex") -> None:
 @contextlib.contextmanager
 def _two_deaths(
     held,
-    code: str,
+    code: str | tuple[str, str],
     args: list[str],
     p1: str,
     p2: str,
     what: str,
     env: dict | None = None,
     settle=lambda p: _settle(p, 1.0),
+    ahead=None,
 ):
-    """H holds `held` (acquire/release); A and B run `code` armed at p1 and p2 (in
-    environment `env`), queued behind H in that order (`settle`: until each waits); H
-    releases. Yields how A and B ended ("killed"/"done" each), once both have; every
+    """H holds `held` (acquire/release); A and B run `code` (or A `code[0]`, B `code[1]`)
+    armed at p1 and p2 (in environment `env`), queued behind H in that order (`settle`:
+    until each waits); H releases. Yields how A and B ended ("killed"/"done" each), once both have; every
     process is gone after the block. A participant that ends otherwise than by SIGKILL or
-    exit status 0 fails."""
+    exit status 0 fails. `ahead(ctx, extra)`, if given, starts unarmed waiters (fork
+    processes, appended to `extra`) once H holds, before A and B: each must end with
+    status 0 too, joined before the yield."""
     ctx = mp.get_context("fork")
     ready, go = ctx.Event(), ctx.Event()
     h = ctx.Process(target=_hold, args=(held, ready, go), daemon=True)
     armed: list[subprocess.Popen] = []
+    extra: list = []
     try:
         h.start()
         assert ready.wait(20)
-        for point in (p1, p2):
-            armed.append(_armed(code, args, point, env))
+        if ahead is not None:
+            ahead(ctx, extra)
+        for point, c in zip(
+            (p1, p2), code if isinstance(code, tuple) else (code, code), strict=True
+        ):
+            armed.append(_armed(c, args, point, env))
             settle(armed[-1])
         go.set()
         h.join(20)
@@ -154,6 +163,9 @@ def _two_deaths(
                 raise AssertionError(f"{what}: a participant hung") from None
             assert p.returncode in (0, -signal.SIGKILL), (what, p.returncode, err)
             ends.append("killed" if p.returncode else "done")
+        for x in extra:
+            x.join(30)
+            assert x.exitcode == 0, f"{what}: a waiter ahead failed ({x.exitcode})"
         yield "/".join(ends)
     finally:
         go.set()
@@ -161,6 +173,10 @@ def _two_deaths(
             if p.poll() is None:
                 p.kill()
                 p.communicate()
+        for x in extra:
+            if x.is_alive():
+                x.kill()
+                x.join(10)
         if h.is_alive():
             h.kill()
 
@@ -188,12 +204,15 @@ def _no_slot_left(region, what: str) -> None:
     assert [p["pid"] for p in parts] == [os.getpid()], f"{what}: {parts}"
 
 
-def run_pair(kind: str, p1: str, p2: str) -> str:
-    """One pair; returns how A and B ended ("killed"/"done" each)."""
+def run_pair(kind: str, p1: str, p2: str, shape: str = "queue") -> str:
+    """One pair; returns how A and B ended ("killed"/"done" each). `shape` "aside" or
+    "passed": A and B queue behind a spinner on the one seat (_seated_ahead), and step
+    aside (_shape_codes)."""
     lock = shmlocks.KINDS[kind].create(uniq(f"dd-{kind}"), max_participants=8)
-    what = f"{kind} {p1} x {p2}"
+    what = f"{kind} {p1} x {p2}" + ("" if shape == "queue" else f" ({shape})")
+    code, ahead = _shape_codes(CODE, shape), None if shape == "queue" else _seated_ahead(lock)
     try:
-        with _two_deaths(lock, CODE, [lock.kind, lock.name], p1, p2, what) as ends:
+        with _two_deaths(lock, code, [lock.kind, lock.name], p1, p2, what, ahead=ahead) as ends:
             assert lock.acquire(timeout=10), f"{what}: the survivor got no lock"
             if lock.owner_died:
                 lock.mark_consistent()
@@ -205,14 +224,161 @@ def run_pair(kind: str, p1: str, p2: str) -> str:
         lock.close()
 
 
+# ------------------------------------------- waiters that step aside (docs/design.md §7.0)
+
+#: the kinds whose waiters step aside (docs/design.md §7.0, "FIFO among the running
+#: waiters"): a queued waiter that would spin with another ahead of it and finds no spinner
+#: seat free. Behind H's sleep, A and B park in their places and never do: in the "aside"
+#: shape an unarmed spinner S, first in line behind H, holds the one seat (_seated), so
+#: that A and B, each with one seat (_seats), step aside behind it, and each takes the
+#: VIP turn 1 ms later (ASIDE_NS) and rejoins, before H releases
+ASIDE_KINDS = ("ticket", "mcs", "clh")
+#: the points only a waiter that steps aside, or one behind it, passes
+ASIDE_POINTS = sorted(p for p in shmlocks._crashpoints() if p.startswith(("aside.", "clh.aside.")))
+
+
+def _aside_points(kind: str) -> list[str]:
+    return [p for p in ASIDE_POINTS if kind in shmlocks._crashpoints()[p]]
+
+
+def _seats(code: str, seats: int, aside_s: float = 0.001) -> str:
+    """`code`, run with `seats` spinner seats (1: the CPUs less one on 2 CPUs, whatever
+    the machine), aside `aside_s` before the VIP turn (1 ms: the default)."""
+    return (
+        f"import shmlocks._core\nshmlocks._core._aside_init({seats}, {int(aside_s * 1e9)})\n{code}"
+    )
+
+
+#: "passed" (clh): A steps aside for PASSED_S, B takes a second seat and waits in its
+#: place behind A's: at H's release S takes the lock, and at S's B passes A's place (clh:
+#: its node aside, FREE'd under it), and A, back, finds it passed (clh: adopts a node)
+PASSED_S = 1.0
+
+
+def _shape_codes(code: str, shape: str) -> str | tuple[str, str]:
+    """A's and B's code in `shape`: "queue" as it is; "aside" both with the one seat S
+    holds; "passed" A with none free, B with a second one."""
+    if shape == "aside":
+        return _seats(code, 1)
+    if shape == "passed":
+        return (_seats(code, 1, PASSED_S), _seats(code, 2))
+    return code
+
+
+def _seated(lock, ready) -> None:
+    """S: spins in its place on the one seat (10 s at most) until H releases, then takes
+    and releases the lock once, as any survivor would."""
+    _core._wait_policy(spin_ns=int(10e9))
+    _core._aside_init(1)
+    ready.set()
+    if lock.acquire(timeout=30):
+        if lock.owner_died:
+            lock.mark_consistent()
+        lock.release()
+
+
+def _seated_ahead(lock):
+    """`_two_deaths`'s `ahead` for the "aside" shape: S, seated, before A and B queue."""
+
+    def ahead(ctx, extra) -> None:
+        ready = ctx.Event()
+        extra.append(ctx.Process(target=_seated, args=(lock, ready), daemon=True))
+        extra[-1].start()
+        assert ready.wait(20), "the spinner ahead did not start"
+        wait_seated(lock, "the spinner ahead")
+
+    return ahead
+
+
+#: the shapes in which A and B step aside, and the kinds they run for
+ASIDE_SHAPES = {"aside": ASIDE_KINDS, "passed": ("clh",)}
+#: the aside points each shape passes (checked: test_aside_shapes_pass_their_points)
+SHAPE_POINTS = {
+    "aside": {"aside.marked", "aside.vip", "clh.aside.left", "clh.aside.back"},
+    "passed": {"clh.aside.passed", "clh.aside.adopt"},
+}
+
+
+def _shape_pairs(kind: str, shape: str, pts: list[str]) -> list[tuple[str, str]]:
+    """The matrix of `shape`: "aside", every pair; "passed", whose A sleeps PASSED_S aside,
+    the pairs with an aside point (the others are much as in "aside")."""
+    return [(a, b) for a in pts for b in pts if shape == "aside" or {a, b} & set(ASIDE_POINTS)]
+
+
+def _shape_sample(kind: str, shape: str) -> list[tuple[str, str]]:
+    """The sample of `shape`: "aside", each aside point it passes once as A's and once as
+    B's; "passed", A at the point only A passes (back and adopting), B at the one only B
+    passes (passing)."""
+    if shape == "passed":
+        return [("clh.aside.adopt", "clh.aside.passed")]
+    return _each_twice([p for p in _aside_points(kind) if p in SHAPE_POINTS[shape]], 1)
+
+
+#: the lock matrix of the shapes that step aside, and the sample the suite runs
+ASIDE_PAIRS = [
+    (k, shape, a, b)
+    for shape, kinds in ASIDE_SHAPES.items()
+    for k in kinds
+    for a, b in _shape_pairs(k, shape, _points(k))
+]
+ASIDE_SAMPLE = [
+    (k, shape, a, b)
+    for shape, kinds in ASIDE_SHAPES.items()
+    for k in kinds
+    for a, b in _shape_sample(k, shape)
+]
+
+
 def _ids(cases):
     return [f"{k}-{a}-x-{b}" for k, a, b in cases]
+
+
+def _shape_ids(cases):
+    return [f"{k}-{shape}-{a}-x-{b}" for k, shape, a, b in cases]
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("kind", "p1", "p2"), SAMPLE, ids=_ids(SAMPLE))
 def test_double_death_sample(kind, p1, p2):
     run_pair(kind, p1, p2)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("kind", "shape", "p1", "p2"), ASIDE_SAMPLE, ids=_shape_ids(ASIDE_SAMPLE))
+def test_aside_double_death_sample(kind, shape, p1, p2):
+    run_pair(kind, p1, p2, shape)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["lock", "table"])
+@pytest.mark.parametrize("kind", ASIDE_KINDS)
+def test_aside_shapes_pass_their_points(kind, where):
+    """The aside points are passed in the shapes that step aside (the others pass none), on
+    a lock and on a table's stripe: A and B armed at each, one of them at least is killed."""
+    for shape, kinds in ASIDE_SHAPES.items():
+        for p in sorted(SHAPE_POINTS[shape] & set(_aside_points(kind)) if kind in kinds else ()):
+            if where == "lock":
+                end = run_pair(kind, p, p, shape)
+            else:
+                end = run_table_pair(kind, shape, p, p)
+            assert end != "done/done", (shape, p)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(
+    os.environ.get("SHMLOCKS_DOUBLE_DEATH") != "all",
+    reason="the whole matrix runs with SHMLOCKS_DOUBLE_DEATH=all (the suite runs a sample)",
+)
+@pytest.mark.parametrize(("kind", "shape"), [(k, s) for s, ks in ASIDE_SHAPES.items() for k in ks])
+def test_aside_double_death_every_pair(kind, shape):
+    """The lock matrix of a shape that steps aside, for one kind; prints the tally of ends."""
+    tally: dict[str, int] = {}
+    for k, s, a, b in ASIDE_PAIRS:
+        if k == kind and s == shape:
+            end = run_pair(k, a, b, s)
+            tally[end] = tally.get(end, 0) + 1
+    print(f"\n{kind} ({shape}): {sum(tally.values())} pairs, {tally}")
 
 
 @pytest.mark.slow
@@ -241,7 +407,14 @@ TABLE_KINDS = ("ticket", "mcs", "futex", "robust", "pi", "clh")
 TABLE_PROTOCOL = {"ticket": "ticketc.", "mcs": "mcsc."}
 #: how A and B use the table: "one" stripe; "two" stripes held together; "leave": two,
 #: after a wait that timed out on the second (the kinds whose waiters leave a place behind)
-TABLE_SHAPES = {"one": TABLE_KINDS, "two": TABLE_KINDS, "leave": ("ticket", "mcs", "clh")}
+#: "aside", "passed": one stripe, A and B stepping aside behind a spinner (as on a lock)
+TABLE_SHAPES = {
+    "one": TABLE_KINDS,
+    "two": TABLE_KINDS,
+    "leave": ("ticket", "mcs", "clh"),
+    "aside": ("ticket", "mcs", "clh"),
+    "passed": ("clh",),
+}
 
 
 def _table_points(kind: str, shape: str = "one") -> list[str]:
@@ -256,7 +429,7 @@ def _table_points(kind: str, shape: str = "one") -> list[str]:
     own = [p for p in _points(kind) if not p.startswith(f"{kind}." if proto else "pi.async.")]
     if proto is not None:
         own += [p for p in _points("table") if p.startswith(proto)]
-    if shape != "one":
+    if shape in ("two", "leave"):
         own.append("hold.took")
     return sorted(own)
 
@@ -305,8 +478,11 @@ TABLE_PAIRS = [
     (k, shape, a, b)
     for shape, kinds in TABLE_SHAPES.items()
     for k in kinds
-    for a in _table_points(k, shape)
-    for b in _table_points(k, shape)
+    for a, b in (
+        _shape_pairs(k, shape, _table_points(k, shape))
+        if shape in ASIDE_SHAPES
+        else [(a, b) for a in _table_points(k, shape) for b in _table_points(k, shape)]
+    )
 ]
 
 
@@ -344,6 +520,13 @@ TABLE_SAMPLE = [
     for shape in (("one", "two", "leave") if k in TABLE_PROTOCOL else ("one",))
     for c in _table_sample(k, shape)
 ]
+#: and of the shapes that step aside, as on a lock (test_aside_double_death_sample)
+TABLE_SAMPLE += [
+    (k, shape, a, b)
+    for shape, kinds in ASIDE_SHAPES.items()
+    for k in kinds
+    for a, b in _shape_sample(k, shape)
+]
 
 
 def _key_of(table, i: int) -> int:
@@ -357,9 +540,12 @@ def run_table_pair(kind: str, shape: str, p1: str, p2: str) -> str:
     exactly under the stripes A and B used, and no slot is left."""
     table = shmlocks.LockTable(4, kind, name=uniq(f"ddt-{kind}"), max_participants=8)
     what = f"{kind} table ({shape}) {p1} x {p2}"
-    used = [STRIPE] if shape == "one" else [OTHER, STRIPE]
-    if shape == "one":
-        code, args = TABLE_CODE, [table.name, str(STRIPE)]
+    used = [STRIPE] if shape in ("one", "aside", "passed") else [OTHER, STRIPE]
+    ahead = None
+    if len(used) == 1:
+        code, args = _shape_codes(TABLE_CODE, shape), [table.name, str(STRIPE)]
+        if shape != "one":
+            ahead = _seated_ahead(table[STRIPE])
     else:
         code, args = TABLE_TWO_CODE, [table.name, shape, *(str(_key_of(table, i)) for i in used)]
     # a pi waiter sleeps in the kernel's rt_mutex (FUTEX_LOCK_PI), not a futex wait
@@ -372,7 +558,9 @@ def run_table_pair(kind: str, shape: str, p1: str, p2: str) -> str:
             _settle(p, 1.0, where)
 
     try:
-        with _two_deaths(table[STRIPE], code, args, p1, p2, what, settle=settle) as ends:
+        with _two_deaths(
+            table[STRIPE], code, args, p1, p2, what, settle=settle, ahead=ahead
+        ) as ends:
             for i in range(table.size):
                 lock = table[i]
                 assert lock.acquire(timeout=10), f"{what}: the survivor got no stripe {i}"
