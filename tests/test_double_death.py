@@ -339,6 +339,22 @@ ASIDE_SAMPLE = [
 ]
 
 
+#: the whole matrices are opt-in: the suite runs a fixed sample of each
+WHOLE_MATRIX = pytest.mark.skipif(
+    os.environ.get("SHMLOCKS_DOUBLE_DEATH") != "all",
+    reason="the whole matrix runs with SHMLOCKS_DOUBLE_DEATH=all (the suite runs a sample)",
+)
+
+
+def _tally(what: str, ends) -> None:
+    """Run a whole matrix (`ends`: how A and B ended, pair by pair) and print how many
+    pairs killed both, one, or none."""
+    tally: dict[str, int] = {}
+    for end in ends:
+        tally[end] = tally.get(end, 0) + 1
+    print(f"\n{what}: {sum(tally.values())} pairs, {tally}")
+
+
 def _ids(cases):
     return [f"{k}-{a}-x-{b}" for k, a, b in cases]
 
@@ -376,36 +392,23 @@ def test_aside_shapes_pass_their_points(kind, where):
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-@pytest.mark.skipif(
-    os.environ.get("SHMLOCKS_DOUBLE_DEATH") != "all",
-    reason="the whole matrix runs with SHMLOCKS_DOUBLE_DEATH=all (the suite runs a sample)",
-)
+@WHOLE_MATRIX
 @pytest.mark.parametrize(("kind", "shape"), [(k, s) for s, ks in ASIDE_SHAPES.items() for k in ks])
 def test_aside_double_death_every_pair(kind, shape):
     """The lock matrix of a shape that steps aside, for one kind; prints the tally of ends."""
-    tally: dict[str, int] = {}
-    for k, s, a, b in ASIDE_PAIRS:
-        if k == kind and s == shape:
-            end = run_pair(k, a, b, s)
-            tally[end] = tally.get(end, 0) + 1
-    print(f"\n{kind} ({shape}): {sum(tally.values())} pairs, {tally}")
+    _tally(
+        f"{kind} ({shape})",
+        (run_pair(k, a, b, s) for k, s, a, b in ASIDE_PAIRS if k == kind and s == shape),
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-@pytest.mark.skipif(
-    os.environ.get("SHMLOCKS_DOUBLE_DEATH") != "all",
-    reason="the whole matrix runs with SHMLOCKS_DOUBLE_DEATH=all (the suite runs a sample)",
-)
+@WHOLE_MATRIX
 @pytest.mark.parametrize("kind", USERSPACE_KINDS)
 def test_double_death_every_pair(kind):
     """The whole matrix for one kind; prints how many pairs killed both, one, or none."""
-    tally: dict[str, int] = {}
-    for k, a, b in PAIRS:
-        if k == kind:
-            end = run_pair(k, a, b)
-            tally[end] = tally.get(end, 0) + 1
-    print(f"\n{kind}: {sum(tally.values())} pairs, {tally}")
+    _tally(kind, (run_pair(k, a, b) for k, a, b in PAIRS if k == kind))
 
 
 # ---------------------------------------------------------------------- lock-table stripes
@@ -606,21 +609,16 @@ def test_table_leave_shape_passes_its_points(kind):
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-@pytest.mark.skipif(
-    os.environ.get("SHMLOCKS_DOUBLE_DEATH") != "all",
-    reason="the whole matrix runs with SHMLOCKS_DOUBLE_DEATH=all (the suite runs a sample)",
-)
+@WHOLE_MATRIX
 @pytest.mark.parametrize(
     ("kind", "shape"), [(k, s) for s, kinds in TABLE_SHAPES.items() for k in kinds]
 )
 def test_table_double_death_every_pair(kind, shape):
     """The whole table matrix for one kind and shape; prints the tally of ends."""
-    tally: dict[str, int] = {}
-    for k, s, a, b in TABLE_PAIRS:
-        if k == kind and s == shape:
-            end = run_table_pair(k, s, a, b)
-            tally[end] = tally.get(end, 0) + 1
-    print(f"\n{kind} table ({shape}): {sum(tally.values())} pairs, {tally}")
+    _tally(
+        f"{kind} table ({shape})",
+        (run_table_pair(k, s, a, b) for k, s, a, b in TABLE_PAIRS if k == kind and s == shape),
+    )
 
 
 # --------------------------------------------------------------------------- asyncio
@@ -732,20 +730,15 @@ def test_async_double_death_sample(mode, kind, p1, p2):
 
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
-@pytest.mark.skipif(
-    os.environ.get("SHMLOCKS_DOUBLE_DEATH") != "all",
-    reason="the whole matrix runs with SHMLOCKS_DOUBLE_DEATH=all (the suite runs a sample)",
-)
+@WHOLE_MATRIX
 @pytest.mark.parametrize("mode", AIO_MODES)
 @pytest.mark.parametrize("kind", list(shmlocks.KINDS))
 def test_async_double_death_every_pair(kind, mode):
     """The whole async matrix for one kind and wait mode; prints the tally of ends."""
-    tally: dict[str, int] = {}
-    for k, a, b in AIO_PAIRS:
-        if k == kind:
-            end = run_aio_pair(mode, k, a, b)
-            tally[end] = tally.get(end, 0) + 1
-    print(f"\n{kind} async ({mode}): {sum(tally.values())} pairs, {tally}")
+    _tally(
+        f"{kind} async ({mode})",
+        (run_aio_pair(mode, k, a, b) for k, a, b in AIO_PAIRS if k == kind),
+    )
 
 
 # ---------------------------------------------------------------------------- RWLock
@@ -819,14 +812,7 @@ def test_rwlock_double_death_sample(p1, p2):
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-@pytest.mark.skipif(
-    os.environ.get("SHMLOCKS_DOUBLE_DEATH") != "all",
-    reason="the whole matrix runs with SHMLOCKS_DOUBLE_DEATH=all (the suite runs a sample)",
-)
+@WHOLE_MATRIX
 def test_rwlock_double_death_every_pair():
     """The RWLock's whole matrix; prints how many pairs killed both, one, or none."""
-    tally: dict[str, int] = {}
-    for a, b in RW_PAIRS:
-        end = run_rw_pair(a, b)
-        tally[end] = tally.get(end, 0) + 1
-    print(f"\nrwlock: {sum(tally.values())} pairs, {tally}")
+    _tally("rwlock", (run_rw_pair(a, b) for a, b in RW_PAIRS))
