@@ -269,8 +269,10 @@ cdef int _ch_step_aside(rmap_t* rm, shm_body* b, uint32_t q, wait_t* w,
         if cas32(&x.state, v, C_BUSY):
             wake_if_parked(&x.state, &x.parked)
             return R_ACQ if ps == C_FREE else R_PENDING
+    # an abandon calls it back (not its turn: a running waiter behind passes it then, the
+    # point of stepping aside; woken at each turn, the hand-offs would go to sleepers)
     w.recall = &pn.state
-    w.recall_v = ps
+    w.recall_set = (1 << C_ABANDONED) | (1 << C_RECLAIMING)
     w.recall_parked = &pn.parked
     return R_ASIDE
 
