@@ -99,15 +99,15 @@ cdef inline void _ch_grant(shm_body* b, uint32_t q, bint armed) noexcept nogil:
 cdef inline int _ch_free(rmap_t* rm, shm_body* b, uint32_t q, uint64_t h,
                          bint armed) noexcept nogil:
     """Release passage h (the head) for q: named in q's line first (hpass: a death from
-    here on is [R]), then its node FREE for the successor, who adopts it at its grant."""
+    here on is [R]), then its node FREE for the successor, who adopts it at its grant.
+    hpass is left as it is: a passage is live only until its node is freed (a node
+    queued anew has a later round), so a stale one never matches a live head."""
     cdef shm_cnode* x = ch_node(b, pair_lo(h))
-    cdef shm_prec* r = &b.precs[q]
-    st64_rel(&r.hpass, h)
+    st64_rel(&b.precs[q].hpass, h)
     crashpoint_at(armed, "clhc.release.named")
     st32_seq(&x.state, C_FREE)                       # our successor may go
     wake_if_parked(&x.state, &x.parked)
     crashpoint_at(armed, "clhc.release.freed")
-    st64_rel(&r.hpass, 0)
     return 0
 
 
@@ -810,8 +810,10 @@ cdef class CLHStripe(CLHLock):
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef uint64_t h = ld64_acq(ch_head(&self.b))
-        if not _ch_live(self.rm, &self.b, h):
+        if not _ch_ok(self.rm, &self.b, pair_lo(h)):
             return R_CORRUPT
+        if SHM_DEBUG_BUILT:                          # (a constant: nothing in a normal build)
+            dassert(_ch_live(self.rm, &self.b, h), "clhc: the head names the holder's passage")
         return _ch_free(self.rm, &self.b, me, h, armed)
 
     cdef bint _is_locked(self) noexcept nogil:
