@@ -412,7 +412,7 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
  * precs, the table-wide line of each participant for compact stripes (the adaptive spin
  * budget, pi's asynchronous-wait mark).  The stripes live past the lock bodies, in the
  * segment's extension area (header.ext_lines), `stride` bytes each:
- *   compact (ticket, mcs, futex, robust, pi): one line (128 bytes), a shm_lockctl whose
+ *   compact (every kind): one line (128 bytes), a shm_lockctl whose
  *     repair slot
  *     (never used: the table's mutex serves its stripes) holds the lock word: the view
  *     aims wa at the slot (SHM_STRIPE_WA_OFF, byte 64: the futex word, or the glibc mutex
@@ -425,9 +425,11 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
  *     sleep on or add to (the word, timeouts), as a lock body's ctl and word lines are.
  *     Where glibc's mutex is larger than the slot leaves room for (aarch64: 48 bytes),
  *     the stripe is two lines and the word the second.  Nodes: none (mcs: the table
- *     entry's node lines, one wait node per participant for the whole table, mcsc.pxi).
- *   full (clh: a line per participant per lock): a whole lock body each, of
- *     the region's geometry (shm_body_lines(P) lines), provisioned as a lock's.
+ *     entry's node lines, one wait node per participant for the whole table, mcsc.pxi;
+ *     clh: the same lines and one node in each stripe's line, a pool the nodes travel
+ *     in, clhc.pxi: the tail at word A, the head at word B, SHM_STRIPE_CLH_*).
+ *   full (no kind since layout 12: clh's were): a whole lock body each, of the
+ *     region's geometry (shm_body_lines(P) lines), provisioned as a lock's.
  * Lock numbers: entry i of the directory is lock i; the table's stripe s is lock
  * first + s, first >= max_locks.  op_lock, the wait link and every reader name a lock by
  * number + 1; participants.pxd lock_at is the decoder of a mapped region (shmlocks/_segment.py
