@@ -631,17 +631,22 @@ def _recall_h(name, i, k, ready, go, out) -> None:
     ready.set()
     go.wait(30)
     got = t[k].acquire(timeout=60)
-    out.put(("H", got))
+    out.put(("H", got, got and t[k].owner_died))
     if got:
+        if t[k].owner_died:
+            t[k].mark_consistent()
         t[k].release()
     t[i].release()
 
 
-def _recall_a(name, i, j, k, ready, out) -> None:
+def _recall_a(name, i, j, k, ready, out, point) -> None:
     """A: holds stripe k, waits for i behind H spinning on the one seat (so that S behind
-    steps aside) until its deadline; then takes stripe j (free)."""
+    steps aside) until its deadline; then takes stripe j (free). Armed at `point`, if
+    any."""
     from shmlocks import _core
 
+    if point:
+        _core._arm_crashpoint(point)
     _core._wait_policy(spin_ns=int(30e9))
     _core._aside_init(1)
     shmlocks.set_deadlock_timeout(None)
@@ -669,20 +674,24 @@ def _recall_s(name, i, ready, out) -> None:
         pass
     ready.set()
     got = t[i].acquire(timeout=60)
-    out.put(("S", got))
+    out.put(("S", got, got and t[i].owner_died))
     if got:
         t[i].release()
 
 
 @pytest.mark.timeout(120)
-def test_an_abandon_recalls_the_waiter_aside_behind_it(procs):
+@pytest.mark.parametrize("a_dies", [False, True], ids=["A-lives", "A-killed-abandoning"])
+def test_an_abandon_recalls_the_waiter_aside_behind_it(procs, a_dies):
     """The cross-stripe case (docs/design.md §15): A holds k and waits for i behind H,
     with S aside behind A; H, holding i, wants k. A's wait for i times out: its node is
     ABANDONED under S's node aside, and only S can hand it back. A then wants stripe j,
     free. Were S to come back only at its own VIP turn (S_ASIDE_S away), A would wait
     for it while H waits for A and S for H: A's acquire of j would time out. The abandon
     recalls S, which comes back and hands the node back: A gets j well before its
-    J_TIMEOUT deadline, releases j and k, H gets k and releases i, S gets i."""
+    J_TIMEOUT deadline, releases j and k, H gets k and releases i, S gets i.
+    A-killed-abandoning: A dies at clhc.abandon.left (its node ABANDONED, S not yet
+    recalled), holding k: H gets k with owner_died, releases i, and S gets i; nothing
+    wedges."""
     ctx = mp.get_context("fork")
     i, j, k = 1, 2, 0
     with shmlocks.LockTable(4, "clh", name=uniq("clht-recall"), max_participants=8) as t:
@@ -690,7 +699,8 @@ def test_an_abandon_recalls_the_waiter_aside_behind_it(procs):
         ready_h, go, ready_a, ready_s = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event()
         h = procs.start(_recall_h, t.name, i, k, ready_h, go, out, ctx=ctx)
         assert ready_h.wait(20)
-        a = procs.start(_recall_a, t.name, i, j, k, ready_a, out, ctx=ctx)
+        point = "clhc.abandon.left" if a_dies else None
+        a = procs.start(_recall_a, t.name, i, j, k, ready_a, out, point, ctx=ctx)
         assert ready_a.wait(20)
         wait_seated(t[i], "A")
         s = procs.start(_recall_s, t.name, i, ready_s, out, ctx=ctx)
@@ -698,16 +708,23 @@ def test_an_abandon_recalls_the_waiter_aside_behind_it(procs):
         wait_aside(t[i], 1, "S")
         go.set()  # H now waits for k, held by A
         res = {}
-        for _ in range(3):
+        for _ in range(2 if a_dies else 3):
             r = out.get(timeout=60)
             res[r[0]] = r[1:]
         stuck = join_or_kill([h, a, s], 30)
         assert not stuck, res
-        assert res["A"][:2] == (False, True), f"A did not get the free stripe j: {res}"
-        assert res["A"][2] < J_TIMEOUT, res
-        assert res["H"] == (True,) and res["S"] == (True,), res
-        assert [p.exitcode for p in (h, a, s)] == [0, 0, 0]
-        assert t[i].stats()["timeouts"] == 1 and t[j].stats()["timeouts"] == 0
+        if a_dies:
+            assert "A" not in res and a.exitcode == -signal.SIGKILL, (res, a.exitcode)
+            assert res["H"] == (True, True), f"A's stripe k not owner_died for H: {res}"
+        else:
+            assert res["A"][:2] == (False, True), f"A did not get the free stripe j: {res}"
+            assert res["A"][2] < J_TIMEOUT, res
+            assert res["H"] == (True, False) and a.exitcode == 0, res
+        assert res["S"] == (True, False), res
+        assert h.exitcode == 0 and s.exitcode == 0
+        if not a_dies:  # (one killed in its abandon may die before it counts)
+            assert t[i].stats()["timeouts"] == 1
+        assert t[j].stats()["timeouts"] == 0
         assert_clean(t)
 
 
