@@ -129,12 +129,20 @@ def own_id(t, s: int) -> int:
     return OWN | lock_number(t, s)
 
 
-def _pnodes(t) -> list[tuple[int, ...]]:
-    """The participants' nodes (ids 1..hwm), as _raw reads them through a queue node's
-    view: (state, lock1, pred, parked, left_gen | round << 32, guess, ...)."""
+def _pnodes(t) -> dict[int, tuple[int, ...]]:
+    """The participants' nodes (ids 1..hwm): id -> (state, lock1, pred, parked, left_gen,
+    round, guess), from the stripe's _raw: its pool (id first), or the nodes a lock's
+    _raw reads through a queue node's view (state, lock1, pred, parked, left_gen | round
+    << 32, guess, ...)."""
     raw = t[0]._raw()
-    key = next(k for k in raw if k.startswith("nodes"))
-    return raw[key]
+    pool = next((raw[k] for k in raw if k.startswith("pool")), None)
+    if pool is not None:
+        return {n[0]: tuple(n[1:8]) for n in pool if not n[0] & OWN}
+    nodes = raw[next(k for k in raw if k.startswith("nodes"))]
+    return {
+        i + 1: (n[0], n[1], n[2], n[3], n[4] & 0xFFFFFFFF, n[4] >> 32, n[5])
+        for i, n in enumerate(nodes)
+    }
 
 
 def node_state(t, nid: int) -> int:
@@ -142,8 +150,8 @@ def node_state(t, nid: int) -> int:
     if nid & OWN:
         return own_node(t, (nid & ~OWN) - t.region.max_locks)[0]
     nodes = _pnodes(t)
-    assert 1 <= nid <= len(nodes), (hex(nid), len(nodes))
-    return nodes[nid - 1][0]
+    assert nid in nodes, (hex(nid), sorted(nodes))
+    return nodes[nid][0]
 
 
 def assert_clean(t) -> None:
@@ -155,7 +163,7 @@ def assert_clean(t) -> None:
         last, prev = tail(t, s)
         assert node_state(t, last) == FREE, (s, hex(last), hex(prev))
         assert not t[s].locked(), s
-    states = [n[0] for n in _pnodes(t)] + [own_node(t, s)[0] for s in range(t.size)]
+    states = [n[0] for n in _pnodes(t).values()] + [own_node(t, s)[0] for s in range(t.size)]
     assert set(states) <= {FREE, RECLAIMED}, [hex(x) for x in states]
 
 
@@ -230,16 +238,16 @@ def test_a_held_clh_stripe_keeps_its_words_where_the_design_says(procs):
             assert 1 <= last <= 8 and prev == own_id(t, 5), (hex(last), hex(prev))
             assert hnode == last and hround >= 1, (hnode, hround)
             assert node_state(t, last) == BUSY
-            mine = _pnodes(t)[last - 1]
+            mine = _pnodes(t)[last]
             assert mine[1] == lock_number(t, 5) + 1, mine  # lock1: the stripe's passage
-            assert mine[4] >> 32 == hround, mine  # (its round, the head's)
+            assert mine[5] == hround, mine  # (its round, the head's)
             assert own_node(t, 5)[0] == FREE  # adopted by us: the node we wait with next
             q = mp.get_context("fork").Queue()
             p = procs.start(_waiter, name, 5, 0.5, q)
             until(lambda: tail(t, 5)[0] != last, what="the waiter queued")
             w_last, w_prev = tail(t, 5)
             assert w_prev == last and 1 <= w_last <= 8 and w_last != last, (w_last, w_prev)
-            until(lambda: _pnodes(t)[w_last - 1][2] == last, what="the waiter's pred published")
+            until(lambda: _pnodes(t)[w_last][2] == last, what="the waiter's pred published")
             assert node_state(t, w_last) == BUSY
             assert q.get(timeout=10)[1] is False
             p.join(10)
