@@ -322,6 +322,7 @@ class TicketStripe(TicketLock): ...  # type: ignore[misc]
 class MCSLock(_Lock): ...  # type: ignore[misc]
 class MCSStripe(MCSLock): ...  # type: ignore[misc]  # a LockTable's mcs stripe
 class CLHLock(_Lock): ...  # type: ignore[misc]
+class CLHStripe(CLHLock): ...  # type: ignore[misc]  # a LockTable's clh stripe
 class FutexMutex(_Lock): ...  # type: ignore[misc]
 class _PthreadMutexLock(_Lock): ...  # type: ignore[misc]
 class RobustMutex(_PthreadMutexLock): ...  # type: ignore[misc]

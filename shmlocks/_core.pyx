@@ -39,6 +39,7 @@ include "_ext/kinds/ticketc.pxi"
 include "_ext/kinds/mcs.pxi"
 include "_ext/kinds/mcsc.pxi"
 include "_ext/kinds/clh.pxi"
+include "_ext/kinds/clhc.pxi"
 include "_ext/kinds/futex.pxi"
 include "_ext/kinds/robust.pxi"
 include "_ext/kinds/pi.pxi"
@@ -89,6 +90,8 @@ LAYOUT = {
     "stripe_wa_off": SHM_STRIPE_WA_OFF,
     "stripe_wb_off": SHM_STRIPE_WB_OFF,
     "stripe_ticket_wb_off": SHM_STRIPE_TICKET_WB_OFF,
+    "stripe_clh_head_off": SHM_STRIPE_CLH_HEAD_OFF,
+    "stripe_clh_node_off": SHM_STRIPE_CLH_NODE_OFF,
     "stripe_aside_off": SHM_STRIPE_ASIDE_OFF,      # a ticket or mcs stripe's aside words
     "stripe_seats": SHM_STRIPE_SEATS,              # and its spinner seats
     "participant_size": sizeof(shm_participant),
@@ -238,6 +241,21 @@ _CRASHPOINTS = {
     "mcsc.pass.emptied": ("table",),        # passed-through last node: tail emptied, node not idle
     "mcsc.release.passing": ("table",),     # successor redirected, passed node not yet idle
     "mcsc.recover.flagged": ("table",),     # recoverer set the verdict, before the release
+    # a table's compact clh stripe (kinds/clhc.pxi): "table", passed only by a
+    # LockTable(kind="clh")'s stripes (tests/test_table_clh.py kills each)
+    "clhc.acquire.joined": ("table",),      # tail taken, own pred not yet published
+    "clhc.acquire.pred": ("table",),        # pred published, before checking it
+    "clhc.grant.head": ("table",),          # granted: the head names our node, pred's not adopted
+    "clhc.wait.reclaiming": ("table",),     # taking an abandoned predecessor's pred
+    "clhc.abort.stepped_out": ("table",),   # tail given back, own node not yet reclaimed
+    "clhc.abandon.left": ("table",),        # own node ABANDONED, its waiters not yet woken
+    "clhc.release.named": ("table",),       # the head's passage named in own line, not freed
+    "clhc.release.freed": ("table",),       # the head's node freed, own line's name not cleared
+    "clhc.recover.flagged": ("table",),     # recoverer gave the verdict, before the release
+    "clhc.aside.left": ("table",),          # own node ASIDE (place kept), not yet marked aside
+    "clhc.aside.passed": ("table",),        # passed a node aside at its turn, before the wake
+    "clhc.aside.back": ("table",),          # own node taken back from ASIDE, before the wait
+    "clhc.aside.adopt": ("table",),         # back from aside, passed over: pred not yet adopted
     # a multi-acquire (table/table.pxi: LockTable.hold, hold_all and their async forms),
     # passed after each lock it takes: "hold", no kind's code (tests/test_sharding.py)
     "hold.took": ("hold",),                 # a lock taken, the next not yet asked for

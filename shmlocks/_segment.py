@@ -29,6 +29,7 @@ import operator
 import os
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -89,6 +90,9 @@ STRIPE_LINES = _L["stripe_lines"]
 STRIPE_WA_OFF = _L["stripe_wa_off"]
 STRIPE_WB_OFF = _L["stripe_wb_off"]
 STRIPE_TICKET_WB_OFF = _L["stripe_ticket_wb_off"]  # a ticket stripe's serving (ticketc.pxi)
+STRIPE_CLH_HEAD_OFF = _L["stripe_clh_head_off"]  # a clh stripe's head, its node (clhc.pxi)
+STRIPE_CLH_NODE_OFF = _L["stripe_clh_node_off"]
+_CH_SNODE = 0x40000000  # clhc.pxd: node id CH_SNODE | lock number, a stripe's own node
 _KIND_TICKET = _core.KINDS["ticket"].kind_code
 _TABLE = struct.Struct("<IIIIQQ")  # shm_table: sub, size, first, compact, off, stride
 _BODY_READ = _L["body_lines_read"] * LINE  # ctl, word A, word B
@@ -541,13 +545,14 @@ def _lock(
     base: int,
     wa_off: int,
     wb_off: int,
+    clh_node: Callable[[int], int | None] | None = None,
     **extra: Any,
 ) -> Lock:
     """One lock (a directory entry's body, or a stripe of a table) from its lines ``sb``
     (ctl at 0, word A at ``wa_off``, word B at ``wb_off``), its body at ``base`` in the
     file: the one
     decoder of both. A CLH lock's tail node is read if its id is in range (clh.pxi
-    _clh_ok: 1..H or P+1)."""
+    _clh_ok: 1..H or P+1; a compact clh stripe's: ``clh_node``, from its table's pool)."""
     kind, flags, holder, bmagic, *rest = _CTL.unpack_from(sb, 0)
     (word_a,) = _U64.unpack_from(sb, wa_off)
     (word_b,) = _U64.unpack_from(sb, wb_off)  # (robust, pi: the dead holder's pid, tid)
@@ -555,7 +560,9 @@ def _lock(
     node_state = None
     if d_kind == _CLH:
         t = word_a & 0xFFFFFFFF
-        if 1 <= t <= h.provisioned or t == h.max_participants + 1:
+        if clh_node is not None:
+            node_state = clh_node(t)
+        elif 1 <= t <= h.provisioned or t == h.max_participants + 1:
             (node_state,) = _U32.unpack(pread_exact(fd, base + (3 + t - 1) * LINE, 4))
     return Lock(
         idx,
@@ -628,7 +635,7 @@ def _table_header(h: Head, body: bytes) -> tuple[int, int, int, int, int, int]:
         kind != KIND_TABLE
         or bmagic != BODY_MAGIC
         or sub not in KIND_NAMES
-        or compact != (KIND_NAMES[sub] in ("ticket", "mcs", "futex", "robust", "pi"))
+        or compact != (KIND_NAMES[sub] in ("ticket", "mcs", "clh", "futex", "robust", "pi"))
         or not 1 <= n <= TABLE_MAX
         or first != L
         or sstride != need
@@ -645,16 +652,40 @@ def _read_table(fd: int, h: Head, idx: int, body: bytes) -> Table:
     sub, n, first, compact, off, sstride = _table_header(h, body)
     stripes = []
     data = pread_exact(fd, off, n * sstride) if compact else b""
+    clh_node = None
+    if compact and sub == _CLH:
+        # a compact clh stripe's tail names a node of its table's pool (clhc.pxi): a
+        # participant's (the table entry's node lines) or a stripe's (in the lines read)
+        nodes_off = h.locks_off + idx * h.stride + 3 * LINE
+
+        def clh_node(t: int) -> int | None:
+            if t >> 30 == 1:
+                s = (t & ~_CH_SNODE) - first
+                if 0 <= s < n:
+                    return _U32.unpack_from(data, s * sstride + STRIPE_CLH_NODE_OFF)[0]
+                return None
+            if 1 <= t <= h.provisioned:
+                return _U32.unpack(pread_exact(fd, nodes_off + (t - 1) * LINE, 4))[0]
+            return None
+
     for s in range(n):
         base = off + s * sstride
         if compact:
             sb = data[s * sstride : (s + 1) * sstride]
             wa_off = STRIPE_WA_OFF
-            wb_off = STRIPE_TICKET_WB_OFF if sub == _KIND_TICKET else STRIPE_WB_OFF
+            wb_off = (
+                STRIPE_TICKET_WB_OFF
+                if sub == _KIND_TICKET
+                else STRIPE_CLH_HEAD_OFF
+                if sub == _CLH
+                else STRIPE_WB_OFF
+            )
         else:
             sb = pread_exact(fd, base, _BODY_READ)
             wa_off, wb_off = LINE, 2 * LINE
-        stripes.append(_lock(fd, h, first + s, f"{h.name}[{s}]", sub, sb, base, wa_off, wb_off))
+        stripes.append(
+            _lock(fd, h, first + s, f"{h.name}[{s}]", sub, sb, base, wa_off, wb_off, clh_node)
+        )
     return Table(idx, sub, n, first, stripes)
 
 

@@ -91,7 +91,9 @@ cdef struct kind_ops_t:
                             # ticket's slots, a toolbox object's journal): provisioned with
                             # the body (docs/design.md §2); at most P + 1 are (shm_fixed_nodes)
     kind_recover_fn stripe_recover  # a compact stripe's recover, if the kind has a stripe
-                            # protocol of its own (_register_stripe: ticket, mcs); NULL: recover
+                            # protocol of its own (_register_stripe: ticket, mcs, clh); NULL:
+                            # recover
+    kind_init_fn stripe_init  # a compact stripe's init, if not the body's (clh); NULL: init
 
 cdef int _register_kind(type cls, kind_init_fn init, kind_recover_fn recover,
                         bint repair, kind_grow_fn grow=*, uint32_t fixed_nodes=*) except -1
@@ -102,7 +104,7 @@ cdef object kind_new_lock(uint32_t code, object region, uint32_t index, object n
 # (_register_stripe: ticket's TicketStripe, ticketc.pxi; mcs's MCSStripe, mcsc.pxi), else
 # its lock class
 cdef object kind_new_stripe(uint32_t code, object region, uint32_t index, object name)
-cdef int _register_stripe(type cls, kind_recover_fn recover) except -1
+cdef int _register_stripe(type cls, kind_recover_fn recover, kind_init_fn init=*) except -1
 cdef list _KIND_CLASSES                 # the registered classes, in registration order
 
 # The synchronization toolbox's objects (docs/design.md §12) live in the directory beside

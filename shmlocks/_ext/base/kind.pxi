@@ -26,6 +26,7 @@ cdef uint32_t _ops_fill(type cls, kind_init_fn init, kind_recover_fn recover,
     g_kind_ops[code].grow = grow
     g_kind_ops[code].fixed_nodes = fixed_nodes
     g_kind_ops[code].stripe_recover = NULL
+    g_kind_ops[code].stripe_init = NULL
     return code
 
 
@@ -65,14 +66,16 @@ cdef object kind_new_lock(uint32_t code, object region, uint32_t index, object n
 cdef dict _STRIPE_BY_CODE = {}          # kind code -> its compact stripes' class, if its own
 
 
-cdef int _register_stripe(type cls, kind_recover_fn recover) except -1:
+cdef int _register_stripe(type cls, kind_recover_fn recover,
+                          kind_init_fn init=NULL) except -1:
     """cls (a subclass of its kind's class, same kind_code, registered before) is the class
-    of a compact stripe of that kind, and `recover` its recover (docs/design.md §15): a
-    protocol of its own on a stripe's line."""
+    of a compact stripe of that kind, `recover` its recover and `init` its init if not the
+    body's (docs/design.md §15): a protocol of its own on a stripe's line."""
     cdef uint32_t code = cls.kind_code
     if code == 0 or code > SHM_KIND_MAX or g_kind_ops[code].recover == NULL:
         raise RuntimeError(f"{cls.__name__}: its kind is not registered")
     g_kind_ops[code].stripe_recover = recover
+    g_kind_ops[code].stripe_init = init
     _STRIPE_BY_CODE[code] = cls
     return 0
 

@@ -388,8 +388,12 @@ cdef inline uint32_t* aside_words(shm_body* b) noexcept nogil:
     it unused; the ticket's serving is in the lower half). A table's compact stripe of a
     kind that steps aside (ticket, ticketc.pxi; mcs, mcsc.pxi) keeps them in its line's
     waiters' half, past its words (shm_layout.h SHM_STRIPE_ASIDE_OFF), with fewer seats
-    (aside_cap), not 64 bytes past its word B (the next stripe's line)."""
+    (aside_cap), not 64 bytes past its word B (the next stripe's line); a clh stripe
+    (clhc.pxi) in its line's last 12 bytes, with one seat (SHM_STRIPE_CLH_ASIDE_OFF). The
+    stripe's kind is read from its line: whatever it says, the words lie in the line."""
     if shm_view_compact(b):
+        if b.ctl.kind == SHM_KIND_CLH:       # (its line's last 12 bytes: clhc.pxi)
+            return <uint32_t*>(<char*>b.ctl + SHM_STRIPE_CLH_ASIDE_OFF)
         return <uint32_t*>(<char*>b.ctl + SHM_STRIPE_ASIDE_OFF)
     return &b.wb.u32[SHM_LINE // 8]
 
@@ -398,7 +402,9 @@ cdef inline uint32_t aside_cap(shm_body* b) noexcept nogil:
     """The spinner seat words of lock b's aside words: AS_MAX_SEATS for a lock body,
     SHM_STRIPE_SEATS for a table's compact stripe. A waiter uses at most g_aside_seats of
     them (its process's CPUs - 1); a recovery frees a dead one's in all of them."""
-    return SHM_STRIPE_SEATS if shm_view_compact(b) else AS_MAX_SEATS
+    if not shm_view_compact(b):
+        return AS_MAX_SEATS
+    return SHM_STRIPE_CLH_SEATS if b.ctl.kind == SHM_KIND_CLH else SHM_STRIPE_SEATS
 
 
 cdef int aside_ahead(rmap_t* rm, shm_body* b, uint32_t me, uint64_t since) noexcept nogil

@@ -699,7 +699,8 @@ cdef int table_grow(rmap_t* rm, uint32_t lo, uint32_t hi, what) except -1:
         return 0
     lines_provision(rm, tbase + (SHM_BODY_NODES + <uint64_t>rm.P + 1 + lo) * SHM_LINE,
                     <uint64_t>(hi - lo) * SHM_LINE, what, 0)
-    if rm.tbl.sub == SHM_KIND_MCS:               # a compact mcs stripe's wait nodes (mcsc.pxi)
+    if rm.tbl.sub == SHM_KIND_MCS or rm.tbl.sub == SHM_KIND_CLH:
+        # a compact mcs stripe's wait nodes (mcsc.pxi), a clh table's nodes (clhc.pxi)
         lines_provision(rm, tbase + (SHM_BODY_NODES + <uint64_t>lo) * SHM_LINE,
                         <uint64_t>(hi - lo) * SHM_LINE, what, 0)
     for s in range(rm.tbl.size):

@@ -145,7 +145,9 @@ cdef int _table_build(rmap_t* rm, uint32_t i, uint32_t sub, uint32_t size, what,
     lines_provision(rm, off, SHM_BODY_NODES * SHM_LINE, what, fresh)
     lines_provision(rm, off + (SHM_BODY_NODES + <uint64_t>rm.P + 1) * SHM_LINE,
                     <uint64_t>h * SHM_LINE, what, fresh)
-    if sub == SHM_KIND_MCS:                      # its wait node per participant (mcsc.pxi)
+    if sub == SHM_KIND_MCS or sub == SHM_KIND_CLH:
+        # a node per participant for the table (mcsc.pxi: its wait node; clhc.pxi: its
+        # node in the pool that travels between the participants and the stripes)
         lines_provision(rm, off + SHM_BODY_NODES * SHM_LINE, <uint64_t>h * SHM_LINE, what,
                         fresh)
     tb = shm_body_at(rm.base, off, rm.P, i)
@@ -165,7 +167,9 @@ cdef int _table_build(rmap_t* rm, uint32_t i, uint32_t sub, uint32_t size, what,
             _provision_body_at(rm, t.off + <uint64_t>s * t.stride, sub, what, fresh)
         sb = shm_stripe_at(rm.base, t, &tb, s)
         sb.ctl.kind = sub
-        if ops.init != NULL:
+        if compact and ops.stripe_init != NULL:
+            ops.stripe_init(&sb)                 # a stripe protocol of its own (clhc.pxi)
+        elif ops.init != NULL:
             ops.init(&sb)
         sb.ctl.magic = SHM_BODY_MAGIC
     tb.ctl.magic = SHM_BODY_MAGIC

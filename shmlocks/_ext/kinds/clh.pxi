@@ -58,28 +58,6 @@
 # death; a dead holder is released on its behalf (owner_died if it had returned from acquire), a dead waiter abandoned on its
 # behalf, a dead releaser's adoption or a dead reclaimer's hand-back finished.
 
-cdef enum:
-    C_FREE = 0
-    C_BUSY = 1
-    C_ABANDONED = 2
-    C_RECLAIMING = 3
-    C_RECLAIMED = 4
-    C_ASIDE = 0x40000000      # | round & C_ASIDE_MASK: its owner waits aside (§7.0)
-    C_ASIDE_MASK = 0x3fffffff
-    C_UNKNOWN = SHM_ID_UNKNOWN
-    # still in the queue (every state from 30 up is bit 30: queue.pxd queue_state_in)
-    C_QUEUED = (1 << C_BUSY) | (1 << C_ABANDONED) | (1 << C_RECLAIMING) | (1 << 30)
-
-
-cdef inline uint32_t _clh_aside_st(uint32_t rnd) noexcept nogil:
-    """The state of a node whose owner waits aside in the passage of round rnd."""
-    return C_ASIDE | (rnd & C_ASIDE_MASK)
-
-
-cdef inline bint _clh_is_aside(uint32_t st) noexcept nogil:
-    return (st >> 30) == 1
-
-
 cdef struct clh_wait_t:   # a CLH waiter's ready context: what its last look saw (_clh_look)
     shm_qnode* n          # the node it waits on: its pred, or the first one not aside below
     uint32_t n_st         # the waiters aside ahead; n's state then (BUSY; under a node aside
@@ -89,13 +67,6 @@ cdef struct clh_wait_t:   # a CLH waiter's ready context: what its last look saw
     uint32_t dep          # the node whose owner it depends on: n if BUSY, else top
     shm_body* b
     uint32_t own          # the lock's own node id (P + 1)
-
-
-cdef enum:
-    LOOK_FREE = 0         # its pred is FREE: it holds the lock
-    LOOK_ABANDONED = 1    # its pred is abandoned: reclaim it
-    LOOK_WAIT = 2         # wait on what the context says
-    LOOK_CORRUPT = 3
 
 
 cdef int _clh_ready(void* c) noexcept nogil:

@@ -46,7 +46,7 @@
 
 #define SHM_LINE        128u              /* padding unit: two 64-byte lines (adjacent-line prefetch) */
 #define SHM_MAGIC       0x314b434f4c4d4853ULL   /* "SHMLOCK1", little endian */
-#define SHM_VERSION     11u
+#define SHM_VERSION     12u
 #define SHM_NAME_MAX    56u               /* bytes of a lock name, NUL included */
 #define SHM_MAX_PARTICIPANTS 4096u      /* the cap when none is given (max_participants=None) */
 #define SHM_HWM_FIRST   32u               /* participants a new region provisions (at most P) */
@@ -240,6 +240,20 @@ typedef struct shm_qnode {
     char     _pad[SHM_LINE - 36];
 } SHM_LINE_ALIGNED shm_qnode;
 
+/* a compact CLH stripe's node (kinds/clhc.pxi): 28 bytes, so that a stripe's own node
+ * fits its line's waiters' half (SHM_STRIPE_CLH_NODE_OFF); its table's participant nodes
+ * are the same 28 bytes at the start of each of the table entry's node lines. state,
+ * pred and parked are where a shm_qnode has them. */
+typedef struct shm_cnode {
+    uint32_t state;            /* futex word (clh.pxi's C_* states) */
+    uint32_t lock1;            /* the stripe (lock number + 1) of its passage */
+    uint32_t pred;             /* predecessor node id, SHM_ID_UNKNOWN until published */
+    uint32_t parked;           /* waiters that announced they are parking on state */
+    uint32_t left_gen;         /* low 32 bits of the generation that abandoned it */
+    uint32_t round;            /* bumped at each enqueue: (node, round) names one passage */
+    uint32_t guess;            /* the tail's last id as its owner CASed the tail */
+} shm_cnode;
+
 /* ticket: a ticket slot (tslot[t % TS] for ticket t, TS = min(P, SHM_TICKET_SLOTS)), one
  * line; tickets t and t + TS share one once more than TS are outstanding (ticket.pxi) */
 typedef struct shm_tslot {
@@ -278,7 +292,11 @@ typedef struct shm_prec {
     uint32_t aside_wake;       /* the queue kinds: what it sleeps on aside; whoever makes
                                   it the oldest waiter aside, or frees the VIP turn for it,
                                   bumps it and wakes it (docs/design.md §7.0) */
-    char     _pad[SHM_LINE - 60];
+    uint32_t qd;               /* a compact CLH stripe's participant (kinds/clhc.pxi): the
+                                  node it last enqueued (with `round`: its last passage) */
+    uint64_t hpass;            /* ... and the passage (node | round << 32) whose release it
+                                  is making, 0 = none */
+    char     _pad[SHM_LINE - 72];
 } SHM_LINE_ALIGNED shm_prec;
 
 _Static_assert(sizeof(shm_header) == 2 * SHM_LINE, "header is two lines");
@@ -300,7 +318,8 @@ _Static_assert(offsetof(shm_participant, link_seq) == 2 * SHM_LINE
 _Static_assert(offsetof(shm_header, part_hwm) == 92, "part_hwm follows flags");
 _Static_assert(offsetof(shm_tslot, overflow) == 4, "tslot fields");
 _Static_assert(offsetof(shm_prec, omark) == 40 && offsetof(shm_prec, aside_since) == 48
-               && offsetof(shm_prec, aside_wake) == 56,
+               && offsetof(shm_prec, aside_wake) == 56 && offsetof(shm_prec, qd) == 60
+               && offsetof(shm_prec, hpass) == 64,
                "prec fields");
 _Static_assert(offsetof(shm_participant, pid) == SHM_LINE, "participant identity on line 1");
 _Static_assert(sizeof(shm_lockctl) == SHM_LINE, "ctl is one line");
@@ -317,6 +336,10 @@ _Static_assert(sizeof(shm_word) == SHM_LINE, "word is one line");
 _Static_assert(sizeof(pthread_mutex_t) % 4 == 0 && sizeof(pthread_mutex_t) + 8 <= SHM_LINE,
                "a mutex word's line has two free u32 past the mutex (pi: asyncw, aseq; pi.pxd)");
 _Static_assert(sizeof(shm_node) == SHM_LINE, "node is one line");
+_Static_assert(sizeof(shm_cnode) == 28 && offsetof(shm_cnode, state) == offsetof(shm_qnode, state)
+               && offsetof(shm_cnode, pred) == offsetof(shm_qnode, pred)
+               && offsetof(shm_cnode, parked) == offsetof(shm_qnode, parked),
+               "a compact CLH node: 28 bytes, its state, pred and parked where a queue node's are");
 _Static_assert(sizeof(shm_qnode) == SHM_LINE && sizeof(shm_tslot) == SHM_LINE,
                "each view of a node is the whole line");
 _Static_assert(offsetof(shm_qnode, parked) == 12 && offsetof(shm_tslot, parked) == 12
@@ -427,9 +450,18 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
    abandon markers live in the participants' table lines, ticketc.pxi; mcs: one wait node
    per participant for the table, mcsc.pxi) */
 static inline int shm_table_compact(uint32_t sub) {
-    return sub == SHM_KIND_TICKET || sub == SHM_KIND_MCS || sub == SHM_KIND_FUTEX
-           || sub == SHM_KIND_ROBUST || sub == SHM_KIND_PI;
+    return sub == SHM_KIND_TICKET || sub == SHM_KIND_MCS || sub == SHM_KIND_CLH
+           || sub == SHM_KIND_FUTEX || sub == SHM_KIND_ROBUST || sub == SHM_KIND_PI;
 }
+/* a compact CLH stripe (kinds/clhc.pxi): the tail at word A, the head (the holder's queued
+   node | its round << 32) as word B past it, the stripe's own node past that, and its
+   waiters' aside words with one seat in the last 12 bytes of the line (where a robust or
+   pi stripe keeps its dead holder's record: a CLH stripe has none) */
+#define SHM_STRIPE_CLH_HEAD_OFF  (SHM_STRIPE_WA_OFF + 8u)
+#define SHM_STRIPE_CLH_NODE_OFF  (SHM_STRIPE_WA_OFF + 16u)
+#define SHM_STRIPE_CLH_ASIDE_OFF (SHM_STRIPE_LINES == 1u ? SHM_STRIPE_WB_OFF \
+                                                         : SHM_STRIPE_WA_OFF + 48u)
+#define SHM_STRIPE_CLH_SEATS     1u
 /* a FIFO kind's compact stripe (ticket, mcs) keeps its waiters' aside words (the VIP
    turn and SHM_STRIPE_SEATS spinner seats: participants.pxd aside_words, docs/design.md
    §7.0) in its waiters' half, 24 bytes past its word A (past the ticket's next, serving,
@@ -469,6 +501,13 @@ _Static_assert(SHM_STRIPE_TICKET_WB_OFF + 16 <= SHM_STRIPE_ASIDE_OFF
                                              : (uint32_t)offsetof(shm_lockctl, timeouts)),
                "a ticket or mcs stripe's aside words follow its words, before timeouts (or "
                "within its second line)");
+_Static_assert(SHM_STRIPE_CLH_NODE_OFF + sizeof(shm_cnode)
+                  <= (SHM_STRIPE_LINES == 2u ? SHM_STRIPE_WA_OFF + 48u
+                                             : (uint32_t)offsetof(shm_lockctl, timeouts))
+               && SHM_STRIPE_CLH_ASIDE_OFF + (2u + SHM_STRIPE_CLH_SEATS) * 4u
+                  <= SHM_STRIPE_LINES * SHM_LINE
+               && SHM_STRIPE_CLH_NODE_OFF % 4u == 0 && SHM_STRIPE_CLH_HEAD_OFF % 8u == 0,
+               "a CLH stripe's tail, head, node and aside words fit its line, timeouts apart");
 _Static_assert(SHM_STRIPE_WA_OFF >= SHM_LINE / 2 && SHM_STRIPE_WB_OFF >= SHM_LINE / 2,
                "a compact stripe's words lie in the half the holder's statistics do not");
 
@@ -482,10 +521,12 @@ static inline shm_body shm_stripe_at(char *base, const shm_table *t, const shm_b
         b.ctl = (shm_lockctl *)p;
         b.wa = (shm_word *)(p + SHM_STRIPE_WA_OFF);
         b.wb = (shm_word *)(p + (t->sub == SHM_KIND_TICKET ? SHM_STRIPE_TICKET_WB_OFF
-                                                           : SHM_STRIPE_WB_OFF));
+                                 : t->sub == SHM_KIND_CLH ? SHM_STRIPE_CLH_HEAD_OFF
+                                 : SHM_STRIPE_WB_OFF));
         /* mcs: one wait node per participant for the table, the table entry's own node
-           lines (mcsc.pxi); the other compact kinds have none */
-        b.qnodes = t->sub == SHM_KIND_MCS ? tbody->qnodes : NULL;
+           lines (mcsc.pxi); clh: the same lines, the pool its nodes travel in with one
+           node per stripe (clhc.pxi); the other compact kinds have none */
+        b.qnodes = (t->sub == SHM_KIND_MCS || t->sub == SHM_KIND_CLH) ? tbody->qnodes : NULL;
         b.precs = tbody->precs;            /* one line per participant for the table */
         b.hwm = tbody->hwm;
         b.P = tbody->P;

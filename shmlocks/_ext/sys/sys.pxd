@@ -230,6 +230,15 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t guess
         uint32_t lock1
 
+    ctypedef struct shm_cnode:
+        uint32_t state
+        uint32_t lock1
+        uint32_t pred
+        uint32_t parked
+        uint32_t left_gen
+        uint32_t round
+        uint32_t guess
+
     ctypedef struct shm_tslot:
         uint32_t grants
         uint32_t overflow
@@ -248,6 +257,8 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t omark
         uint64_t aside_since
         uint32_t aside_wake
+        uint32_t qd
+        uint64_t hpass
 
     ctypedef struct shm_body:
         shm_lockctl* ctl
@@ -274,6 +285,10 @@ cdef extern from "shm_layout.h" nogil:
     enum: SHM_STRIPE_TICKET_WB_OFF
     enum: SHM_STRIPE_ASIDE_OFF
     enum: SHM_STRIPE_SEATS
+    enum: SHM_STRIPE_CLH_HEAD_OFF
+    enum: SHM_STRIPE_CLH_NODE_OFF
+    enum: SHM_STRIPE_CLH_ASIDE_OFF
+    enum: SHM_STRIPE_CLH_SEATS
     ctypedef struct shm_table:
         uint32_t sub
         uint32_t size
