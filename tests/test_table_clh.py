@@ -868,7 +868,6 @@ def test_killed_stepping_out():
             _queued(t, 3, before, "the thread queued")
         assert th.result() == (True, False)
         th.finish()
-        assert t[3].stats()["timeouts"] >= 1
         assert_clean(t)
 
 
