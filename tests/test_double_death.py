@@ -35,7 +35,8 @@ The queue kinds (ticket, mcs, clh), on a lock and on one stripe, step aside (doc
 sleep they park in their places instead. So in the "aside" shape an unarmed spinner S
 queues first behind H on the one seat A and B may take: A and B step aside behind it and
 each takes the VIP turn and rejoins; and in "passed" (clh) A stays aside while B, on a
-second seat behind it, passes its node at S's release and A, back, adopts one. The suite
+second seat behind it, passes its node at S's release and A, back, adopts one (a clh
+table's stripe has one seat: B steps aside too, and A, back, passes B's place). The suite
 runs each aside point once as A's and once as B's there, and checks that each shape
 passes its points (on a clh table's stripe, the compact stripe's own `clhc.aside.*` in
 place of the body's `clh.aside.*`).
@@ -266,7 +267,10 @@ def _seats(code: str, seats: int, aside_s: float = 0.001) -> str:
 
 #: "passed" (clh): A steps aside for PASSED_S, B takes a second seat and waits in its
 #: place behind A's: at H's release S takes the lock, and at S's B passes A's place (clh:
-#: its node aside, FREE'd under it), and A, back, finds it passed (clh: adopts a node)
+#: its node aside, FREE'd under it), and A, back, finds it passed (clh: adopts a node).
+#: On a clh table's stripe, which has one seat (S's), B steps aside too, behind A; A,
+#: back at its turn, takes the stripe, and its next acquire passes B's place, which B,
+#: back, finds passed: the roles swap (_table_shape_sample)
 PASSED_S = 1.0
 
 
@@ -554,12 +558,22 @@ def _on_stripe(kind: str, point: str) -> str:
     return point
 
 
+def _table_shape_sample(kind: str, shape: str) -> list[tuple[str, str]]:
+    """_shape_sample on a table's stripe: the stripe's own points (_on_stripe); and in
+    "passed", A at the pass and B at the adoption (a clh stripe has one seat: A passes B's
+    place, see PASSED_S; the lock's order, A adopting and B passing, ends done/done)."""
+    pairs = _shape_sample(kind, shape)
+    if shape == "passed":
+        pairs = [(b, a) for a, b in pairs]
+    return [(_on_stripe(kind, a), _on_stripe(kind, b)) for a, b in pairs]
+
+
 #: and of the shapes that step aside, as on a lock (test_aside_double_death_sample)
 TABLE_SAMPLE += [
-    (k, shape, _on_stripe(k, a), _on_stripe(k, b))
+    (k, shape, a, b)
     for shape, kinds in ASIDE_SHAPES.items()
     for k in kinds
-    for a, b in _shape_sample(k, shape)
+    for a, b in _table_shape_sample(k, shape)
 ]
 
 
