@@ -1079,6 +1079,101 @@ def test_killed_holding_three_stripes():
 # -------------------------------------------------------------- multi-stripe holds, kills
 
 
+def _unordered(name: str, arr, n: int, w: int) -> None:
+    """n rounds: 2 or 3 of 5 stripes taken one by one in a random order (no global order:
+    cycles happen and are broken by the deadlines, or by deadlock detection), each by a
+    timed acquire or a try, with one spinner seat and 20 ms aside (waiters step aside,
+    nodes are abandoned under them and handed back); all taken: each stripe's counter
+    bumped (arr[k]) and the holds counted (arr[5 + w])."""
+    from shmlocks import _core
+
+    _core._aside_init(1, int(0.02e9))
+    t = shmlocks.LockTable.open(name)
+    rng = random.Random(w)
+    for _ in range(n):
+        ks = rng.sample(range(5), rng.randint(2, 3))
+        held = []
+        try:
+            for k in ks:
+                if rng.random() < 0.2:
+                    got = t[k].acquire(blocking=False)
+                else:
+                    got = t[k].acquire(timeout=rng.choice([0.001, 0.005, 0.02, 0.1]))
+                if not got:
+                    break
+                held.append(k)
+            else:
+                for k in held:
+                    v = arr[k]
+                    if rng.random() < 0.1:
+                        time.sleep(rng.choice([0, 0.0005, 0.002]))
+                    arr[k] = v + 1
+                arr[5 + w] += len(held)
+        except shmlocks.DeadlockError:
+            pass
+        finally:
+            for k in reversed(held):
+                t[k].release()
+
+
+@pytest.mark.timeout(120)
+def test_unordered_timed_acquires_with_waiters_aside_count_exactly(procs):
+    """Four processes take 2-3 of 5 stripes in random orders with deadlines and tries,
+    one seat a stripe (waiters step aside, with nodes abandoned under them: the recall):
+    every section counted exactly, nothing wedged (the processes end), nothing left
+    queued."""
+    ctx = mp.get_context("fork")
+    with shmlocks.LockTable(5, "clh", name=uniq("clht-unord"), max_participants=8) as t:
+        arr = ctx.RawArray("q", 9)
+        ps = [procs.start(_unordered, t.name, arr, 1000, w, ctx=ctx) for w in range(4)]
+        stuck = join_or_kill(ps, 100)
+        assert not stuck, "a process wedged"
+        assert [p.exitcode for p in ps] == [0] * 4
+        assert sum(arr[:5]) == sum(arr[5:9]) > 0, list(arr)
+        assert t.stats()["timeouts"] > 0
+        assert_clean(t)
+
+
+def _threads_counting(name: str, arr, threads: int, n: int, seed: int) -> None:
+    """`threads` threads (a participant each, all registered at once) take random stripes
+    of 4, n times each, bumping the stripe's counter under it."""
+    t = shmlocks.LockTable.open(name)
+    all_in = threading.Barrier(threads)
+
+    def run(k):
+        rng = random.Random(seed * 1000 + k)
+        with t[k % 4]:  # registered: a participant of the table until it ends
+            arr[k % 4] += 1
+        all_in.wait(60)
+        for _ in range(n - 1):
+            s = rng.randrange(4)
+            with t[s]:
+                arr[s] += 1
+
+    ths = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(100)
+
+
+@pytest.mark.timeout(120)
+def test_a_clh_table_grows_its_node_pool_with_its_participants(procs):
+    """48 participants (two processes of 24 threads) on a table whose region provisions
+    32 at first: the region grows, each new participant has a node of its own in the
+    pool, and the counts are exact; every node of the grown pool is idle at the end."""
+    ctx = mp.get_context("fork")
+    with shmlocks.LockTable(4, "clh", name=uniq("clht-grow")) as t:
+        arr = ctx.RawArray("q", 4)
+        ps = [procs.start(_threads_counting, t.name, arr, 24, 100, s, ctx=ctx) for s in range(2)]
+        stuck = join_or_kill(ps, 100)
+        assert not stuck and [p.exitcode for p in ps] == [0, 0]
+        assert sum(arr) == 2 * 24 * 100, list(arr)
+        assert t.region._provisioned >= 64
+        assert len(_pnodes(t)) >= 48
+        assert_clean(t)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_holds_with_timeouts_survive_random_sigkills(procs):
