@@ -39,6 +39,7 @@ from support.common import (
     aside_count,
     cancelling,
     join_or_kill,
+    journaled_section,
     journals_settled,
     kill,
     kill_at_random,
@@ -1203,6 +1204,214 @@ def test_holds_with_timeouts_survive_random_sigkills(procs):
         done = sum(counts[:4])
         assert done > 0 and done <= total <= done + 3 * kills, (done, total, kills)
         assert sum(counts[4:]) > 0, "no deadline expired: nothing was abandoned"
+        assert_clean(t)
+
+
+class _Taken:
+    """hold_all's Held, for stripes taken one by one (journaled_section's `held`)."""
+
+    def __init__(self, t, ks):
+        self.t, self.ks = t, ks
+
+    @property
+    def died(self):
+        return [i for i, k in enumerate(self.ks) if self.t[k].owner_died]
+
+    def mark_consistent(self):
+        for k in self.ks:
+            if self.t[k].owner_died:
+                self.t[k].mark_consistent()
+
+
+def _unordered_killed(name, arr, counts, w, seed):
+    """_unordered's rounds (random orders, deadlines, tries, one seat, 20 ms aside) with
+    journaled_section's repairable values, until killed."""
+    from shmlocks import _core
+
+    _core._aside_init(1, int(0.02e9))
+    t = shmlocks.LockTable.open(name)
+    rng = random.Random(seed)
+    while True:
+        ks = rng.sample(range(6), rng.randint(1, 3))
+        held = []
+        try:
+            for k in ks:
+                if rng.random() < 0.2:
+                    got = t[k].acquire(blocking=False)
+                else:
+                    got = t[k].acquire(timeout=rng.choice([0.001, 0.005, 0.02, 0.1]))
+                if not got:
+                    counts[w + 4] += 1
+                    break
+                held.append(k)
+            else:
+                journaled_section(t, ks, arr, _Taken(t, ks))
+                counts[w] += len(ks)
+        except shmlocks.DeadlockError:
+            counts[w + 4] += 1
+        finally:
+            for k in reversed(held):
+                if t[k].owner_died:  # (a round given up: repair what it holds)
+                    if arr[k * 4 + 1]:
+                        arr[k * 4], arr[k * 4 + 1] = arr[k * 4 + 2], 0
+                    arr[k * 4 + 3] = 0
+                    t[k].mark_consistent()
+                t[k].release()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_unordered_timed_acquires_survive_random_sigkills(procs):
+    """_unordered's workload on 6 clh stripes under random SIGKILLs: processes killed
+    holding, waiting, aside, abandoning, reclaiming, at any step. No stripe is held by
+    two, nothing wedges, every dead holder's stripe comes with owner_died
+    (journaled_section), nothing is left queued."""
+    seconds = float(os.environ.get("SHMLOCKS_STRESS_S", "3"))
+    ctx = mp.get_context("fork")
+    with shmlocks.LockTable(6, "clh", name=uniq("clht-ukill"), max_participants=16) as t:
+        arr, counts = ctx.RawArray("q", 6 * 4), ctx.RawArray("q", 8)
+        ps = [procs.start(_unordered_killed, t.name, arr, counts, w, w, ctx=ctx) for w in range(4)]
+        kills = kill_at_random(
+            ps,
+            lambda w, n: procs.start(_unordered_killed, t.name, arr, counts, w, 100 + n, ctx=ctx),
+            seconds,
+            17,
+        )
+        with shmlocks.hold_all(*(t[k] for k in range(6)), timeout=30) as held:
+            total = journals_settled(held, 6, arr)
+        done = sum(counts[:4])
+        assert done > 0 and done <= total <= done + 3 * kills, (done, total, kills)
+        assert sum(counts[4:]) > 0, "no acquire failed: nothing was abandoned"
+        assert_clean(t)
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _interrupted(name, ready, out) -> None:
+    """Waits for stripe 0 until SIGUSR1's handler raises out of the wait; then takes
+    stripe 1 (free) and reports how long that took."""
+
+    def on_usr1(signum, frame):
+        raise _Interrupt
+
+    signal.signal(signal.SIGUSR1, on_usr1)
+    t = shmlocks.LockTable.open(name)
+    with t[3]:  # registered before it waits
+        pass
+    ready.set()
+    try:
+        t[0].acquire(timeout=30)
+        out.put(("got",))
+        t[0].release()
+    except _Interrupt:
+        t0 = time.monotonic()
+        got = t[1].acquire(timeout=10)
+        out.put(("interrupted", got, time.monotonic() - t0))
+        if got:
+            t[1].release()
+
+
+@pytest.mark.timeout(60)
+def test_a_wait_a_signal_interrupts_leaves_its_place_as_a_timeout(procs):
+    """A waiter whose wait a signal handler interrupts (an exception out of acquire)
+    leaves its place as at a timeout, with a waiter behind it: its node ABANDONED and
+    handed back by that waiter; it then takes a free stripe, and the waiter behind is
+    served at the release."""
+    ctx = mp.get_context("fork")
+    with shmlocks.LockTable(4, "clh", name=uniq("clht-sig"), max_participants=8) as t:
+        out, ready = ctx.Queue(), ctx.Event()
+        order = ctx.RawArray("q", 4)
+        with t[0]:
+            before = tail(t, 0)
+            a = procs.start(_interrupted, t.name, ready, out, ctx=ctx)
+            assert ready.wait(20)
+            _queued(t, 0, before, "the waiter queued")
+            before = tail(t, 0)
+            c = procs.start(_fifo_waiter, t.name, 0, order, 1, ctx=ctx)
+            _queued(t, 0, before, "the waiter behind queued")
+            wait_blocked(a.pid, timeout=10)
+            os.kill(a.pid, signal.SIGUSR1)
+            res = out.get(timeout=20)
+            assert res[:2] == ("interrupted", True), res
+            assert res[2] < 5.0, res
+            assert order[0] == 0
+        stuck = join_or_kill([a, c], 20)
+        assert not stuck and a.exitcode == 0 and c.exitcode == 0
+        assert order[0] == 1
+        assert_clean(t)
+
+
+def _left_behind(t, left, out) -> None:
+    """A thread that times out on stripe 0 (a waiter behind it: its node ABANDONED), then
+    ends: its slot is free, its node not yet handed back."""
+    out["first"] = t[0].acquire(timeout=1.0)
+    left.set()
+
+
+@pytest.mark.timeout(60)
+def test_a_thread_on_the_slot_of_one_that_left_its_node_does_not_take_its_place(procs):
+    """Thread A times out on stripe 0 with C queued behind it (C stopped: it cannot hand
+    A's node back) and ends. Thread B, registered next, gets A's slot and its node, still
+    ABANDONED: only the thread that left rejoins its place (left_gen), so B neither
+    rejoins A's place on stripe 0 nor queues anywhere (a free stripe's acquire times
+    out) until C runs and hands the node back; then B queues on stripe 0 behind C."""
+    import queue
+
+    from support.common import join_thread
+
+    ctx = mp.get_context("fork")
+    with shmlocks.LockTable(4, "clh", name=uniq("clht-slot"), max_participants=8) as t:
+        order = ctx.RawArray("q", 4)
+        left, res = threading.Event(), {}
+        jobs, results = queue.Queue(), queue.Queue()
+
+        def b_run():
+            while (job := jobs.get()) is not None:
+                got = t[job[0]].acquire(timeout=job[1])
+                if got:
+                    t[job[0]].release()
+                results.put(got)
+
+        tb = threading.Thread(target=b_run, daemon=True)
+        with t[0]:
+            before = tail(t, 0)
+            ta = threading.Thread(target=_left_behind, args=(t, left, res))
+            ta.start()
+            _queued(t, 0, before, "A queued")
+            a_node = tail(t, 0)[0]
+            before = tail(t, 0)
+            c = procs.start(_fifo_waiter, t.name, 0, order, 1, ctx=ctx)
+            _queued(t, 0, before, "C queued")
+            _stop(c)
+            try:
+                assert not left.is_set(), "A timed out before C was stopped (a loaded machine?)"
+                join_thread(ta, 20)
+                assert res["first"] is False and node_state(t, a_node) == ABANDONED
+                tb.start()
+                jobs.put((1, 0.5))  # B registers: A's slot
+                assert results.get(timeout=10) is False, "B queued with a node it lacks"
+                raw = t[0]._raw()
+                key = next((k for k in raw if k.startswith("lines")), None)
+                if key is not None:  # B's slot is A's, its node A's abandoned one
+                    mines = [ln[0] for ln in raw[key]]
+                    assert mines.count(a_node) == 1, (hex(a_node), mines)
+                jobs.put((0, 0.5))
+                assert results.get(timeout=10) is False
+                assert node_state(t, a_node) == ABANDONED, "B took A's place"
+                assert tail(t, 0)[1] == a_node  # (C's node, A's): nobody joined
+            finally:
+                _cont(c)
+            before = tail(t, 0)
+            jobs.put((0, 20))
+            _queued(t, 0, before, "B queued behind C")
+        assert results.get(timeout=20) is True
+        assert order[0] == 1, "B was served before C"
+        jobs.put(None)
+        tb.join(10)
+        c.join(20)
+        assert c.exitcode == 0
         assert_clean(t)
 
 
