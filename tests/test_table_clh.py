@@ -1135,11 +1135,11 @@ def test_unordered_timed_acquires_with_waiters_aside_count_exactly(procs):
         assert_clean(t)
 
 
-def _threads_counting(name: str, arr, threads: int, n: int, seed: int) -> None:
-    """`threads` threads (a participant each, all registered at once) take random stripes
-    of 4, n times each, bumping the stripe's counter under it."""
+def _threads_counting(name: str, arr, threads: int, n: int, seed: int, all_in) -> None:
+    """`threads` threads (a participant each, all registered at once: `all_in`, a barrier
+    of every process's threads) take random stripes of 4, n times each, bumping the
+    stripe's counter under it."""
     t = shmlocks.LockTable.open(name)
-    all_in = threading.Barrier(threads)
 
     def run(k):
         rng = random.Random(seed * 1000 + k)
@@ -1165,8 +1165,11 @@ def test_a_clh_table_grows_its_node_pool_with_its_participants(procs):
     pool, and the counts are exact; every node of the grown pool is idle at the end."""
     ctx = mp.get_context("fork")
     with shmlocks.LockTable(4, "clh", name=uniq("clht-grow")) as t:
-        arr = ctx.RawArray("q", 4)
-        ps = [procs.start(_threads_counting, t.name, arr, 24, 100, s, ctx=ctx) for s in range(2)]
+        arr, all_in = ctx.RawArray("q", 4), ctx.Barrier(48)
+        ps = [
+            procs.start(_threads_counting, t.name, arr, 24, 100, s, all_in, ctx=ctx)
+            for s in range(2)
+        ]
         stuck = join_or_kill(ps, 100)
         assert not stuck and [p.exitcode for p in ps] == [0, 0]
         assert sum(arr) == 2 * 24 * 100, list(arr)
