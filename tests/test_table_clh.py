@@ -1502,3 +1502,55 @@ def test_async_holds_of_clh_stripes_under_cancellation(procs):
         with shmlocks.hold_all(*(t[k] for k in range(4)), timeout=5):
             pass
         assert_clean(t)
+
+
+def _async_killed(name, arr, counts, w, seed) -> None:
+    """An event loop of three tasks, each holding 1-3 of 6 clh stripes at a time
+    (hold_all_async: the loop's cohort, one participant waiting for one stripe at a time)
+    with deadlines that cancel its waits, in journaled_section, until killed."""
+    import asyncio
+
+    t = shmlocks.LockTable.open(name)
+
+    async def task(rng):
+        while True:
+            ks = sorted({rng.randrange(6) for _ in range(rng.randint(1, 3))})
+            try:
+                async with asyncio.timeout(rng.choice([0.001, 0.005, 0.02, None])):
+                    async with shmlocks.hold_all_async(*(t[k] for k in ks)) as held:
+                        journaled_section(t, ks, arr, held)
+                        counts[w] += len(ks)
+            except TimeoutError:
+                counts[w + 4] += 1
+            await asyncio.sleep(0)
+
+    async def main():
+        rng = random.Random(seed)
+        await asyncio.gather(*(task(random.Random(rng.random())) for _ in range(3)))
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_async_holds_of_clh_stripes_survive_random_sigkills(procs):
+    """Event loops holding clh stripes (resumable waits, cancelled at their deadlines)
+    under random SIGKILLs: no stripe held by two, every dead holder's stripe comes with
+    owner_died, nothing wedges or is left queued."""
+    seconds = float(os.environ.get("SHMLOCKS_STRESS_S", "3"))
+    ctx = mp.get_context("fork")
+    with shmlocks.LockTable(6, "clh", name=uniq("clht-akill"), max_participants=64) as t:
+        arr, counts = ctx.RawArray("q", 6 * 4), ctx.RawArray("q", 8)
+        ps = [procs.start(_async_killed, t.name, arr, counts, w, w, ctx=ctx) for w in range(4)]
+        kills = kill_at_random(
+            ps,
+            lambda w, n: procs.start(_async_killed, t.name, arr, counts, w, 100 + n, ctx=ctx),
+            seconds,
+            19,
+        )
+        with shmlocks.hold_all(*(t[k] for k in range(6)), timeout=30) as held:
+            total = journals_settled(held, 6, arr)
+        done = sum(counts[:4])
+        assert done > 0 and done <= total <= done + 3 * kills, (done, total, kills)
+        assert sum(counts[4:]) > 0, "no deadline expired"
+        assert_clean(t)
