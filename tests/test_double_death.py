@@ -15,18 +15,19 @@ each point once as A's and once as B's (in io_uring mode; once, as A's or B's, w
 waiter thread), and as much of the lock matrix.
 
 The same matrix on a LockTable's stripes (docs/design.md §15) of every kind, with the
-points a stripe of the kind passes (a compact ticket or mcs stripe's own `ticketc.*` or
-`mcsc.*` instead of its kind's body points): A and B on the stripe H holds; or A and B
-each holding two stripes (`hold()`), the second the one H holds, so that B waits on the
-first behind A while A, holding it, waits on the second (the state a compact stripe keeps
-per participant per table, not per stripe, in use across two stripes); or the same after
-a wait for the second stripe that timed out behind H (for ticket, mcs and clh, whose
-waiters leave a place behind: a marker, an abandoned node, an aborted one), so that the
-abandon, a ticketless or polled wait and the releases passing what was left die too.
+points a stripe of the kind passes (a compact ticket, mcs or clh stripe's own `ticketc.*`,
+`mcsc.*` or `clhc.*` instead of its kind's body points): A and B on the stripe H holds;
+or A and B each holding two stripes (`hold()`), the second the one H holds, so that B
+waits on the first behind A while A, holding it, waits on the second (the state a compact
+stripe keeps per participant per table, not per stripe, in use across two stripes); or
+the same after a wait for the second stripe that timed out behind H (for ticket, mcs and clh, whose
+waiters leave a place behind: a marker, an abandoned node, a node stepped out of the
+tail), so that the abandon, a ticketless or polled wait and the releases passing what was
+left die too.
 Afterwards every stripe of the table must come to a survivor, the counts be exact on the
-stripes used, no slot left. The suite runs, for ticket and mcs, each point once as A's and
-once as B's on one stripe, once (as A's or B's) on two, and the points only the wait that
-timed out passes; for the other kinds (their stripes run their kinds' own code), each
+stripes used, no slot left. The suite runs, for ticket, mcs and clh, each point once as A's
+and once as B's on one stripe, once (as A's or B's) on two, and the points only the wait
+that timed out passes; for the other kinds (their stripes run their kinds' own code), each
 point once on one stripe.
 
 The queue kinds (ticket, mcs, clh), on a lock and on one stripe, step aside (docs/design.md
@@ -34,9 +35,11 @@ The queue kinds (ticket, mcs, clh), on a lock and on one stripe, step aside (doc
 sleep they park in their places instead. So in the "aside" shape an unarmed spinner S
 queues first behind H on the one seat A and B may take: A and B step aside behind it and
 each takes the VIP turn and rejoins; and in "passed" (clh) A stays aside while B, on a
-second seat behind it, passes its node at S's release and A, back, adopts one. The suite
+second seat behind it, passes its node at S's release and A, back, adopts one (a clh
+table's stripe has one seat: B steps aside too, and A, back, passes B's place). The suite
 runs each aside point once as A's and once as B's there, and checks that each shape
-passes its points.
+passes its points (on a clh table's stripe, the compact stripe's own `clhc.aside.*` in
+place of the body's `clh.aside.*`).
 
 The RWLock has its own matrix over its points and the recovery driver's: H holds the
 write; A and B each read then write, three times; afterwards a survivor gets the write and
@@ -243,8 +246,11 @@ def run_pair(kind: str, p1: str, p2: str, shape: str = "queue") -> str:
 #: that A and B, each with one seat (_seats), step aside behind it, and each takes the
 #: VIP turn 1 ms later (ASIDE_NS) and rejoins, before H releases
 ASIDE_KINDS = ("ticket", "mcs", "clh")
-#: the points only a waiter that steps aside, or one behind it, passes
-ASIDE_POINTS = sorted(p for p in shmlocks._crashpoints() if p.startswith(("aside.", "clh.aside.")))
+#: the points only a waiter that steps aside, or one behind it, passes (a clh table's
+#: compact stripe passes its own, `clhc.aside.*`, in place of the body's `clh.aside.*`)
+ASIDE_POINTS = sorted(
+    p for p in shmlocks._crashpoints() if p.startswith(("aside.", "clh.aside.", "clhc.aside."))
+)
 
 
 def _aside_points(kind: str) -> list[str]:
@@ -261,7 +267,10 @@ def _seats(code: str, seats: int, aside_s: float = 0.001) -> str:
 
 #: "passed" (clh): A steps aside for PASSED_S, B takes a second seat and waits in its
 #: place behind A's: at H's release S takes the lock, and at S's B passes A's place (clh:
-#: its node aside, FREE'd under it), and A, back, finds it passed (clh: adopts a node)
+#: its node aside, FREE'd under it), and A, back, finds it passed (clh: adopts a node).
+#: On a clh table's stripe, which has one seat (S's), B steps aside too, behind A; A,
+#: back at its turn, takes the stripe, and its next acquire passes B's place, which B,
+#: back, finds passed: the roles swap (_table_shape_sample)
 PASSED_S = 1.0
 
 
@@ -380,12 +389,14 @@ def test_aside_double_death_sample(kind, shape, p1, p2):
 @pytest.mark.parametrize("kind", ASIDE_KINDS)
 def test_aside_shapes_pass_their_points(kind, where):
     """The aside points are passed in the shapes that step aside (the others pass none), on
-    a lock and on a table's stripe: A and B armed at each, one of them at least is killed."""
+    a lock and on a table's stripe (a clh stripe's `clhc.aside.*` for the body's
+    `clh.aside.*`): A and B armed at each, one of them at least is killed."""
     for shape, kinds in ASIDE_SHAPES.items():
         for p in sorted(SHAPE_POINTS[shape] & set(_aside_points(kind)) if kind in kinds else ()):
             if where == "lock":
                 end = run_pair(kind, p, p, shape)
             else:
+                p = _on_stripe(kind, p)
                 end = run_table_pair(kind, shape, p, p)
             assert end != "done/done", (shape, p)
 
@@ -413,11 +424,11 @@ def test_double_death_every_pair(kind):
 
 # ---------------------------------------------------------------------- lock-table stripes
 
-#: a LockTable's stripes (docs/design.md §15): the compact ones (ticket, mcs: protocols of
-#: their own; futex, robust, pi: one-line views over the kinds' code) and clh's whole bodies
+#: a LockTable's stripes (docs/design.md §15), all compact: ticket, mcs and clh with
+#: protocols of their own; futex, robust, pi one-line views over the kinds' code
 TABLE_KINDS = ("ticket", "mcs", "futex", "robust", "pi", "clh")
-#: the compact ticket and mcs stripes' own protocols, whose points are the "table" ones
-TABLE_PROTOCOL = {"ticket": "ticketc.", "mcs": "mcsc."}
+#: the compact ticket, mcs and clh stripes' own protocols, whose points are the "table" ones
+TABLE_PROTOCOL = {"ticket": "ticketc.", "mcs": "mcsc.", "clh": "clhc."}
 #: how A and B use the table: "one" stripe; "two" stripes held together; "leave": two,
 #: after a wait that timed out on the second (the kinds whose waiters leave a place behind)
 #: "aside", "passed": one stripe, A and B stepping aside behind a spinner (as on a lock)
@@ -432,12 +443,12 @@ TABLE_SHAPES = {
 
 def _table_points(kind: str, shape: str = "one") -> list[str]:
     """Every point a stripe of `kind` passes in a blocking acquire and release. Left out:
-    the body points of ticket.pxi and mcs.pxi (`ticket.*`, `mcs.*`): TicketStripe and
-    MCSStripe override every method that passes them (_fast, _try, _wait, _unlock) and
-    recover through their own (ticketc.pxi, mcsc.pxi), whose points (`ticketc.*`,
-    `mcsc.*`) stand in for them; and pi's `pi.async.*`, passed only by a resumable wait,
-    as in the lock matrix. Two stripes are held with `hold()`, which passes `hold.took`
-    after each."""
+    the body points of ticket.pxi, mcs.pxi and clh.pxi (`ticket.*`, `mcs.*`, `clh.*`):
+    TicketStripe, MCSStripe and CLHStripe override every method that passes them (_fast,
+    _try, _wait, _aside_end, _unlock) and recover through their own (ticketc.pxi,
+    mcsc.pxi, clhc.pxi), whose points (`ticketc.*`, `mcsc.*`, `clhc.*`) stand in for
+    them; and pi's `pi.async.*`, passed only by a resumable wait, as in the lock matrix.
+    Two stripes are held with `hold()`, which passes `hold.took` after each."""
     proto = TABLE_PROTOCOL.get(kind)
     own = [p for p in _points(kind) if not p.startswith(f"{kind}." if proto else "pi.async.")]
     if proto is not None:
@@ -468,8 +479,9 @@ for _ in range(3):
 #: in use on one stripe while the participant holds another, and two deaths meet it there.
 #: "leave": first a wait for STRIPE that times out behind H, leaving its place (a ticket
 #: stripe's marker, then taken back or passed; an mcs node ABANDONED, rejoined or passed
-#: through; a clh node aborted), so that the hold takes OTHER without a ticket (ticket),
-#: polls it while its node is queued elsewhere (mcs), and the releases pass what was left
+#: through; a clh node stepped out of the tail: A and B each wait last, and take their
+#: nodes back at once), so that the hold takes OTHER without a ticket (ticket), polls it
+#: while its node is queued elsewhere (mcs), and the releases pass what was left
 TABLE_TWO_CODE = r"""
 import sys, shmlocks
 t = shmlocks.LockTable.open(sys.argv[1])
@@ -500,7 +512,7 @@ TABLE_PAIRS = [
 
 
 def _table_sample(kind: str, shape: str) -> list[tuple[str, str, str, str]]:
-    """The compact ticket and mcs stripes (protocols of their own): on one stripe, each
+    """The compact ticket, mcs and clh stripes (protocols of their own): on one stripe, each
     point once as A's and once as B's; on two, each point once, as A's or B's; "leave",
     the points only it passes, as A's and as B's. The other kinds' stripes (their kinds'
     own code, which the lock matrix samples): each point once on one stripe."""
@@ -524,6 +536,7 @@ _LEAVE_ONLY = {
     "ticketc.release.skipped",
     "ticketc.ticketless.took",
     "mcsc.pass.emptied",
+    "clhc.abort.stepped_out",
 }
 
 #: the sample the suite runs
@@ -533,12 +546,34 @@ TABLE_SAMPLE = [
     for shape in (("one", "two", "leave") if k in TABLE_PROTOCOL else ("one",))
     for c in _table_sample(k, shape)
 ]
+
+
+def _on_stripe(kind: str, point: str) -> str:
+    """The point a table's stripe of `kind` passes where a lock of the kind passes `point`:
+    a compact stripe's own (TABLE_PROTOCOL: `clh.aside.back` -> `clhc.aside.back`) for a
+    point of the kind's body, the point itself for the others (`aside.vip`)."""
+    proto = TABLE_PROTOCOL.get(kind)
+    if proto is not None and point.startswith(f"{kind}."):
+        return proto + point[len(kind) + 1 :]
+    return point
+
+
+def _table_shape_sample(kind: str, shape: str) -> list[tuple[str, str]]:
+    """_shape_sample on a table's stripe: the stripe's own points (_on_stripe); and in
+    "passed", A at the pass and B at the adoption (a clh stripe has one seat: A passes B's
+    place, see PASSED_S; the lock's order, A adopting and B passing, ends done/done)."""
+    pairs = _shape_sample(kind, shape)
+    if shape == "passed":
+        pairs = [(b, a) for a, b in pairs]
+    return [(_on_stripe(kind, a), _on_stripe(kind, b)) for a, b in pairs]
+
+
 #: and of the shapes that step aside, as on a lock (test_aside_double_death_sample)
 TABLE_SAMPLE += [
     (k, shape, a, b)
     for shape, kinds in ASIDE_SHAPES.items()
     for k in kinds
-    for a, b in _shape_sample(k, shape)
+    for a, b in _table_shape_sample(k, shape)
 ]
 
 
