@@ -68,9 +68,10 @@ cdef struct wait_t:
     uint32_t* recall        # a word whose values in recall_set call the waiter back from
                             # aside before its VIP turn (clhc.pxi: its predecessor's node
                             # state, ABANDONED, which only it may hand back); NULL: none.
-                            # Set by the kind as it steps aside
+                            # Set by the kind as it steps aside; looked at each time the
+                            # waiter wakes aside: whoever sets such a value wakes it there
+                            # (its prec.aside_wake), so it never sleeps on the word itself
     uint32_t recall_set     # bit v set: value v (< 32) of *recall calls it back
-    uint32_t* recall_parked # the park count of that word (announced while aside)
 
 
 cdef double _FOREVER_S                  # timeouts beyond ~31 years mean "wait forever"
@@ -155,7 +156,6 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
     w.vip = 0
     w.recall = NULL
     w.recall_set = 0
-    w.recall_parked = NULL
 
 
 cdef inline void nb_unannounce(wait_t* w) noexcept nogil:

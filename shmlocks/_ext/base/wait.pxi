@@ -505,8 +505,6 @@ cdef int aside_sleep(wait_t* w) noexcept nogil:
     wait_nogil(w)
     st64_seq(mark, since)
     crashpoint("aside.marked")
-    if w.recall != NULL:
-        fadd32(w.recall_parked, 1)               # its writer wakes us (wake_if_parked)
     t_first = shm_now_ns() + ASIDE_NS            # the VIP turn may be ours from then on
     while True:
         v = ld32_seq(own)                        # before the state it is read to mean
@@ -527,7 +525,6 @@ cdef int aside_sleep(wait_t* w) noexcept nogil:
                 w.far_until = 0
                 r = R_CONT
                 break
-            watch_word(&ws, w.recall, rv)            # (a change wakes it to look)
         _aside_heal(w)
         if w.rec.sig:                            # a handler raised inside a recovery it ran
             w.rec.sig = 0
@@ -579,9 +576,7 @@ cdef int aside_sleep(wait_t* w) noexcept nogil:
         r = wait_due(w)
         if r != R_CONT:
             break
-    if w.recall != NULL:
-        fsub32(w.recall_parked, 1)
-        w.recall = NULL
+    w.recall = NULL
     st64_rel(mark, 0)
     aside_kick(w.rm, b)                          # the next waiter aside may be the oldest now
     return r
