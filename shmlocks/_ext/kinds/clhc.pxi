@@ -92,6 +92,10 @@ cdef inline void _ch_grant(shm_body* b, uint32_t q, bint armed) noexcept nogil:
     successor, q, takes it), a node to wait with elsewhere while it holds this stripe."""
     cdef shm_prec* r = &b.precs[q]
     st64_rel(ch_head(b), id_pair(r.mine, r.round))
+    # the queued node heads the queue now: its link to the node adopted below would be
+    # stale the moment that node travels on (a scan or walk would take the head for a
+    # successor of it), so it names none (0: no node; _ch_in_queue, _ch_walk_succ)
+    st32_seq(&ch_node(b, r.mine).pred, 0)
     crashpoint_at(armed, "clhc.grant.head")
     trace("clhc.grant", q, r.mine, r.pred)
     st32_rel(&r.mine, r.pred)
@@ -338,13 +342,20 @@ cdef bint _ch_in_queue(rmap_t* rm, shm_body* b, uint32_t X) noexcept nogil:
     """Is node X in stripe b's queue (clh.pxi _clh_in_queue: a "no" believed only when
     seen three times)?"""
     cdef uint64_t t
+    cdef uint32_t lp
     cdef int look
     for look in range(3):
         if look:
             sched_yield()
         t = ld64_seq(ch_tail(b))
-        if tail_last(t) == X or tail_prev(t) == X:
+        if tail_last(t) == X:
             return 1
+        if tail_prev(t) == X and _ch_ok(rm, b, tail_last(t)):
+            # the last node's pred, as it joined: unless that node was granted since (its
+            # pred then 0: the prev is stale, X adopted and gone), or named another
+            lp = ld32_seq(&ch_node(b, tail_last(t)).pred)
+            if lp == C_UNKNOWN or lp == X:
+                return 1
         if _ch_succ_of(rm, b, ch_tail(b), b.index + 1, X) != QUEUE_NONE:
             return 1
     return 0
