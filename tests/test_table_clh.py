@@ -168,6 +168,38 @@ def assert_clean(t) -> None:
     assert set(states) <= {FREE, RECLAIMED}, [hex(x) for x in states]
 
 
+def _state(t) -> str:
+    """The table's words, for a failure's message: each stripe's flags, holder, tail and
+    head, the pool, the participants' table lines and their published steps."""
+    out = []
+    for s in range(t.size):
+        r = t[s]._raw()
+        last, prev = tail(t, s)
+        out.append(
+            f"stripe {s}: flags {r['flags']:#x} holder {r['holder']:#x} tail "
+            f"({last:#x}, {prev:#x}) head {head(t, s)} aside {r['aside']}"
+        )
+    r = t[0]._raw()
+    for k, v in r.items():
+        if k.startswith(("pool", "lines", "nodes", "precs", "participants")):
+            out.append(f"{k}: {v}")
+    return "\n".join(out)
+
+
+def _settled(t, arr, kills: int) -> int:
+    """After a random-kill test: every stripe of t taken (30 s at most: else the table's
+    words in the failure), journals_settled under them; the sum of the values."""
+    held = shmlocks.hold_all(*t, timeout=30)
+    try:
+        held.__enter__()
+    except TimeoutError:
+        raise AssertionError(f"a stripe wedged ({kills} kills):\n{_state(t)}") from None
+    try:
+        return journals_settled(held, t.size, arr)
+    finally:
+        held.__exit__(None, None, None)
+
+
 def _queued(t, s: int, before, what: str) -> None:
     """Until someone joined stripe s's queue since its tail was `before`."""
     until(lambda: tail(t, s) != before, what=what)
@@ -1207,8 +1239,7 @@ def test_holds_with_timeouts_survive_random_sigkills(procs):
             seconds,
             13,
         )
-        with shmlocks.hold_all(*(t[k] for k in range(6)), timeout=30) as held:
-            total = journals_settled(held, 6, arr)
+        total = _settled(t, arr, kills)
         done = sum(counts[:4])
         assert done > 0 and done <= total <= done + 3 * kills, (done, total, kills)
         assert sum(counts[4:]) > 0, "no deadline expired: nothing was abandoned"
@@ -1285,11 +1316,57 @@ def test_unordered_timed_acquires_survive_random_sigkills(procs):
             seconds,
             17,
         )
-        with shmlocks.hold_all(*(t[k] for k in range(6)), timeout=30) as held:
-            total = journals_settled(held, 6, arr)
+        total = _settled(t, arr, kills)
         done = sum(counts[:4])
         assert done > 0 and done <= total <= done + 3 * kills, (done, total, kills)
         assert sum(counts[4:]) > 0, "no acquire failed: nothing was abandoned"
+        assert_clean(t)
+
+
+def _armed_unordered(name, arr, counts, w, seed, spec) -> None:
+    """_unordered_killed, in a process that SIGKILLs itself at crash point `spec`
+    (NAME:N, its N-th pass)."""
+    from shmlocks import _core
+
+    _core._arm_crashpoint(spec)
+    _unordered_killed(name, arr, counts, w, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("point", sorted(CLHC_POINTS))
+def test_deaths_at_each_point_under_contention(procs, point):
+    """_unordered's workload on 6 stripes by three processes, beside a fourth armed at
+    `point` (its N-th pass, N random): each time it dies there another takes its place,
+    for 1.5 s. Deaths at one protocol step, again and again, among live participants
+    that wait, time out, step aside, reclaim and recover: no stripe held by two, every
+    dead holder's stripe with owner_died (journaled_section), nothing wedged or left."""
+    ctx = mp.get_context("fork")
+    rng = random.Random(point)
+    with shmlocks.LockTable(6, "clh", name=uniq("clht-pdeath"), max_participants=32) as t:
+        arr, counts = ctx.RawArray("q", 6 * 4), ctx.RawArray("q", 8)
+        ps = [procs.start(_unordered_killed, t.name, arr, counts, w, w, ctx=ctx) for w in range(3)]
+
+        def armed(n):
+            spec = f"{point}:{rng.randint(1, 30)}"
+            return procs.start(_armed_unordered, t.name, arr, counts, 3, 1000 + n, spec, ctx=ctx)
+
+        a, deaths = armed(0), 0
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            if not a.is_alive():
+                a.join()
+                assert a.exitcode == -signal.SIGKILL, f"the armed one ended: {a.exitcode}"
+                deaths += 1
+                a = armed(deaths)
+            assert all(p.is_alive() for p in ps), [p.exitcode for p in ps]
+            time.sleep(0.005)
+        for p in [*ps, a]:
+            kill(p)
+        kills = deaths + 4
+        total = _settled(t, arr, kills)
+        done = sum(counts[:4])
+        assert done > 0 and done <= total <= done + 3 * kills, (done, total, kills)
         assert_clean(t)
 
 
@@ -1548,8 +1625,7 @@ def test_async_holds_of_clh_stripes_survive_random_sigkills(procs):
             seconds,
             19,
         )
-        with shmlocks.hold_all(*(t[k] for k in range(6)), timeout=30) as held:
-            total = journals_settled(held, 6, arr)
+        total = _settled(t, arr, kills)
         done = sum(counts[:4])
         assert done > 0 and done <= total <= done + 3 * kills, (done, total, kills)
         assert sum(counts[4:]) > 0, "no deadline expired"
