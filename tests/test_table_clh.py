@@ -162,10 +162,10 @@ def assert_clean(t) -> None:
     t.region._recover_dead()
     for s in range(t.size):
         last, prev = tail(t, s)
-        assert node_state(t, last) == FREE, (s, hex(last), hex(prev))
+        assert node_state(t, last) == FREE, f"stripe {s} not free:\n{_state(t)}"
         assert not t[s].locked(), s
     states = [n[0] for n in _pnodes(t).values()] + [own_node(t, s)[0] for s in range(t.size)]
-    assert set(states) <= {FREE, RECLAIMED}, [hex(x) for x in states]
+    assert set(states) <= {FREE, RECLAIMED}, f"a node still in use:\n{_state(t)}"
 
 
 def _state(t) -> str:
