@@ -965,6 +965,80 @@ def test_killed_releasing(point, behind):
         assert_clean(t)
 
 
+_TAKE_FREE = """
+import sys, shmlocks
+t = shmlocks.LockTable.open(sys.argv[1])
+got = t[int(sys.argv[2])].acquire(timeout=3)
+print(got, flush=True)
+if got:
+    t[int(sys.argv[2])].release()
+"""
+
+_TRAVEL = """
+import sys, shmlocks
+t = shmlocks.LockTable.open(sys.argv[1])
+sys.stdin.readline()
+with t[1]:
+    pass
+print("took 1", flush=True)
+sys.stdin.readline()
+if t[0].acquire(timeout=0.3):
+    t[0].release()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_killed_stepping_out_behind_a_holder_whose_old_pred_is_its_node():
+    """A stale link in the queue: the holder H of stripe 0 adopted its pred's node N (the
+    stripe's own) at its grant, and N travelled on (H queued it on stripe 1, C adopted it
+    there), while H's queued node still names N as its pred. C then waits on stripe 0
+    with N, behind a waiter W behind H, times out last and is killed once it gave the
+    tail back (clhc.abort.stepped_out). N is out of the queue: C's recovery must give it
+    back to C's slot (RECLAIMED), not take H's stale link for a successor of N and
+    abandon N for C (then nobody ever hands it back, and whoever gets C's slot can queue
+    on no stripe of the table)."""
+    with shmlocks.LockTable(4, "clh", name=uniq("clht-stale"), max_participants=8) as t:
+        n0 = own_id(t, 0)
+        c = _child(t.name, _TRAVEL, 0, "clhc.abort.stepped_out")
+        w = None
+        with t[0]:
+            h = head(t, 0)[0]
+            with t[1]:  # H queues N (adopted at stripe 0's grant) on stripe 1
+                assert head(t, 1)[0] == n0
+            c.stdin.write("go\n")
+            c.stdin.flush()
+            assert c.stdout.readline().strip() == "took 1"  # C adopted N
+            assert tail(t, 1)[1] == n0 and own_node(t, 0)[2] != n0
+            assert _pnodes(t)[h][2] == n0  # H's node still names N as its pred
+            before = tail(t, 0)
+            w = _Taker(t, 0)
+            w.start()
+            _queued(t, 0, before, "W queued")
+            before = tail(t, 0)
+            c.stdin.write("go\n")
+            c.stdin.flush()
+            _queued(t, 0, before, "C queued with N")
+            assert tail(t, 0)[0] == n0
+            _dead(c)
+            assert tail(t, 0)[0] != n0  # C stepped out
+            t.region._recover_dead()
+            st, state = own_node(t, 0)[0], _state(t)
+        assert w.result() == (True, False)
+        w.finish()
+        # whoever takes C's slot has a node to queue with: a free stripe is its at once
+        r = subprocess.run(
+            [sys.executable, "-c", _TAKE_FREE, t.name, "2"],
+            env={k: v for k, v in os.environ.items() if k != "SHMLOCKS_CRASHPOINT"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert st == RECLAIMED, f"N left {st} out of every queue:\n{state}"
+        assert r.returncode == 0 and r.stdout.strip() == "True", r
+        assert_clean(t)
+
+
 _HOLD_KEYS = """
 import sys, shmlocks
 t = shmlocks.LockTable.open(sys.argv[1])
