@@ -250,7 +250,7 @@ _CRASHPOINTS = {
     "clhc.abort.stepped_out": ("table",),   # tail given back, own node not yet reclaimed
     "clhc.abandon.left": ("table",),        # own node ABANDONED, its waiters not yet woken
     "clhc.release.named": ("table",),       # the head's passage named in own line, not freed
-    "clhc.release.freed": ("table",),       # the head's node freed, own line's name not cleared
+    "clhc.release.freed": ("table",),       # the head's node freed, before the release returns
     "clhc.recover.flagged": ("table",),     # recoverer gave the verdict, before the release
     "clhc.aside.left": ("table",),          # own node ASIDE (place kept), not yet marked aside
     "clhc.aside.passed": ("table",),        # passed a node aside at its turn, before the wake

@@ -630,12 +630,12 @@ def _table_header(h: Head, body: bytes) -> tuple[int, int, int, int, int, int]:
     sub, n, first, compact, off, sstride = _TABLE.unpack_from(body, LINE)
     kind, _flags, _holder, bmagic = _U32X4.unpack_from(body, 0)
     L, stride = h.max_locks, h.stride
-    need = STRIPE_LINES * LINE if compact else stride
+    need = STRIPE_LINES * LINE  # every kind's stripe is one line (two: aarch64)
     if (
         kind != KIND_TABLE
         or bmagic != BODY_MAGIC
         or sub not in KIND_NAMES
-        or compact != (KIND_NAMES[sub] in ("ticket", "mcs", "clh", "futex", "robust", "pi"))
+        or compact != 1
         or not 1 <= n <= TABLE_MAX
         or first != L
         or sstride != need
@@ -648,14 +648,13 @@ def _table_header(h: Head, body: bytes) -> tuple[int, int, int, int, int, int]:
 
 def _read_table(fd: int, h: Head, idx: int, body: bytes) -> Table:
     """A lock table's header (``_table_header``) and its stripes: each a ``Lock`` (idx: its
-    number)."""
-    sub, n, first, compact, off, sstride = _table_header(h, body)
-    stripes = []
-    data = pread_exact(fd, off, n * sstride) if compact else b""
+    number), from one read of their lines."""
+    sub, n, first, _compact, off, sstride = _table_header(h, body)
+    data = pread_exact(fd, off, n * sstride)
     clh_node = None
-    if compact and sub == _CLH:
-        # a compact clh stripe's tail names a node of its table's pool (clhc.pxi): a
-        # participant's (the table entry's node lines) or a stripe's (in the lines read)
+    if sub == _CLH:
+        # a clh stripe's tail names a node of its table's pool (clhc.pxi): a participant's
+        # (the table entry's node lines) or a stripe's (in the lines read)
         nodes_off = h.locks_off + idx * h.stride + 3 * LINE
 
         def clh_node(t: int) -> int | None:
@@ -668,24 +667,22 @@ def _read_table(fd: int, h: Head, idx: int, body: bytes) -> Table:
                 return _U32.unpack(pread_exact(fd, nodes_off + (t - 1) * LINE, 4))[0]
             return None
 
-    for s in range(n):
-        base = off + s * sstride
-        if compact:
-            sb = data[s * sstride : (s + 1) * sstride]
-            wa_off = STRIPE_WA_OFF
-            wb_off = (
-                STRIPE_TICKET_WB_OFF
-                if sub == _KIND_TICKET
-                else STRIPE_CLH_HEAD_OFF
-                if sub == _CLH
-                else STRIPE_WB_OFF
-            )
-        else:
-            sb = pread_exact(fd, base, _BODY_READ)
-            wa_off, wb_off = LINE, 2 * LINE
-        stripes.append(
-            _lock(fd, h, first + s, f"{h.name}[{s}]", sub, sb, base, wa_off, wb_off, clh_node)
+    wb_off = {_KIND_TICKET: STRIPE_TICKET_WB_OFF, _CLH: STRIPE_CLH_HEAD_OFF}.get(sub, STRIPE_WB_OFF)
+    stripes = [
+        _lock(
+            fd,
+            h,
+            first + s,
+            f"{h.name}[{s}]",
+            sub,
+            data[s * sstride : (s + 1) * sstride],
+            off + s * sstride,
+            STRIPE_WA_OFF,
+            wb_off,
+            clh_node,
         )
+        for s in range(n)
+    ]
     return Table(idx, sub, n, first, stripes)
 
 

@@ -612,7 +612,7 @@ cdef int body_provision(rmap_t* rm, uint32_t i, uint32_t lo, uint32_t hi, what) 
 cdef int body_provision_at(rmap_t* rm, uint64_t base, uint32_t code, uint32_t lo,
                            uint32_t hi, what) except -1:
     """The per-participant lines of participants [lo, hi) in the body at `base` of kind
-    `code` (a directory entry's, or a table's whole-body stripe), nodes and precs, given
+    `code` (a directory entry's), nodes and precs, given
     pages (a full /dev/shm: OSError(ENOSPC)) and zeroed; node lines below the ones its kind
     uses by index (kind_ops_t.fixed_nodes: a body of a kind unknown here is taken for the
     one with the most), provisioned with the body and in use, are left alone."""
@@ -672,10 +672,10 @@ cdef int table_load(rmap_t* rm, name) except -1:
     tb = shm_body_at(rm.base, rm.locks_off + <uint64_t>found * rm.stride, rm.P, found)
     memcpy(&t, tb.wa, sizeof(shm_table))
     ops = kind_ops(t.sub)
-    need = (shm_stripe_lines(t.sub) * SHM_LINE if t.compact else rm.stride)
+    need = SHM_STRIPE_LINES * SHM_LINE
     if (tb.ctl.magic != SHM_BODY_MAGIC or tb.ctl.kind != SHM_KIND_TABLE
             or t.sub < SHM_KIND_TICKET or t.sub > SHM_KIND_PI or ops == NULL
-            or t.compact != shm_table_compact(t.sub)
+            or t.compact != 1
             or t.size < 1 or t.size > SHM_TABLE_MAX or t.first != rm.L
             or t.stride != need or t.off != rm.ext_off
             or t.off + <uint64_t>t.size * t.stride != rm.size):
@@ -689,8 +689,9 @@ cdef int table_load(rmap_t* rm, name) except -1:
 
 cdef int table_grow(rmap_t* rm, uint32_t lo, uint32_t hi, what) except -1:
     """Participants [lo, hi) are being provisioned (reg_grow, the directory mutex held):
-    the table entry's line per participant (a compact stripe's precs), and in every
-    whole-body stripe their nodes and precs and what the kind sets up for them."""
+    the table entry's line per participant (the stripes' precs), for mcs and clh their
+    nodes (the table entry's node lines), and in every stripe what the kind sets up for
+    them (its grow)."""
     cdef uint64_t tbase = rm.locks_off + <uint64_t>rm.tbl_entry * rm.stride
     cdef kind_ops_t* ops = kind_ops(rm.tbl.sub)
     cdef uint32_t s
@@ -703,11 +704,8 @@ cdef int table_grow(rmap_t* rm, uint32_t lo, uint32_t hi, what) except -1:
         # a compact mcs stripe's wait nodes (mcsc.pxi), a clh table's nodes (clhc.pxi)
         lines_provision(rm, tbase + (SHM_BODY_NODES + <uint64_t>lo) * SHM_LINE,
                         <uint64_t>(hi - lo) * SHM_LINE, what, 0)
-    for s in range(rm.tbl.size):
-        if not rm.tbl.compact:
-            body_provision_at(rm, rm.tbl.off + <uint64_t>s * rm.tbl.stride, rm.tbl.sub, lo,
-                              hi, what)
-        if ops.grow != NULL:
+    if ops.grow != NULL:
+        for s in range(rm.tbl.size):
             sb = table_stripe(rm, s)
             ops.grow(&sb, lo, hi)
     return 0
@@ -937,8 +935,9 @@ cdef int _participant_recover(rmap_t* rm, uint32_t slot, recov_t* rec) noexcept 
         if ops == NULL:
             continue                             # not a kind of ours: nothing to complete
         recover = ops.recover
-        if tbl and rm.tbl.compact and ops.stripe_recover != NULL:
-            recover = ops.stripe_recover         # a stripe protocol of its own (ticket, mcs)
+        if tbl and ops.stripe_recover != NULL:
+            recover = ops.stripe_recover         # a stripe protocol of its own (ticket, mcs,
+                                                 # clh)
         if not ops.repair:
             for s in range(n):                   # the kernel recovers it (robust, pi)
                 if tbl:

@@ -116,13 +116,10 @@ cdef int _provision_body_at(rmap_t* rm, uint64_t off, uint32_t code, what,
     return 0
 
 
-cdef uint64_t _table_lines(uint32_t sub, uint32_t size, uint32_t P) noexcept nogil:
-    """The lines of a table's stripes (the extension area): shm_stripe_lines each for the
-    kinds that need no line per participant per lock (ticket, mcs, futex, robust, pi:
-    shm_table_compact), a whole lock body each for the others (docs/design.md §15)."""
-    if shm_table_compact(sub):
-        return <uint64_t>size * shm_stripe_lines(sub)
-    return <uint64_t>size * shm_body_lines(P)
+cdef uint64_t _table_lines(uint32_t size) noexcept nogil:
+    """The lines of a table's stripes (the extension area): SHM_STRIPE_LINES each, for
+    every kind (docs/design.md §15)."""
+    return <uint64_t>size * SHM_STRIPE_LINES
 
 
 cdef int _table_build(rmap_t* rm, uint32_t i, uint32_t sub, uint32_t size, what,
@@ -139,7 +136,6 @@ cdef int _table_build(rmap_t* rm, uint32_t i, uint32_t sub, uint32_t size, what,
     cdef shm_body tb, sb
     cdef shm_table* t
     cdef uint32_t s
-    cdef bint compact = shm_table_compact(sub)
     if ops == NULL or sub > SHM_KIND_PI:
         raise ValueError(f"a lock table's kind must be a lock kind, not code {sub}")
     lines_provision(rm, off, SHM_BODY_NODES * SHM_LINE, what, fresh)
@@ -157,17 +153,14 @@ cdef int _table_build(rmap_t* rm, uint32_t i, uint32_t sub, uint32_t size, what,
     t.sub = sub
     t.size = size
     t.first = rm.L
-    t.compact = compact
+    t.compact = 1
     t.off = rm.ext_off
-    t.stride = shm_stripe_lines(sub) * SHM_LINE if compact else rm.stride
-    if compact:
-        lines_provision(rm, t.off, <uint64_t>size * t.stride, what, fresh)
+    t.stride = SHM_STRIPE_LINES * SHM_LINE
+    lines_provision(rm, t.off, <uint64_t>size * t.stride, what, fresh)
     for s in range(size):
-        if not compact:
-            _provision_body_at(rm, t.off + <uint64_t>s * t.stride, sub, what, fresh)
         sb = shm_stripe_at(rm.base, t, &tb, s)
         sb.ctl.kind = sub
-        if compact and ops.stripe_init != NULL:
+        if ops.stripe_init != NULL:
             ops.stripe_init(&sb)                 # a stripe protocol of its own (clhc.pxi)
         elif ops.init != NULL:
             ops.init(&sb)
@@ -493,7 +486,7 @@ cdef class Region:
         cdef uint64_t ext_lines = 0
         total = _geometry(L, P, &dir_off, &part_off, &locks_off, &stride)
         if table is not None:
-            ext_lines = _table_lines(table[0], table[1], P)
+            ext_lines = _table_lines(table[1])
             total += ext_lines * SHM_LINE
         order_key = int.from_bytes(_os.urandom(8), "little") or 1
         fd, named = _new_file(n, mode)            # FileExistsError, PermissionError
@@ -958,9 +951,7 @@ cdef class Region:
                 raise IndexError(f"region {self.name!r} has no lock number {i}")
             if name is None:
                 name = f"{self.name}[{i - self.rm.tbl.first}]"
-            if self.rm.tbl.compact:
-                return kind_new_stripe(self.rm.tbl.sub, self, i, name)
-            return kind_new_lock(self.rm.tbl.sub, self, i, name)
+            return kind_new_stripe(self.rm.tbl.sub, self, i, name)
         d = &self.rm.dir[i]
         code = ld32_acq(&d.kind)
         if code == SHM_KIND_TABLE and self.rm.tbl.size != 0 and i == self.rm.tbl_entry:

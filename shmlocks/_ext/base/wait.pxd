@@ -65,12 +65,13 @@ cdef struct wait_t:
     int seat                # the spinner seat held (-1: none)
     int vip                 # 1 while it holds the VIP turn, 2 once it gave it back asleep in
                             # its place; either: it never steps aside again in this wait
-    uint32_t* recall        # a word whose change calls the waiter back from aside before its
-                            # VIP turn (clhc.pxi: its predecessor's node state, which an
-                            # abandon changes: the waiter must come back to hand the node
-                            # back); NULL: none. Set by the kind as it steps aside
-    uint32_t recall_v       # the value it had then
-    uint32_t* recall_parked # the park count of that word (announced while aside)
+    uint32_t* recall        # a word whose values in recall_set call the waiter back from
+                            # aside before its VIP turn (clhc.pxi: its predecessor's node
+                            # state, ABANDONED, which only it may hand back); NULL: none.
+                            # Set by the kind as it steps aside; looked at each time the
+                            # waiter wakes aside: whoever sets such a value wakes it there
+                            # (its prec.aside_wake), so it never sleeps on the word itself
+    uint32_t recall_set     # bit v set: value v (< 32) of *recall calls it back
 
 
 cdef double _FOREVER_S                  # timeouts beyond ~31 years mean "wait forever"
@@ -154,8 +155,7 @@ cdef inline void wait_init(wait_t* w, int64_t deadline, uint32_t* budget=NULL) n
     w.seat = -1
     w.vip = 0
     w.recall = NULL
-    w.recall_v = 0
-    w.recall_parked = NULL
+    w.recall_set = 0
 
 
 cdef inline void nb_unannounce(wait_t* w) noexcept nogil:

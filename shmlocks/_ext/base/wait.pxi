@@ -497,7 +497,7 @@ cdef int aside_sleep(wait_t* w) noexcept nogil:
     cdef int64_t now, t_first, t, t_gap
     cdef uint32_t gap
     cdef int r, d, ahead, changed = 0
-    cdef uint32_t v, vip, h
+    cdef uint32_t v, vip, h, rv
     global g_aside_steps, g_aside_vips, g_aside_sleeps
     if since == 0:
         since = <uint64_t>shm_now_ns()
@@ -505,8 +505,6 @@ cdef int aside_sleep(wait_t* w) noexcept nogil:
     wait_nogil(w)
     st64_seq(mark, since)
     crashpoint("aside.marked")
-    if w.recall != NULL:
-        fadd32(w.recall_parked, 1)               # its writer wakes us (wake_if_parked)
     t_first = shm_now_ns() + ASIDE_NS            # the VIP turn may be ours from then on
     while True:
         v = ld32_seq(own)                        # before the state it is read to mean
@@ -516,17 +514,17 @@ cdef int aside_sleep(wait_t* w) noexcept nogil:
         ws.token = -1
         ws.rec = &w.rec
         if w.recall != NULL:
-            if ld32_seq(w.recall) != w.recall_v:
-                # called back before its VIP turn (clhc.pxi: the node it waits on changed,
-                # abandoned maybe, which only it may hand back): it goes back to its place,
-                # and may step aside again (w.vip stays 0)
+            rv = ld32_seq(w.recall)
+            if rv < 32 and (w.recall_set >> rv) & 1:
+                # called back before its VIP turn (clhc.pxi: the node it waits on was
+                # abandoned, which only it may hand back): it goes back to its place, and
+                # may step aside again (w.vip stays 0)
                 w.phase = 0
                 w.spin_until = 0
                 w.yields = 0
                 w.far_until = 0
                 r = R_CONT
                 break
-            watch_word(&ws, w.recall, w.recall_v)
         _aside_heal(w)
         if w.rec.sig:                            # a handler raised inside a recovery it ran
             w.rec.sig = 0
@@ -578,9 +576,7 @@ cdef int aside_sleep(wait_t* w) noexcept nogil:
         r = wait_due(w)
         if r != R_CONT:
             break
-    if w.recall != NULL:
-        fsub32(w.recall_parked, 1)
-        w.recall = NULL
+    w.recall = NULL
     st64_rel(mark, 0)
     aside_kick(w.rm, b)                          # the next waiter aside may be the oldest now
     return r

@@ -41,6 +41,9 @@ cdef struct ch_wait_t:    # a waiter's ready context: what its last look saw (_c
     rmap_t* rm
 
 
+cdef void _ch_recall(rmap_t* rm, shm_body* b, uint32_t X) noexcept nogil
+
+
 cdef class CLHStripe(CLHLock):
     # overrides _fast, _try, _wait, _unlock, _is_locked, _aside_end (base/kind.pxd); adds:
     cdef int _ch_enqueue(self, uint32_t me, uint32_t X, bint armed) noexcept nogil

@@ -37,9 +37,10 @@
 # successor hands it back (RECLAIMED): until then the participant cannot queue anywhere.
 # Its successor must therefore run: a waiter aside (§7.0) behind an abandoned node would
 # hand it back only at its VIP turn, which may wait for a holder that waits for the
-# abandoner (a deadlock the program does not have). So a waiter that steps aside is called
-# back by any change of the node it waits on (wait_t.recall: the abandon's store and wake),
-# comes back to its place, hands the node back and may step aside again.
+# abandoner (a deadlock the program does not have). So an abandon calls back the waiter
+# aside behind it (_ch_recall: its aside word bumped and woken; aside_sleep then finds the
+# node it waits on ABANDONED, wait_t.recall), which comes back to its place, hands the node
+# back and may step aside again.
 
 
 cdef inline bint _ch_stripe_ok(rmap_t* rm, uint32_t lk) noexcept nogil:
@@ -99,15 +100,15 @@ cdef inline void _ch_grant(shm_body* b, uint32_t q, bint armed) noexcept nogil:
 cdef inline int _ch_free(rmap_t* rm, shm_body* b, uint32_t q, uint64_t h,
                          bint armed) noexcept nogil:
     """Release passage h (the head) for q: named in q's line first (hpass: a death from
-    here on is [R]), then its node FREE for the successor, who adopts it at its grant."""
+    here on is [R]), then its node FREE for the successor, who adopts it at its grant.
+    hpass is left as it is: a passage is live only until its node is freed (a node
+    queued anew has a later round), so a stale one never matches a live head."""
     cdef shm_cnode* x = ch_node(b, pair_lo(h))
-    cdef shm_prec* r = &b.precs[q]
-    st64_rel(&r.hpass, h)
+    st64_rel(&b.precs[q].hpass, h)
     crashpoint_at(armed, "clhc.release.named")
     st32_seq(&x.state, C_FREE)                       # our successor may go
     wake_if_parked(&x.state, &x.parked)
     crashpoint_at(armed, "clhc.release.freed")
-    st64_rel(&r.hpass, 0)
     return 0
 
 
@@ -140,7 +141,7 @@ cdef void _ch_reclaim(rmap_t* rm, shm_body* b, uint32_t q, uint32_t pn) noexcept
 cdef int _ch_abort_as(rmap_t* rm, shm_body* b, uint32_t q, bint dead) noexcept nogil:
     """Leave the queue for q: R_TIMEOUT, or R_ACQ if the stripe was granted meanwhile (the
     caller grants it: _ch_grant; for a dead q it then releases it on q's behalf). Its
-    abandon wakes whoever waits on its node: a successor aside comes back (wait_t.recall)."""
+    abandon wakes whoever waits on its node, and calls a successor aside back (_ch_recall)."""
     cdef shm_prec* r = &b.precs[q]
     cdef uint32_t X = r.mine
     cdef uint32_t p = r.pred
@@ -160,7 +161,8 @@ cdef int _ch_abort_as(rmap_t* rm, shm_body* b, uint32_t q, bint dead) noexcept n
     st32_rel(&x.left_gen, <uint32_t>ld64_rlx(&rm.part[q].generation))
     st32_seq(&x.state, C_ABANDONED)                  # our successor will wait on p instead
     crashpoint("clhc.abandon.left")
-    wake_if_parked(&x.state, &x.parked)              # (aside, it comes back to hand it back)
+    wake_if_parked(&x.state, &x.parked)
+    _ch_recall(rm, b, X)                             # (aside, it comes back to hand it back)
     return R_TIMEOUT
 
 
@@ -244,8 +246,8 @@ cdef int _ch_ready(void* c) noexcept nogil:
 cdef int _ch_step_aside(rmap_t* rm, shm_body* b, uint32_t q, wait_t* w,
                         bint armed) noexcept nogil:
     """Queued participant q steps aside (docs/design.md §7.0, as clh.pxi's): its node says
-    ASIDE with its round, its place stays queued, and the state of the node it waits on
-    becomes the word that calls it back (w.recall): R_ASIDE. R_ACQ if it was granted as it
+    ASIDE with its round, its place stays queued, and the node it waits on abandoned calls
+    it back (w.recall, _ch_recall): R_ASIDE. R_ACQ if it was granted as it
     left (the caller grants: _ch_grant); R_PENDING if the node it waits on is abandoned
     (it stays to hand it back)."""
     cdef shm_prec* r = &b.precs[q]
@@ -269,9 +271,10 @@ cdef int _ch_step_aside(rmap_t* rm, shm_body* b, uint32_t q, wait_t* w,
         if cas32(&x.state, v, C_BUSY):
             wake_if_parked(&x.state, &x.parked)
             return R_ACQ if ps == C_FREE else R_PENDING
+    # an abandon calls it back (not its turn: a running waiter behind passes it then, the
+    # point of stepping aside; woken at each turn, the hand-offs would go to sleepers)
     w.recall = &pn.state
-    w.recall_v = ps
-    w.recall_parked = &pn.parked
+    w.recall_set = (1 << C_ABANDONED) | (1 << C_RECLAIMING)
     return R_ASIDE
 
 
@@ -372,6 +375,31 @@ cdef int _ch_owner(rmap_t* rm, shm_body* b, uint32_t pn) noexcept nogil:
     return -1
 
 
+cdef void _ch_recall(rmap_t* rm, shm_body* b, uint32_t X) noexcept nogil:
+    """Node X (checked) is abandoned: if the waiter right behind it is aside, wake it there
+    (its prec.aside_wake, bumped, as aside_kick does): it finds X abandoned (wait_t.recall)
+    and comes back to hand it back. One that steps aside after this looks finds X
+    abandoned itself (_ch_step_aside looks again after its node says aside); a look that
+    misses it (a walk cut short) is made again by X's owner at each slice of its wait for
+    the node (_ch_tend_abandoned), and by a recovery of the owner."""
+    cdef shm_cnode* x = ch_node(b, X)
+    cdef uint32_t lk1 = ld32_acq(&x.lock1)
+    cdef uint32_t s
+    cdef int y
+    if not _ch_stripe_ok(rm, lk1 - 1):
+        return
+    s = _ch_succ_of(rm, b, <uint64_t*>(ch_line(b, lk1 - 1) + SHM_STRIPE_WA_OFF), lk1, X)
+    if s == QUEUE_NONE or not _ch_ok(rm, b, s):
+        return
+    if not _clh_is_aside(ld32_seq(&ch_node(b, s).state)):
+        return
+    y = _ch_owner(rm, b, s)
+    if y >= 0:
+        trace("clhc.recall", X, s, y)
+        fadd32(&b.precs[y].aside_wake, 1)
+        shm_futex_wake(&b.precs[y].aside_wake, 0x7fffffff)
+
+
 cdef int _ch_check_owner(rmap_t* rm, shm_body* b, uint32_t pn, watch_t* ws,
                          bint arm) noexcept nogil:
     """The owner of node pn, which we wait on: recovered if dead (DEP_CHANGED, by ws.rec),
@@ -404,8 +432,8 @@ cdef int _ch_not_reclaiming(void* c) noexcept nogil:
 
 cdef int _ch_tend_abandoned(park_t* pk, watch_t* ws) noexcept nogil:
     """park()'s dependency while our node X (pk.arg), abandoned on some stripe of the table
-    (its lock1: maybe not the one we want now), waits to be handed back: wake whoever waits
-    on it (a successor aside comes back: the abandon's own wake may have died with its
+    (its lock1: maybe not the one we want now), waits to be handed back: call a successor
+    aside back (_ch_recall: the abandon's own call may have been missed, or died with its
     thread), check the owner of the node it waited on; if nothing is queued behind X, step
     it out of that stripe's tail ourselves; else recover the one who owes us the hand-back
     if it is dead (clh.pxi _clh_tend_abandoned)."""
@@ -421,7 +449,8 @@ cdef int _ch_tend_abandoned(park_t* pk, watch_t* ws) noexcept nogil:
     if not _ch_stripe_ok(rm, lk1 - 1):
         return DEP_UNKNOWN
     tail = <uint64_t*>(ch_line(b, lk1 - 1) + SHM_STRIPE_WA_OFF)
-    wake_if_parked(&x.state, &x.parked)
+    if ld32_seq(&x.state) == C_ABANDONED:
+        _ch_recall(rm, b, X)
     p = ld32_acq(&x.pred)
     if _ch_ok(rm, b, p) and _ch_check_owner(rm, b, p, ws, 0) == DEP_CHANGED:
         return DEP_CHANGED
@@ -541,7 +570,7 @@ cdef void _ch_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcep
         return
     st = ld32_seq(&xn.state)
     if st == C_ABANDONED:
-        wake_if_parked(&xn.state, &xn.parked)        # (its abandon's wake, if cut short)
+        _ch_recall(rm, b, X)                         # (its abandon's, if cut short)
     av = _clh_aside_st(ld32_acq(&r.round))
     if st == av and ld32_acq(&xn.round) == ld32_acq(&r.round):   # [C9]
         if cas32(&xn.state, av, C_BUSY):
@@ -808,8 +837,10 @@ cdef class CLHStripe(CLHLock):
 
     cdef int _unlock(self, uint32_t me, bint armed) noexcept nogil:
         cdef uint64_t h = ld64_acq(ch_head(&self.b))
-        if not _ch_live(self.rm, &self.b, h):
+        if not _ch_ok(self.rm, &self.b, pair_lo(h)):
             return R_CORRUPT
+        if SHM_DEBUG_BUILT:                          # (a constant: nothing in a normal build)
+            dassert(_ch_live(self.rm, &self.b, h), "clhc: the head names the holder's passage")
         return _ch_free(self.rm, &self.b, me, h, armed)
 
     cdef bint _is_locked(self) noexcept nogil:

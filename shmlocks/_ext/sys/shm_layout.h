@@ -412,7 +412,7 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
  * precs, the table-wide line of each participant for compact stripes (the adaptive spin
  * budget, pi's asynchronous-wait mark).  The stripes live past the lock bodies, in the
  * segment's extension area (header.ext_lines), `stride` bytes each:
- *   compact (ticket, mcs, futex, robust, pi): one line (128 bytes), a shm_lockctl whose
+ *   compact (every kind): one line (128 bytes), a shm_lockctl whose
  *     repair slot
  *     (never used: the table's mutex serves its stripes) holds the lock word: the view
  *     aims wa at the slot (SHM_STRIPE_WA_OFF, byte 64: the futex word, or the glibc mutex
@@ -425,9 +425,9 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
  *     sleep on or add to (the word, timeouts), as a lock body's ctl and word lines are.
  *     Where glibc's mutex is larger than the slot leaves room for (aarch64: 48 bytes),
  *     the stripe is two lines and the word the second.  Nodes: none (mcs: the table
- *     entry's node lines, one wait node per participant for the whole table, mcsc.pxi).
- *   full (clh: a line per participant per lock): a whole lock body each, of
- *     the region's geometry (shm_body_lines(P) lines), provisioned as a lock's.
+ *     entry's node lines, one wait node per participant for the whole table, mcsc.pxi;
+ *     clh: the same lines and one node in each stripe's line, a pool the nodes travel
+ *     in, clhc.pxi: the tail at word A, the head at word B, SHM_STRIPE_CLH_*).
  * Lock numbers: entry i of the directory is lock i; the table's stripe s is lock
  * first + s, first >= max_locks.  op_lock, the wait link and every reader name a lock by
  * number + 1; participants.pxd lock_at is the decoder of a mapped region (shmlocks/_segment.py
@@ -446,13 +446,6 @@ static inline shm_body shm_body_at(char *base, uint64_t off, uint32_t P, uint32_
    (word B: the view aims wb there, so `next != serving` reads as for a lock body), then
    its parked and marks counts */
 #define SHM_STRIPE_TICKET_WB_OFF (SHM_STRIPE_WA_OFF + 8u)
-/* the kinds whose stripes are compact: no line per participant per lock (ticket: its
-   abandon markers live in the participants' table lines, ticketc.pxi; mcs: one wait node
-   per participant for the table, mcsc.pxi) */
-static inline int shm_table_compact(uint32_t sub) {
-    return sub == SHM_KIND_TICKET || sub == SHM_KIND_MCS || sub == SHM_KIND_CLH
-           || sub == SHM_KIND_FUTEX || sub == SHM_KIND_ROBUST || sub == SHM_KIND_PI;
-}
 /* a compact CLH stripe (kinds/clhc.pxi): the tail at word A, the head (the holder's queued
    node | its round << 32) as word B past it, the stripe's own node past that, and its
    waiters' aside words with one seat in the last 12 bytes of the line (where a robust or
@@ -469,17 +462,13 @@ static inline int shm_table_compact(uint32_t sub) {
    them in its word B line's upper half, with AS_MAX_SEATS seats */
 #define SHM_STRIPE_ASIDE_OFF (SHM_STRIPE_WA_OFF + 24u)
 #define SHM_STRIPE_SEATS     4u
-static inline uint32_t shm_stripe_lines(uint32_t sub) {
-    (void)sub;                          /* every compact kind: one line (two: aarch64) */
-    return SHM_STRIPE_LINES;
-}
 
 typedef struct shm_table {
     uint32_t sub;              /* the stripes' kind (SHM_KIND_TICKET .. SHM_KIND_PI) */
     uint32_t size;             /* stripes, 1 .. SHM_TABLE_MAX */
     uint32_t first;            /* the lock number of stripe 0 */
-    uint32_t compact;          /* 1: shm_stripe_lines(sub)-line stripes (shm_table_compact);
-                                  0: whole lock bodies */
+    uint32_t compact;          /* 1: SHM_STRIPE_LINES-line stripes, every kind's since layout
+                                  12 (0, whole lock bodies, was clh's: refused now) */
     uint64_t off;              /* byte offset of stripe 0 in the segment */
     uint64_t stride;           /* bytes from one stripe to the next */
     char     _pad[SHM_LINE - 32];
@@ -517,25 +506,21 @@ static inline shm_body shm_stripe_at(char *base, const shm_table *t, const shm_b
                                      uint32_t s) {
     shm_body b;
     char *p = base + t->off + (uint64_t)s * t->stride;
-    if (t->compact) {
-        b.ctl = (shm_lockctl *)p;
-        b.wa = (shm_word *)(p + SHM_STRIPE_WA_OFF);
-        b.wb = (shm_word *)(p + (t->sub == SHM_KIND_TICKET ? SHM_STRIPE_TICKET_WB_OFF
-                                 : t->sub == SHM_KIND_CLH ? SHM_STRIPE_CLH_HEAD_OFF
-                                 : SHM_STRIPE_WB_OFF));
-        /* mcs: one wait node per participant for the table, the table entry's own node
-           lines (mcsc.pxi); clh: the same lines, the pool its nodes travel in with one
-           node per stripe (clhc.pxi); the other compact kinds have none */
-        b.qnodes = (t->sub == SHM_KIND_MCS || t->sub == SHM_KIND_CLH) ? tbody->qnodes : NULL;
-        b.precs = tbody->precs;            /* one line per participant for the table */
-        b.hwm = tbody->hwm;
-        b.P = tbody->P;
-        b.hwm_seen = __atomic_load_n(b.hwm, __ATOMIC_SEQ_CST);
-        if (b.hwm_seen > b.P) b.hwm_seen = b.P;
-        b.index = t->first + s;
-    } else {
-        b = shm_body_at(base, t->off + (uint64_t)s * t->stride, tbody->P, t->first + s);
-    }
+    b.ctl = (shm_lockctl *)p;
+    b.wa = (shm_word *)(p + SHM_STRIPE_WA_OFF);
+    b.wb = (shm_word *)(p + (t->sub == SHM_KIND_TICKET ? SHM_STRIPE_TICKET_WB_OFF
+                             : t->sub == SHM_KIND_CLH ? SHM_STRIPE_CLH_HEAD_OFF
+                             : SHM_STRIPE_WB_OFF));
+    /* mcs: one wait node per participant for the table, the table entry's own node lines
+       (mcsc.pxi); clh: the same lines, the pool its nodes travel in with one node per
+       stripe (clhc.pxi); the other kinds have none */
+    b.qnodes = (t->sub == SHM_KIND_MCS || t->sub == SHM_KIND_CLH) ? tbody->qnodes : NULL;
+    b.precs = tbody->precs;            /* one line per participant for the table */
+    b.hwm = tbody->hwm;
+    b.P = tbody->P;
+    b.hwm_seen = __atomic_load_n(b.hwm, __ATOMIC_SEQ_CST);
+    if (b.hwm_seen > b.P) b.hwm_seen = b.P;
+    b.index = t->first + s;
     return b;   /* its recoveries' mutex: the table's (participants.pxd body_repair) */
 }
 

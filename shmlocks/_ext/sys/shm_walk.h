@@ -372,10 +372,9 @@ static inline int dlw_table(dlw_ctx *c, int si) {
     boff = s->locks_off + (uint64_t)found * s->stride;
     if (dlw_read(s, boff, &ctl, 16) != 0 || dlw_read(s, boff + SHM_LINE, &t, sizeof t) != 0)
         return 0;
-    need = (t.compact ? (uint64_t)shm_stripe_lines(t.sub) * SHM_LINE : s->stride);
+    need = (uint64_t)SHM_STRIPE_LINES * SHM_LINE;
     if (ctl.magic != SHM_BODY_MAGIC || ctl.kind != SHM_KIND_TABLE
-            || t.sub < SHM_KIND_TICKET || t.sub > SHM_KIND_PI
-            || t.compact != shm_table_compact(t.sub)
+            || t.sub < SHM_KIND_TICKET || t.sub > SHM_KIND_PI || t.compact != 1
             || t.size < 1 || t.size > SHM_TABLE_MAX || t.first != s->L
             || t.stride != need || t.off != s->ext_off
             || t.off + (uint64_t)t.size * t.stride != s->size)

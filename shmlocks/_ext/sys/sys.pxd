@@ -297,8 +297,6 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t off
         uint64_t stride
     shm_body shm_stripe_at(char* base, const shm_table* t, const shm_body* tbody, uint32_t s)
-    bint shm_table_compact(uint32_t sub)
-    uint32_t shm_stripe_lines(uint32_t sub)
 
 cdef extern from "shm_hash.h" nogil:
     uint64_t SHM_HASH_TUPLE_SEED
