@@ -162,10 +162,42 @@ def assert_clean(t) -> None:
     t.region._recover_dead()
     for s in range(t.size):
         last, prev = tail(t, s)
-        assert node_state(t, last) == FREE, (s, hex(last), hex(prev))
+        assert node_state(t, last) == FREE, f"stripe {s} not free:\n{_state(t)}"
         assert not t[s].locked(), s
     states = [n[0] for n in _pnodes(t).values()] + [own_node(t, s)[0] for s in range(t.size)]
-    assert set(states) <= {FREE, RECLAIMED}, [hex(x) for x in states]
+    assert set(states) <= {FREE, RECLAIMED}, f"a node still in use:\n{_state(t)}"
+
+
+def _state(t) -> str:
+    """The table's words, for a failure's message: each stripe's flags, holder, tail and
+    head, the pool, the participants' table lines and their published steps."""
+    out = []
+    for s in range(t.size):
+        r = t[s]._raw()
+        last, prev = tail(t, s)
+        out.append(
+            f"stripe {s}: flags {r['flags']:#x} holder {r['holder']:#x} tail "
+            f"({last:#x}, {prev:#x}) head {head(t, s)} aside {r['aside']}"
+        )
+    r = t[0]._raw()
+    for k, v in r.items():
+        if k.startswith(("pool", "lines", "nodes", "precs", "participants")):
+            out.append(f"{k}: {v}")
+    return "\n".join(out)
+
+
+def _settled(t, arr, kills: int) -> int:
+    """After a random-kill test: every stripe of t taken (30 s at most: else the table's
+    words in the failure), journals_settled under them; the sum of the values."""
+    held = shmlocks.hold_all(*t, timeout=30)
+    try:
+        held.__enter__()
+    except TimeoutError:
+        raise AssertionError(f"a stripe wedged ({kills} kills):\n{_state(t)}") from None
+    try:
+        return journals_settled(held, t.size, arr)
+    finally:
+        held.__exit__(None, None, None)
 
 
 def _queued(t, s: int, before, what: str) -> None:
@@ -933,6 +965,80 @@ def test_killed_releasing(point, behind):
         assert_clean(t)
 
 
+_TAKE_FREE = """
+import sys, shmlocks
+t = shmlocks.LockTable.open(sys.argv[1])
+got = t[int(sys.argv[2])].acquire(timeout=3)
+print(got, flush=True)
+if got:
+    t[int(sys.argv[2])].release()
+"""
+
+_TRAVEL = """
+import sys, shmlocks
+t = shmlocks.LockTable.open(sys.argv[1])
+sys.stdin.readline()
+with t[1]:
+    pass
+print("took 1", flush=True)
+sys.stdin.readline()
+if t[0].acquire(timeout=0.3):
+    t[0].release()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_killed_stepping_out_behind_a_holder_whose_old_pred_is_its_node():
+    """A stale link in the queue: the holder H of stripe 0 adopted its pred's node N (the
+    stripe's own) at its grant, and N travelled on (H queued it on stripe 1, C adopted it
+    there), while H's queued node still names N as its pred. C then waits on stripe 0
+    with N, behind a waiter W behind H, times out last and is killed once it gave the
+    tail back (clhc.abort.stepped_out). N is out of the queue: C's recovery must give it
+    back to C's slot (RECLAIMED), not take H's stale link for a successor of N and
+    abandon N for C (then nobody ever hands it back, and whoever gets C's slot can queue
+    on no stripe of the table)."""
+    with shmlocks.LockTable(4, "clh", name=uniq("clht-stale"), max_participants=8) as t:
+        n0 = own_id(t, 0)
+        c = _child(t.name, _TRAVEL, 0, "clhc.abort.stepped_out")
+        w = None
+        with t[0]:
+            h = head(t, 0)[0]
+            with t[1]:  # H queues N (adopted at stripe 0's grant) on stripe 1
+                assert head(t, 1)[0] == n0
+            c.stdin.write("go\n")
+            c.stdin.flush()
+            assert c.stdout.readline().strip() == "took 1"  # C adopted N
+            assert tail(t, 1)[1] == n0 and own_node(t, 0)[2] != n0
+            assert _pnodes(t)[h][2] == n0  # H's node still names N as its pred
+            before = tail(t, 0)
+            w = _Taker(t, 0)
+            w.start()
+            _queued(t, 0, before, "W queued")
+            before = tail(t, 0)
+            c.stdin.write("go\n")
+            c.stdin.flush()
+            _queued(t, 0, before, "C queued with N")
+            assert tail(t, 0)[0] == n0
+            _dead(c)
+            assert tail(t, 0)[0] != n0  # C stepped out
+            t.region._recover_dead()
+            st, state = own_node(t, 0)[0], _state(t)
+        assert w.result() == (True, False)
+        w.finish()
+        # whoever takes C's slot has a node to queue with: a free stripe is its at once
+        r = subprocess.run(
+            [sys.executable, "-c", _TAKE_FREE, t.name, "2"],
+            env={k: v for k, v in os.environ.items() if k != "SHMLOCKS_CRASHPOINT"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert st == RECLAIMED, f"N left {st} out of every queue:\n{state}"
+        assert r.returncode == 0 and r.stdout.strip() == "True", r
+        assert_clean(t)
+
+
 _HOLD_KEYS = """
 import sys, shmlocks
 t = shmlocks.LockTable.open(sys.argv[1])
@@ -1207,8 +1313,7 @@ def test_holds_with_timeouts_survive_random_sigkills(procs):
             seconds,
             13,
         )
-        with shmlocks.hold_all(*(t[k] for k in range(6)), timeout=30) as held:
-            total = journals_settled(held, 6, arr)
+        total = _settled(t, arr, kills)
         done = sum(counts[:4])
         assert done > 0 and done <= total <= done + 3 * kills, (done, total, kills)
         assert sum(counts[4:]) > 0, "no deadline expired: nothing was abandoned"
@@ -1285,11 +1390,57 @@ def test_unordered_timed_acquires_survive_random_sigkills(procs):
             seconds,
             17,
         )
-        with shmlocks.hold_all(*(t[k] for k in range(6)), timeout=30) as held:
-            total = journals_settled(held, 6, arr)
+        total = _settled(t, arr, kills)
         done = sum(counts[:4])
         assert done > 0 and done <= total <= done + 3 * kills, (done, total, kills)
         assert sum(counts[4:]) > 0, "no acquire failed: nothing was abandoned"
+        assert_clean(t)
+
+
+def _armed_unordered(name, arr, counts, w, seed, spec) -> None:
+    """_unordered_killed, in a process that SIGKILLs itself at crash point `spec`
+    (NAME:N, its N-th pass)."""
+    from shmlocks import _core
+
+    _core._arm_crashpoint(spec)
+    _unordered_killed(name, arr, counts, w, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("point", sorted(CLHC_POINTS))
+def test_deaths_at_each_point_under_contention(procs, point):
+    """_unordered's workload on 6 stripes by three processes, beside a fourth armed at
+    `point` (its N-th pass, N random): each time it dies there another takes its place,
+    for 1.5 s. Deaths at one protocol step, again and again, among live participants
+    that wait, time out, step aside, reclaim and recover: no stripe held by two, every
+    dead holder's stripe with owner_died (journaled_section), nothing wedged or left."""
+    ctx = mp.get_context("fork")
+    rng = random.Random(point)
+    with shmlocks.LockTable(6, "clh", name=uniq("clht-pdeath"), max_participants=32) as t:
+        arr, counts = ctx.RawArray("q", 6 * 4), ctx.RawArray("q", 8)
+        ps = [procs.start(_unordered_killed, t.name, arr, counts, w, w, ctx=ctx) for w in range(3)]
+
+        def armed(n):
+            spec = f"{point}:{rng.randint(1, 30)}"
+            return procs.start(_armed_unordered, t.name, arr, counts, 3, 1000 + n, spec, ctx=ctx)
+
+        a, deaths = armed(0), 0
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            if not a.is_alive():
+                a.join()
+                assert a.exitcode == -signal.SIGKILL, f"the armed one ended: {a.exitcode}"
+                deaths += 1
+                a = armed(deaths)
+            assert all(p.is_alive() for p in ps), [p.exitcode for p in ps]
+            time.sleep(0.005)
+        for p in [*ps, a]:
+            kill(p)
+        kills = deaths + 4
+        total = _settled(t, arr, kills)
+        done = sum(counts[:4])
+        assert done > 0 and done <= total <= done + 3 * kills, (done, total, kills)
         assert_clean(t)
 
 
@@ -1548,8 +1699,7 @@ def test_async_holds_of_clh_stripes_survive_random_sigkills(procs):
             seconds,
             19,
         )
-        with shmlocks.hold_all(*(t[k] for k in range(6)), timeout=30) as held:
-            total = journals_settled(held, 6, arr)
+        total = _settled(t, arr, kills)
         done = sum(counts[:4])
         assert done > 0 and done <= total <= done + 3 * kills, (done, total, kills)
         assert sum(counts[4:]) > 0, "no deadline expired"
