@@ -309,7 +309,7 @@ def test_nodes_travel_from_stripe_to_stripe():
             assert head(t, 1)[0] == own_id(t, 0)
             n0 = own_node(t, 0)
             assert n0[0] == BUSY and n0[1] == lock_number(t, 1) + 1, n0  # lock1: stripe 1
-            assert n0[2] == own_id(t, 1), n0  # its pred: stripe 1's own node
+            assert n0[2] == 0, n0  # it heads the queue: no pred (stripe 1's own adopted)
         assert own_node(t, 0)[0] == FREE
         with t[0]:  # now with stripe 1's own node, behind our first one (FREE)
             assert tail(t, 0) == (own_id(t, 1), mine)
@@ -992,7 +992,8 @@ print("done", flush=True)
 def test_killed_stepping_out_behind_a_holder_whose_old_pred_is_its_node():
     """A stale link in the queue: the holder H of stripe 0 adopted its pred's node N (the
     stripe's own) at its grant, and N travelled on (H queued it on stripe 1, C adopted it
-    there), while H's queued node still names N as its pred. C then waits on stripe 0
+    there); H's queued node named N as its pred until the grant cleared it (and the
+    tail's prev names N while H's node is last). C then waits on stripe 0
     with N, behind a waiter W behind H, times out last and is killed once it gave the
     tail back (clhc.abort.stepped_out). N is out of the queue: C's recovery must give it
     back to C's slot (RECLAIMED), not take H's stale link for a successor of N and
@@ -1010,7 +1011,7 @@ def test_killed_stepping_out_behind_a_holder_whose_old_pred_is_its_node():
             c.stdin.flush()
             assert c.stdout.readline().strip() == "took 1"  # C adopted N
             assert tail(t, 1)[1] == n0 and own_node(t, 0)[2] != n0
-            assert _pnodes(t)[h][2] == n0  # H's node still names N as its pred
+            assert _pnodes(t)[h][2] == 0  # H's node names no pred (it named N once)
             before = tail(t, 0)
             w = _Taker(t, 0)
             w.start()
