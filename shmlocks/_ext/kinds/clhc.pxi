@@ -95,7 +95,7 @@ cdef inline void _ch_grant(shm_body* b, uint32_t q, bint armed) noexcept nogil:
     # the queued node heads the queue now: its link to the node adopted below would be
     # stale the moment that node travels on (a scan or walk would take the head for a
     # successor of it), so it names none (0: no node; _ch_in_queue, _ch_walk_succ)
-    st32_seq(&ch_node(b, r.mine).pred, 0)
+    st32_rel(&ch_node(b, r.mine).pred, 0)
     crashpoint_at(armed, "clhc.grant.head")
     trace("clhc.grant", q, r.mine, r.pred)
     st32_rel(&r.mine, r.pred)
