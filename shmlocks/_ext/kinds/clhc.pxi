@@ -339,8 +339,13 @@ cdef uint32_t _ch_succ_of(rmap_t* rm, shm_body* b, uint64_t* tail, uint32_t lock
 
 
 cdef bint _ch_in_queue(rmap_t* rm, shm_body* b, uint32_t X) noexcept nogil:
-    """Is node X in stripe b's queue (clh.pxi _clh_in_queue: a "no" believed only when
-    seen three times)?"""
+    """Is node X in stripe b's queue: last, or reached by the walk back from the tail (a
+    "no" believed only when seen three times, as clh.pxi's _clh_in_queue)? Not by a node
+    that merely names X (_ch_named_succ): a waiter killed as it stepped out of the tail
+    (clhc.abort.stepped_out), not yet recovered, still says BUSY and names its pred, out
+    of the queue; taking it for X's successor made the recovery of X's owner, killed
+    stepping out in turn, grant it the stripe's free node, which the next grantee adopted
+    too."""
     cdef uint64_t t
     cdef uint32_t lp
     cdef int look
@@ -356,7 +361,7 @@ cdef bint _ch_in_queue(rmap_t* rm, shm_body* b, uint32_t X) noexcept nogil:
             lp = ld32_seq(&ch_node(b, tail_last(t)).pred)
             if lp == C_UNKNOWN or lp == X:
                 return 1
-        if _ch_succ_of(rm, b, ch_tail(b), b.index + 1, X) != QUEUE_NONE:
+        if _ch_walk_succ(rm, b, ch_tail(b), b.index + 1, X) != QUEUE_NONE:
             return 1
     return 0
 
