@@ -369,7 +369,9 @@ cdef bint _ch_in_queue(rmap_t* rm, shm_body* b, uint32_t X) noexcept nogil:
 cdef int _ch_owner(rmap_t* rm, shm_body* b, uint32_t pn) noexcept nogil:
     """The participant whose passage node pn (checked) is in, or -1: its enqueuer while it
     has not enqueued since (qd and round), else, for a holder's node (the head of its
-    stripe), the stripe's holder record or the participant releasing it (hpass)."""
+    stripe), the stripe's holder record or the participant releasing it (hpass), else one
+    whose step is RELEASING that stripe (between the base's clearing of the record and
+    its hpass: the death table's [U], which only its recovery, found here, completes)."""
     cdef shm_cnode* n = ch_node(b, pn)
     cdef uint32_t rnd = ld32_acq(&n.round)
     cdef uint32_t lk1 = ld32_acq(&n.lock1)
@@ -379,14 +381,19 @@ cdef int _ch_owner(rmap_t* rm, shm_body* b, uint32_t pn) noexcept nogil:
     for y in range(hw):
         if ld32_acq(&b.precs[y].qd) == pn and ld32_acq(&b.precs[y].round) == rnd:
             return <int>y
-    if _ch_stripe_ok(rm, lk1 - 1):
-        line = ch_line(b, lk1 - 1)
-        if ld64_acq(<uint64_t*>(line + SHM_STRIPE_CLH_HEAD_OFF)) == h:
-            hid = holder_slot(rm, ld32_acq(&(<shm_lockctl*>line).holder))
-            if hid != 0 and hid - 1 < hw:
-                return <int>(hid - 1)
     for y in range(hw):
         if ld64_acq(&b.precs[y].hpass) == h:
+            return <int>y
+    if not _ch_stripe_ok(rm, lk1 - 1):
+        return -1
+    line = ch_line(b, lk1 - 1)
+    if ld64_acq(<uint64_t*>(line + SHM_STRIPE_CLH_HEAD_OFF)) != h:
+        return -1                                    # not a holder's node
+    hid = holder_slot(rm, ld32_acq(&(<shm_lockctl*>line).holder))
+    if hid != 0 and hid - 1 < hw:
+        return <int>(hid - 1)
+    for y in range(hw):
+        if participant_op(rm, y, lk1) == SHM_OP_RELEASING:
             return <int>y
     return -1
 
