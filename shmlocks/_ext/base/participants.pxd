@@ -312,6 +312,7 @@ cdef void participant_try_recover(rmap_t* rm, uint32_t slot, recov_t* rc) noexce
 cdef void recover_verdict(rmap_t* rm, shm_body* b, uint32_t q, uint32_t op) noexcept nogil
 cdef bint participants_settle(rmap_t* rm, shm_body* b, uint32_t q, uint32_t step,
                               midstep_fn midstep, recov_t* rc) noexcept nogil
+cdef bint settle_any(shm_body* b, uint32_t x) noexcept nogil   # midstep: every one at step
 cdef int recover_wait_check(rmap_t* rm, recov_t* rc, int64_t until,
                             int64_t* next_sig) noexcept nogil
 

@@ -1045,6 +1045,12 @@ cdef bint participants_settle(rmap_t* rm, shm_body* b, uint32_t q, uint32_t step
     return 1
 
 
+cdef bint settle_any(shm_body* b, uint32_t x) noexcept nogil:
+    """participants_settle's midstep when every live participant at the step counts (the
+    kind cannot tell which are mid-step: ticketc.pxi, clhc.pxi)."""
+    return 1
+
+
 cdef inline bint _op_is(uint32_t op, uint32_t step) noexcept nogil:
     """step matches op; SHM_OP_WAITING as `step` means "taking or waiting"."""
     if step == SHM_OP_WAITING:

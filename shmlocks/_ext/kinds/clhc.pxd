@@ -42,6 +42,7 @@ cdef struct ch_wait_t:    # a waiter's ready context: what its last look saw (_c
 
 
 cdef void _ch_recall(rmap_t* rm, shm_body* b, uint32_t X) noexcept nogil
+cdef void _ch_recall_succ(rmap_t* rm, shm_body* b, uint32_t X, uint32_t s) noexcept nogil
 
 
 cdef class CLHStripe(CLHLock):

@@ -408,12 +408,17 @@ cdef void _ch_recall(rmap_t* rm, shm_body* b, uint32_t X) noexcept nogil:
     cdef shm_cnode* x = ch_node(b, X)
     cdef uint32_t lk1 = ld32_acq(&x.lock1)
     cdef uint32_t s
-    cdef int y
     if not _ch_stripe_ok(rm, lk1 - 1):
         return
     s = _ch_succ_of(rm, b, <uint64_t*>(ch_line(b, lk1 - 1) + SHM_STRIPE_WA_OFF), lk1, X)
-    if s == QUEUE_NONE or not _ch_ok(rm, b, s):
-        return
+    if s != QUEUE_NONE and _ch_ok(rm, b, s):
+        _ch_recall_succ(rm, b, X, s)
+
+
+cdef void _ch_recall_succ(rmap_t* rm, shm_body* b, uint32_t X, uint32_t s) noexcept nogil:
+    """s (checked) is the node right behind abandoned node X: if it is aside, wake its
+    owner there (_ch_recall)."""
+    cdef int y
     if not _clh_is_aside(ld32_seq(&ch_node(b, s).state)):
         return
     y = _ch_owner(rm, b, s)
@@ -472,8 +477,6 @@ cdef int _ch_tend_abandoned(park_t* pk, watch_t* ws) noexcept nogil:
     if not _ch_stripe_ok(rm, lk1 - 1):
         return DEP_UNKNOWN
     tail = <uint64_t*>(ch_line(b, lk1 - 1) + SHM_STRIPE_WA_OFF)
-    if ld32_seq(&x.state) == C_ABANDONED:
-        _ch_recall(rm, b, X)
     p = ld32_acq(&x.pred)
     if _ch_ok(rm, b, p) and _ch_check_owner(rm, b, p, ws, 0) == DEP_CHANGED:
         return DEP_CHANGED
@@ -490,6 +493,8 @@ cdef int _ch_tend_abandoned(park_t* pk, watch_t* ws) noexcept nogil:
         s = _ch_succ_of(rm, b, tail, lk1, s)
         if s == QUEUE_NONE or not _ch_ok(rm, b, s):
             return DEP_UNKNOWN
+        if guard == 0 and ld32_seq(&x.state) == C_ABANDONED:
+            _ch_recall_succ(rm, b, X, s)             # (the one found for the walk below)
         if _ch_check_owner(rm, b, s, ws, 0) == DEP_CHANGED:
             return DEP_CHANGED
         st = ld32_acq(&ch_node(b, s).state)
@@ -499,10 +504,6 @@ cdef int _ch_tend_abandoned(park_t* pk, watch_t* ws) noexcept nogil:
 
 
 # -- recovery (docs/design.md §15, "Compact clh stripes": the death table) ------------------
-
-cdef bint _ch_always(shm_body* b, uint32_t x) noexcept nogil:
-    return 1
-
 
 cdef void _ch_release_for(rmap_t* rm, shm_body* b, uint32_t q, uint64_t h,
                           uint32_t op) noexcept nogil:
@@ -570,7 +571,7 @@ cdef void _ch_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcep
         # holder record): once no other participant accounts for it and the live
         # releasers of this stripe are done, the passage is its
         if op == SHM_OP_RELEASING and not _ch_accounted(rm, b, q, h):
-            if not participants_settle(rm, b, q, SHM_OP_RELEASING, _ch_always, rec):
+            if not participants_settle(rm, b, q, SHM_OP_RELEASING, settle_any, rec):
                 return
             if ld64_acq(ch_head(b)) == h and _ch_live(rm, b, h) and not _ch_accounted(rm, b, q, h):
                 trace("clhc.recover.unnamed", q, pair_lo(h), h)
@@ -619,7 +620,7 @@ cdef void _ch_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcep
         if tail_last(t) == X:
             p = tail_prev(t)
         else:
-            if not participants_settle(rm, b, q, SHM_OP_TAKING, _ch_always, rec):
+            if not participants_settle(rm, b, q, SHM_OP_TAKING, settle_any, rec):
                 return
             p = ld32_acq(&xn.pred)
             if p == C_UNKNOWN:
@@ -637,7 +638,7 @@ cdef void _ch_recover(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec) noexcep
     if not _ch_ok(rm, b, p):
         return
     if not _ch_in_queue(rm, b, X):
-        if not participants_settle(rm, b, q, SHM_OP_TAKING, _ch_always, rec):
+        if not participants_settle(rm, b, q, SHM_OP_TAKING, settle_any, rec):
             return
         if not _ch_in_queue(rm, b, X):               # [C6] it had stepped out already
             trace("clhc.recover.notinq", q, X, p)

@@ -250,10 +250,6 @@ cdef bint _tc_unpublished(shm_body* b, uint32_t x) noexcept nogil:
     return not _tc_outstanding(b, ld64_acq(&r.ticket))
 
 
-cdef bint _tc_always(shm_body* b, uint32_t x) noexcept nogil:
-    return 1
-
-
 cdef bint _tc_accounted(shm_body* b, uint64_t u) noexcept nogil:
     """Is ticket u of stripe b published by someone (its ticket or a marker names it), or,
     if it is serving, held (a holder record)?"""
@@ -288,7 +284,7 @@ cdef bint _tc_orphan(rmap_t* rm, shm_body* b, uint32_t q, recov_t* rec,
                     and not participant_dead(rm, x)):
                 busy = 1
         if busy:
-            if not participants_settle(rm, b, q, SHM_OP_RELEASING, _tc_always, rec):
+            if not participants_settle(rm, b, q, SHM_OP_RELEASING, settle_any, rec):
                 return 0
             continue
         if ld64_seq(ticket_serving(b)) == s:
